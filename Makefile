@@ -1,0 +1,59 @@
+# The README's two commands are `make demo` and `make test`; everything they need is set up here.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+SO_STAMP := prism_megatron/.built
+CSRC := $(shell find csrc -name '*.cpp' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh')
+
+.PHONY: venv build demo test test-fast lint format bench cuda-check clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip setuptools wheel
+	# torch first and pinned: pip takes the 2.13.0 CPU build from this machine's disk.
+	$(PY) -m pip install -q torch==2.13.0 ninja
+	$(PY) -m pip install -q --no-build-isolation --no-deps -e .
+	$(PY) -m pip install -q -e '.[test]'
+	touch $@
+
+# The C++ extension, built in place; flock serialises concurrent builds in one checkout.
+build: $(STAMP) $(SO_STAMP)
+
+$(SO_STAMP): $(CSRC) setup.py
+	flock .build.lock $(PY) setup.py -q build_ext --inplace
+	touch $@
+
+demo: build
+	$(PY) -m prism_megatron.cli demo
+
+test: build
+	$(PY) -m pytest -q tests
+
+test-fast: build
+	$(PY) -m pytest -q -m "not slow" tests
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: $(STAMP)
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
+
+bench: build
+	$(PY) -m benchmarks.run
+
+# Compile (not run) the CUDA build with a CUDA torch in a separate venv: the check that the GPU
+# code paths still build on a machine without a GPU.
+cuda-check:
+	test -x .venv-cuda/bin/python || $(PYTHON) -m venv .venv-cuda
+	.venv-cuda/bin/python -m pip install -q torch==2.14.1 ninja numpy setuptools wheel
+	rm -rf build/cuda-check && mkdir -p build/cuda-check
+	CUDA_HOME=/usr/local/cuda .venv-cuda/bin/python setup.py -q build_ext --build-lib build/cuda-check --build-temp build/cuda-check/tmp
+	cd build/cuda-check && ../../.venv-cuda/bin/python -c "import prism_megatron._C as C; assert C.with_cuda; print('CUDA build imports:', sorted(n for n in dir(C) if not n.startswith('_')))"
+
+clean:
+	rm -rf build $(SO_STAMP) prism_megatron/_C*.so

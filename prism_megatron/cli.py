@@ -1,0 +1,90 @@
+"""The `prism-megatron` command: a thin dispatcher over `prism_megatron.commands`.
+
+Each module in `prism_megatron/commands/` is one subcommand. It defines `NAME`, `HELP`,
+`add_arguments(parser)` and `run(args) -> int`; the logic it needs lives in the library packages.
+Subcommands are imported only when chosen, so `prism-megatron topology` never imports Megatron.
+
+User mistakes exit with status 2 and one line naming the flag (see `CommandLineError`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import os
+import pkgutil
+import sys
+
+from prism_megatron import __version__, commands
+
+
+class CommandLineError(Exception):
+    """A user mistake on the command line; its message names the flag and what would be valid."""
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """An argparse parser whose errors are one line on stderr and exit status 2."""
+
+    def error(self, message: str) -> None:  # argparse's hook; never returns
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _subcommand_modules() -> dict[str, str]:
+    return {info.name: f"{commands.__name__}.{info.name}" for info in pkgutil.iter_modules(commands.__path__)}
+
+
+def build_parser(argv: list[str]) -> tuple[OneLineParser, object | None]:
+    """Return the parser and the chosen subcommand's module (None when none was chosen)."""
+    parser = OneLineParser(
+        prog="prism-megatron",
+        description="Emulate a production-scale Megatron-LM job on a few devices.",
+    )
+    parser.add_argument("--version", action="version", version=f"prism-megatron {__version__}")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineParser)
+    modules = _subcommand_modules()
+    chosen = next((a for a in argv if not a.startswith("-")), None)
+    chosen_module = None
+    for name in sorted(modules):
+        if name == chosen:
+            chosen_module = importlib.import_module(modules[name])
+            sub = subparsers.add_parser(chosen_module.NAME, help=chosen_module.HELP)
+            chosen_module.add_arguments(sub)
+        else:
+            # Help text without importing the module (some import torch or Megatron).
+            subparsers.add_parser(name.replace("_", "-"), help=_first_doc_line(modules[name]))
+    return parser, chosen_module
+
+
+def _first_doc_line(module_name: str) -> str:
+    spec = importlib.util.find_spec(module_name)
+    if spec is None or spec.origin is None:
+        return ""
+    with open(spec.origin, encoding="utf-8") as f:
+        for line in f:
+            line = line.strip().strip('"').strip()
+            if line:
+                return line
+    return ""
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser, module = build_parser(argv)
+    args = parser.parse_args(argv)
+    if module is None:
+        parser.print_help()
+        return 2
+    try:
+        return int(module.run(args) or 0)
+    except (CommandLineError, ValueError) as exc:
+        # ValueError is what config and topology validation raise for user input.
+        # PRISM_DEBUG=1 keeps the traceback.
+        if os.environ.get("PRISM_DEBUG") == "1":
+            raise
+        print(f"prism-megatron {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
