@@ -15,8 +15,8 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --upgrade pip setuptools wheel
 	# torch first and pinned: pip takes the 2.13.0 CPU build from this machine's disk.
 	$(PY) -m pip install -q torch==2.13.0 ninja
-	$(PY) -m pip install -q --no-build-isolation --no-deps -e .
-	$(PY) -m pip install -q -e '.[test]'
+	# Dependencies and the entry point only; `make build` compiles the extension in place.
+	PRISM_NO_EXTENSION=1 $(PY) -m pip install -q --no-build-isolation -e '.[test]'
 	touch $@
 
 # The C++ extension, built in place; flock serialises concurrent builds in one checkout.

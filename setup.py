@@ -3,7 +3,8 @@
 A CUDA build (CUDAExtension, csrc/**/*.cu included, PRISM_WITH_CUDA defined) when the installed
 torch was built with CUDA and a CUDA toolkit is found; otherwise a CPU build (CppExtension) of the
 .cpp sources alone. The choice never depends on a GPU being present: build hosts usually have none.
-PRISM_FORCE_CPU=1 forces the CPU build.
+PRISM_FORCE_CPU=1 forces the CPU build. PRISM_NO_EXTENSION=1 installs the package without building the
+extension (the Makefile installs dependencies that way, then builds the extension in place once).
 """
 
 import glob
@@ -50,6 +51,6 @@ def _extension():
 
 
 setup(
-    ext_modules=[_extension()],
+    ext_modules=[] if os.environ.get("PRISM_NO_EXTENSION") == "1" else [_extension()],
     cmdclass={"build_ext": cpp_extension.BuildExtension.with_options(use_ninja=True)},
 )
