@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #ifdef PRISM_WITH_CUDA
 #include <cuda_runtime_api.h>
@@ -23,6 +24,17 @@ void lower_timer_slack();
 // deadline, then a spin. Returns at once when the deadline has passed. Never touches Python: callers
 // release the GIL first.
 void wait_until_ns(int64_t deadline_ns);
+
+// The spin window wait_until_ns(deadline_ns) uses: how long before the deadline it stops sleeping.
+int64_t default_spin_window_ns();
+
+// wait_until_ns with an explicit spin window (0: sleep only; >= the wait: spin only). For
+// measurements that choose the window; callers on the hot path use the one-argument form.
+void wait_until_ns(int64_t deadline_ns, int64_t spin_window_ns);
+
+// Perform num_waits waits of duration_ns each (deadline = now_ns() + duration_ns) back to back and
+// return each wait's completion error (return time - deadline, ns), with no Python in the loop.
+std::vector<int64_t> measure_wait_errors_ns(int64_t duration_ns, int num_waits, int64_t spin_window_ns);
 
 }  // namespace prism::clock
 

@@ -1,0 +1,98 @@
+// The host clock and the CPU timed wait of the replay engine (contract in clock.h).
+//
+// A timed sleep alone overshoots by 10-100+ us even with 1 ns timer slack, and the overshoot grows
+// with the length of the sleep; a spin alone burns a core for the whole wait. So a wait sleeps in
+// absolute-deadline steps until a spin window before the deadline, then spins the last stretch with a
+// pause instruction. The window was chosen by measurement (benchmarks/clock/run.py).
+//
+// Light headers only (no torch, no pybind): this file compiles in about a second.
+#include "replay/clock.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <ctime>
+
+#if defined(__linux__)
+#include <sys/prctl.h>
+#endif
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
+
+namespace prism::clock {
+
+namespace {
+
+constexpr int64_t kNsPerSecond = 1'000'000'000;
+
+// Spin the last stretch before a deadline: long enough to absorb a timed sleep's usual wake-up
+// overshoot on a 1 ns-slack thread, short enough that a wait of 100 us still mostly sleeps.
+constexpr int64_t kDefaultSpinWindowNs = 60'000;
+
+// Longest single sleep step. Long sleeps wake later than short ones (the overshoot grows with the
+// sleep length), so a long wait sleeps in steps and re-reads the clock between them.
+constexpr int64_t kMaxSleepStepNs = 2'000'000;
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  _mm_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield" ::: "memory");
+#endif
+}
+
+timespec to_timespec(int64_t t_ns) {
+  timespec ts;
+  ts.tv_sec = static_cast<time_t>(t_ns / kNsPerSecond);
+  ts.tv_nsec = static_cast<long>(t_ns % kNsPerSecond);
+  return ts;
+}
+
+// Sleep until the monotonic clock reads wake_ns (absolute, so a signal or an early wake-up never
+// lengthens the total); returns early only on EINTR, which the caller's loop absorbs.
+void sleep_until_ns(int64_t wake_ns) {
+  const timespec ts = to_timespec(wake_ns);
+  clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, nullptr);
+}
+
+}  // namespace
+
+int64_t now_ns() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<int64_t>(ts.tv_sec) * kNsPerSecond + ts.tv_nsec;
+}
+
+void lower_timer_slack() {
+#if defined(__linux__)
+  prctl(PR_SET_TIMERSLACK, 1UL, 0UL, 0UL, 0UL);
+#endif
+}
+
+int64_t default_spin_window_ns() { return kDefaultSpinWindowNs; }
+
+void wait_until_ns(int64_t deadline_ns, int64_t spin_window_ns) {
+  const int64_t spin_from_ns = deadline_ns - std::max<int64_t>(spin_window_ns, 0);
+  for (int64_t t_ns = now_ns(); t_ns < spin_from_ns; t_ns = now_ns()) {
+    sleep_until_ns(std::min(spin_from_ns, t_ns + kMaxSleepStepNs));
+  }
+  while (now_ns() < deadline_ns) {
+    cpu_relax();
+  }
+}
+
+void wait_until_ns(int64_t deadline_ns) { wait_until_ns(deadline_ns, kDefaultSpinWindowNs); }
+
+std::vector<int64_t> measure_wait_errors_ns(int64_t duration_ns, int num_waits, int64_t spin_window_ns) {
+  std::vector<int64_t> errors_ns;
+  errors_ns.reserve(static_cast<size_t>(std::max(num_waits, 0)));
+  for (int i = 0; i < num_waits; ++i) {
+    const int64_t deadline_ns = now_ns() + duration_ns;
+    wait_until_ns(deadline_ns, spin_window_ns);
+    errors_ns.push_back(now_ns() - deadline_ns);
+  }
+  return errors_ns;
+}
+
+}  // namespace prism::clock
