@@ -26,13 +26,17 @@ namespace {
 
 constexpr int64_t kNsPerSecond = 1'000'000'000;
 
-// Spin the last stretch before a deadline: long enough to absorb a timed sleep's usual wake-up
-// overshoot on a 1 ns-slack thread, short enough that a wait of 100 us still mostly sleeps.
-constexpr int64_t kDefaultSpinWindowNs = 60'000;
+// Spin the last stretch before a deadline. Measured on a 2-core KVM guest with 1 ns slack
+// (benchmarks/clock/run.py): a sleep of <= 1 ms wakes 25-45 us late at the median and 50-100 us at
+// p99, so a 100 us window makes the completion error ~0.1 us at the median and < 1 us at p99 on an
+// idle core, while a 60 us window still let ~1-2 % of waits finish 30-100 us late. The price is up
+// to 100 us of spinning per wait.
+constexpr int64_t kDefaultSpinWindowNs = 100'000;
 
-// Longest single sleep step. Long sleeps wake later than short ones (the overshoot grows with the
-// sleep length), so a long wait sleeps in steps and re-reads the clock between them.
-constexpr int64_t kMaxSleepStepNs = 2'000'000;
+// Longest single sleep step. Long sleeps wake later than short ones (there a single 10 ms sleep woke
+// ~110 us late at the median, 1 ms steps ~35-55 us), so a long wait sleeps in steps and re-reads the
+// clock between them; the wake-ups cost a few us of CPU each.
+constexpr int64_t kMaxSleepStepNs = 1'000'000;
 
 inline void cpu_relax() {
 #if defined(__x86_64__) || defined(__i386__)

@@ -61,6 +61,64 @@ void bind_cpu(py::module_& m) {
         "spin_window_ns < 0 uses the default window.");
 }
 
+#ifdef PRISM_WITH_CUDA
+
+void check_int64_cuda(const at::Tensor& t, const char* name) {
+  TORCH_CHECK(t.is_cuda(), name, " must be a CUDA tensor, got device ", t.device());
+  TORCH_CHECK(t.scalar_type() == at::kLong, name, " must be int64 (torch.long), got ", t.scalar_type());
+  TORCH_CHECK(t.numel() >= 1, name, " must have at least one element");
+}
+
+void cuda_stamp(const at::Tensor& dst) {
+  check_int64_cuda(dst, "dst");
+  const c10::cuda::CUDAGuard guard(dst.device());
+  prism::cuda_clock::enqueue_stamp(at::cuda::getCurrentCUDAStream().stream(), dst.data_ptr<int64_t>());
+}
+
+void cuda_wait_until(const at::Tensor& iteration_start, int64_t arrival_offset_ns, int64_t cost_ns) {
+  check_int64_cuda(iteration_start, "iteration_start");
+  TORCH_CHECK(cost_ns >= 0, "cost_ns must be >= 0, got ", cost_ns);
+  const c10::cuda::CUDAGuard guard(iteration_start.device());
+  prism::cuda_clock::enqueue_wait_until(at::cuda::getCurrentCUDAStream().stream(),
+                                        iteration_start.data_ptr<int64_t>(), arrival_offset_ns, cost_ns);
+}
+
+std::vector<int64_t> cuda_measure_wait_errors_ns(int64_t duration_ns, int num_waits) {
+  TORCH_CHECK(duration_ns >= 0, "duration_ns must be >= 0, got ", duration_ns);
+  TORCH_CHECK(num_waits >= 1, "num_waits must be >= 1, got ", num_waits);
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream().stream();
+  py::gil_scoped_release release;
+  return prism::cuda_clock::measure_wait_errors_ns(stream, duration_ns, num_waits);
+}
+
+std::vector<int64_t> cuda_sample_timer_steps_ns(int num_steps) {
+  TORCH_CHECK(num_steps >= 1, "num_steps must be >= 1, got ", num_steps);
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream().stream();
+  py::gil_scoped_release release;
+  return prism::cuda_clock::sample_timer_steps_ns(stream, num_steps);
+}
+
+void bind_cuda(py::module_& m) {
+  m.def("cuda_stamp", &cuda_stamp, py::arg("dst"),
+        "Enqueue on the current stream a kernel writing the GPU global timer (ns) to dst[0].");
+  m.def("cuda_wait_until", &cuda_wait_until, py::arg("iteration_start"), py::arg("arrival_offset_ns"),
+        py::arg("cost_ns"),
+        "Enqueue on the current stream a kernel that spins until "
+        "max(its start, iteration_start[0] + arrival_offset_ns) + cost_ns on the GPU global timer.");
+  m.def("cuda_measure_wait_errors_ns", &cuda_measure_wait_errors_ns, py::arg("duration_ns"),
+        py::arg("num_waits"),
+        "num_waits stamped waits of duration_ns on the current stream; returns each wait's error (ns).");
+  m.def("cuda_sample_timer_steps_ns", &cuda_sample_timer_steps_ns, py::arg("num_steps"),
+        "Sizes (ns) of num_steps consecutive changes of the GPU global timer, on the current stream.");
+}
+
+#endif  // PRISM_WITH_CUDA
+
 }  // namespace
 
-PRISM_SUBMODULE(clock, [](py::module_& m) { bind_cpu(m); });
+PRISM_SUBMODULE(clock, [](py::module_& m) {
+  bind_cpu(m);
+#ifdef PRISM_WITH_CUDA
+  bind_cuda(m);
+#endif
+});
