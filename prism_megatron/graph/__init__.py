@@ -1,1 +1,35 @@
+"""Execution graphs: the schema, its printable form and files, expansion to every rank, export.
 
+Knows nothing of Megatron: capture (in `prism_megatron.megatron`) fills the schema, the simulator
+(`prism_megatron.sim`) reads it.
+"""
+
+from prism_megatron.graph.io import load_graph, save_graph
+from prism_megatron.graph.printable import format_op, parse_op
+from prism_megatron.graph.schema import (
+    COMPUTE_STREAM,
+    SCHEMA_VERSION,
+    WORLD_GROUP,
+    Dep,
+    ExecutionGraph,
+    GraphMetadata,
+    NodeType,
+    Op,
+    RoleGraph,
+)
+
+__all__ = [
+    "COMPUTE_STREAM",
+    "SCHEMA_VERSION",
+    "WORLD_GROUP",
+    "Dep",
+    "ExecutionGraph",
+    "GraphMetadata",
+    "NodeType",
+    "Op",
+    "RoleGraph",
+    "format_op",
+    "load_graph",
+    "parse_op",
+    "save_graph",
+]

@@ -1,0 +1,112 @@
+"""Reading and writing execution graphs as a directory (`DIR/graph.json`), atomically.
+
+A graph directory is what `--prism-graph DIR` and `prism-megatron simulate DIR` take. `graph.json`
+holds the schema version, the metadata, every role's streams with each op in its printable form
+(`prism_megatron.graph.printable`), and a SHA-256 of the content so that a damaged file is refused
+instead of simulated. Writers go through a temporary file and `os.replace`, so a reader sees the old
+graph or the new one, never half of one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+
+from prism_megatron.graph.printable import format_op, parse_op
+from prism_megatron.graph.schema import SCHEMA_VERSION, ExecutionGraph, GraphMetadata, RoleGraph
+
+GRAPH_FILE = "graph.json"
+FORMAT = "prism-megatron execution graph"
+
+
+def graph_to_json(graph: ExecutionGraph) -> dict:
+    content = {
+        "metadata": {
+            "layout": dict(graph.metadata.layout),
+            "source": graph.metadata.source,
+            "extra": dict(graph.metadata.extra),
+        },
+        "roles": [
+            {
+                "role": role.role,
+                "streams": [[name, [format_op(op) for op in ops]] for name, ops in role.streams.items()],
+            }
+            for role in graph.roles.values()
+        ],
+    }
+    return {"format": FORMAT, "schema_version": SCHEMA_VERSION, **content, "sha256": _digest(content)}
+
+
+def graph_from_json(data: object, *, source: str = "execution graph") -> ExecutionGraph:
+    """Rebuild a graph, refusing other formats, other schema versions and damaged content.
+
+    Raises:
+        ValueError: naming `source` and what is wrong with it.
+    """
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise ValueError(f"{source}: not a prism-megatron execution graph")
+    version = data.get("schema_version")
+    if version != SCHEMA_VERSION:
+        raise ValueError(
+            f"{source}: schema_version {version!r} is not supported (this prism-megatron reads {SCHEMA_VERSION})"
+        )
+    try:
+        content = {"metadata": data["metadata"], "roles": data["roles"]}
+        if data["sha256"] != _digest(content):
+            raise ValueError("content does not match its sha256")
+        meta = content["metadata"]
+        metadata = GraphMetadata(
+            layout=dict(meta["layout"]), source=str(meta["source"]), extra=dict(meta["extra"])
+        )
+        roles = {}
+        for entry in content["roles"]:
+            streams = {str(name): tuple(parse_op(text) for text in ops) for name, ops in entry["streams"]}
+            roles[entry["role"]] = RoleGraph(role=str(entry["role"]), streams=streams)
+        return ExecutionGraph(metadata=metadata, roles=roles)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"{source}: damaged execution graph ({exc})") from exc
+
+
+def save_graph(graph: ExecutionGraph, directory: str) -> str:
+    """Write `graph` to `directory/graph.json` atomically (creating the directory); return the path."""
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(directory, GRAPH_FILE)
+    write_json_atomically(graph_to_json(graph), path)
+    return path
+
+
+def load_graph(directory: str) -> ExecutionGraph:
+    """Read the graph in `directory` (or a path to its graph.json).
+
+    Raises:
+        ValueError: no graph there, or the file is damaged or of another schema version.
+    """
+    path = directory if directory.endswith(".json") else os.path.join(directory, GRAPH_FILE)
+    if not os.path.isfile(path):
+        raise ValueError(f"{path}: no execution graph here (expected a directory holding {GRAPH_FILE})")
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{path}: damaged execution graph (not JSON: {exc})") from exc
+    return graph_from_json(data, source=path)
+
+
+def write_json_atomically(data: object, path: str) -> None:
+    """Write JSON through a temporary file in the same directory and `os.replace` it into place."""
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".prism-", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(data, f, separators=(",", ":"))
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def _digest(content: dict) -> str:
+    canonical = json.dumps(content, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
