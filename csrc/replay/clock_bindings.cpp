@@ -3,16 +3,17 @@
 // Python threads run while a wait spins.
 //
 // CPU builds include pybind11 alone (about 11 s to compile); the CUDA bindings, which need ATen for
-// tensors and the current stream, are compiled only in CUDA builds.
+// tensors and c10 for the current stream, are compiled only in CUDA builds. They use c10/cuda headers,
+// not ATen/cuda/CUDAContext.h, which pulls in cuSPARSE and cuBLAS headers a minimal toolkit lacks.
 #include "registry.h"
 #include "replay/clock.h"
 
 #include <pybind11/stl.h>
 
 #ifdef PRISM_WITH_CUDA
-#include <ATen/ATen.h>
-#include <ATen/cuda/CUDAContext.h>
+#include <ATen/core/Tensor.h>
 #include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
 #include <torch/csrc/utils/pybind.h>
 #endif
 
@@ -72,28 +73,28 @@ void check_int64_cuda(const at::Tensor& t, const char* name) {
 void cuda_stamp(const at::Tensor& dst) {
   check_int64_cuda(dst, "dst");
   const c10::cuda::CUDAGuard guard(dst.device());
-  prism::cuda_clock::enqueue_stamp(at::cuda::getCurrentCUDAStream().stream(), dst.data_ptr<int64_t>());
+  prism::cuda_clock::enqueue_stamp(c10::cuda::getCurrentCUDAStream().stream(), dst.data_ptr<int64_t>());
 }
 
 void cuda_wait_until(const at::Tensor& iteration_start, int64_t arrival_offset_ns, int64_t cost_ns) {
   check_int64_cuda(iteration_start, "iteration_start");
   TORCH_CHECK(cost_ns >= 0, "cost_ns must be >= 0, got ", cost_ns);
   const c10::cuda::CUDAGuard guard(iteration_start.device());
-  prism::cuda_clock::enqueue_wait_until(at::cuda::getCurrentCUDAStream().stream(),
+  prism::cuda_clock::enqueue_wait_until(c10::cuda::getCurrentCUDAStream().stream(),
                                         iteration_start.data_ptr<int64_t>(), arrival_offset_ns, cost_ns);
 }
 
 std::vector<int64_t> cuda_measure_wait_errors_ns(int64_t duration_ns, int num_waits) {
   TORCH_CHECK(duration_ns >= 0, "duration_ns must be >= 0, got ", duration_ns);
   TORCH_CHECK(num_waits >= 1, "num_waits must be >= 1, got ", num_waits);
-  const cudaStream_t stream = at::cuda::getCurrentCUDAStream().stream();
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
   py::gil_scoped_release release;
   return prism::cuda_clock::measure_wait_errors_ns(stream, duration_ns, num_waits);
 }
 
 std::vector<int64_t> cuda_sample_timer_steps_ns(int num_steps) {
   TORCH_CHECK(num_steps >= 1, "num_steps must be >= 1, got ", num_steps);
-  const cudaStream_t stream = at::cuda::getCurrentCUDAStream().stream();
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
   py::gil_scoped_release release;
   return prism::cuda_clock::sample_timer_steps_ns(stream, num_steps);
 }
