@@ -53,7 +53,8 @@ cuda-check:
 	.venv-cuda/bin/python -m pip install -q torch==2.14.1 ninja numpy setuptools wheel
 	rm -rf build/cuda-check && mkdir -p build/cuda-check
 	CUDA_HOME=/usr/local/cuda .venv-cuda/bin/python setup.py -q build_ext --build-lib build/cuda-check --build-temp build/cuda-check/tmp
-	cd build/cuda-check && ../../.venv-cuda/bin/python -c "import prism_megatron._C as C; assert C.with_cuda; print('CUDA build imports:', sorted(n for n in dir(C) if not n.startswith('_')))"
+	# torch first: the extension links libc10, which importing torch loads. No kernel is launched.
+	cd build/cuda-check && ../../.venv-cuda/bin/python -c "import torch, prism_megatron._C as C; assert C.with_cuda; assert hasattr(C.clock, 'cuda_wait_until'); print('CUDA build imports:', sorted(n for n in dir(C) if not n.startswith('_')))"
 
 clean:
 	rm -rf build $(SO_STAMP) prism_megatron/_C*.so
