@@ -1,0 +1,231 @@
+"""`PrismConfig`: the one configuration object of a run, built once from the command line.
+
+Sections are frozen keyword-only dataclasses with a docstring under each field; the `--prism-*` flags
+are generated from those fields (name, type, default, choices, help), so the flag set and the config
+cannot drift (a unit test freezes both). Validation lives in `__post_init__` and raises ValueError
+naming the flag, the value, and what would be valid.
+
+Pure: imports neither torch nor Megatron, so the command line can be parsed and checked anywhere.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import functools
+import inspect
+import itertools
+import math
+import textwrap
+import typing
+from typing import Any
+
+DEVICES = ("auto", "cpu", "cuda")
+DATA_POLICIES = ("mirror", "zeros")
+FLAG_PREFIX = "--prism-"
+
+
+def _flag(name: str) -> dict[str, str]:
+    """Field metadata: the flag name when it is not the field name (units stay out of flags)."""
+    return {"flag": name}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EmulationConfig:
+    """What is emulated and where the real ranks run."""
+
+    emulate: bool = False
+    """Run as real ranks of a larger virtual job (without it the program runs unchanged)."""
+    world_size: int | None = None
+    """W, the number of GPUs of the target job; required with --prism-emulate."""
+    ranks: str | None = None
+    """Which virtual ranks are real (the rank-selection language, e.g. '0,5' or 'stage=0..1,tp=0'); default: one rank per role."""
+    device: str = dataclasses.field(default="auto", metadata={"choices": DEVICES})
+    """Device of the real ranks; auto picks cuda when available, else cpu (with the CPU device shim)."""
+    data_policy: str = dataclasses.field(default="mirror", metadata={"choices": DATA_POLICIES})
+    """What virtual peers contribute to collectives: mirror (what this rank contributes) or zeros."""
+    timeout_s: float = dataclasses.field(default=300.0, metadata=_flag("timeout"))
+    """Seconds a real rank waits for a real peer before failing with the op and group named."""
+    straggler: str | None = None
+    """Slow virtual ranks, as RANK:FACTOR[,RANK:FACTOR] (factor > 1 stretches their compute)."""
+
+    def __post_init__(self) -> None:
+        if self.emulate and self.world_size is None:
+            raise ValueError("--prism-emulate needs --prism-world-size (the target job's number of GPUs)")
+        if self.world_size is not None and self.world_size < 1:
+            raise ValueError(f"--prism-world-size must be >= 1, got {self.world_size}")
+        if not (math.isfinite(self.timeout_s) and self.timeout_s > 0):
+            raise ValueError(f"--prism-timeout must be a positive number of seconds, got {self.timeout_s}")
+        if self.ranks is not None and not self.ranks.strip():
+            raise ValueError("--prism-ranks must not be empty; omit it for one rank per role")
+        self.stragglers()
+
+    def stragglers(self) -> dict[int, float]:
+        """--prism-straggler parsed: virtual rank -> compute slowdown factor."""
+        if not self.straggler:
+            return {}
+        parsed: dict[int, float] = {}
+        for item in self.straggler.split(","):
+            rank_text, sep, factor_text = item.partition(":")
+            try:
+                virtual_rank, factor = int(rank_text), float(factor_text)
+            except ValueError:
+                virtual_rank, factor = -1, math.nan
+            if not sep or virtual_rank < 0 or not (math.isfinite(factor) and factor > 0):
+                raise ValueError(f"--prism-straggler item {item!r} must read RANK:FACTOR, e.g. 5:1.3")
+            if self.world_size is not None and virtual_rank >= self.world_size:
+                raise ValueError(
+                    f"--prism-straggler rank {virtual_rank} is outside --prism-world-size {self.world_size}"
+                )
+            parsed[virtual_rank] = factor
+        return parsed
+
+    def resolved_device(self, cuda_available: bool) -> str:
+        return ("cuda" if cuda_available else "cpu") if self.device == "auto" else self.device
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CaptureConfig:
+    """The slicing pass that records the execution graph."""
+
+    capture_iters: int = 2
+    """Iterations the slice runs to record the graph (the first is warm-up and is not used)."""
+    graph: str | None = None
+    """Reuse a captured execution graph from this file instead of capturing."""
+
+    def __post_init__(self) -> None:
+        if self.capture_iters < 1:
+            raise ValueError(f"--prism-capture-iters must be >= 1, got {self.capture_iters}")
+        if self.graph is not None and not self.graph.strip():
+            raise ValueError("--prism-graph must name a file")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ClusterConfig:
+    """The network of the target cluster."""
+
+    cluster: str = "default"
+    """Cluster preset name or path to a cluster spec (links, bandwidths, latencies)."""
+
+    def __post_init__(self) -> None:
+        if not self.cluster.strip():
+            raise ValueError("--prism-cluster must name a preset or a spec file")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class OutputConfig:
+    """Where results go."""
+
+    out: str = "prism-out"
+    """Directory for report.json, report.md, the timeline and per-rank results."""
+    overwrite: bool = False
+    """Replace an existing non-empty --prism-out directory."""
+
+    def __post_init__(self) -> None:
+        if not self.out.strip():
+            raise ValueError("--prism-out must name a directory")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PatchConfig:
+    """How prism treats the installed Megatron."""
+
+    allow_untested_megatron: bool = False
+    """Apply patches on a megatron-core version they were not verified on, at your own risk."""
+    list_patches: bool = False
+    """Print the table of every patch prism can apply, and exit."""
+
+
+SECTIONS: dict[str, type] = {
+    "emulation": EmulationConfig,
+    "capture": CaptureConfig,
+    "cluster": ClusterConfig,
+    "output": OutputConfig,
+    "patches": PatchConfig,
+}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PrismConfig:
+    """Every prism setting of a run, by section."""
+
+    emulation: EmulationConfig = dataclasses.field(default_factory=EmulationConfig)
+    capture: CaptureConfig = dataclasses.field(default_factory=CaptureConfig)
+    cluster: ClusterConfig = dataclasses.field(default_factory=ClusterConfig)
+    output: OutputConfig = dataclasses.field(default_factory=OutputConfig)
+    patches: PatchConfig = dataclasses.field(default_factory=PatchConfig)
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> PrismConfig:
+        """Build from a namespace parsed by a parser that `add_prism_arguments` extended."""
+        sections = {}
+        for section, section_cls in SECTIONS.items():
+            values = {
+                f.name: getattr(args, dest(f))
+                for f in dataclasses.fields(section_cls)
+                if hasattr(args, dest(f))
+            }
+            sections[section] = section_cls(**values)
+        return cls(**sections)
+
+
+def flag_name(field: dataclasses.Field) -> str:
+    return FLAG_PREFIX + field.metadata.get("flag", field.name.replace("_", "-"))
+
+
+def dest(field: dataclasses.Field) -> str:
+    return "prism_" + field.name
+
+
+@functools.cache
+def field_docs(section_cls: type) -> dict[str, str]:
+    """The docstring under each field, read from the class source (the single source of help text)."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(section_cls)))
+    body = tree.body[0].body
+    docs = {}
+    for node, following in itertools.pairwise(body):
+        is_field = isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
+        if is_field and isinstance(following, ast.Expr) and isinstance(following.value, ast.Constant):
+            docs[node.target.id] = " ".join(str(following.value.value).split())
+    return docs
+
+
+def _argparse_type(section_cls: type, field: dataclasses.Field) -> type | None:
+    hint = typing.get_type_hints(section_cls)[field.name]
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    return args[0] if args else hint
+
+
+def add_prism_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Add the `--prism-*` flags, one per config field, in an argument group named 'prism'."""
+    group = parser.add_argument_group("prism", "PrismLLM emulation (prism-megatron)")
+    for section_cls in SECTIONS.values():
+        docs = field_docs(section_cls)
+        for field in dataclasses.fields(section_cls):
+            kind = _argparse_type(section_cls, field)
+            default = field.default
+            help_text = f"{docs.get(field.name, '')} (default: {default})"
+            if kind is bool:
+                group.add_argument(flag_name(field), dest=dest(field), action="store_true", help=help_text)
+            else:
+                choices = field.metadata.get("choices")
+                group.add_argument(
+                    flag_name(field),
+                    dest=dest(field),
+                    type=kind,
+                    default=default,
+                    choices=choices,
+                    help=help_text,
+                )
+    return parser
+
+
+def flag_table() -> list[tuple[str, Any, str]]:
+    """(flag, default, help) for every flag, in order (for the README and the frozen-flag test)."""
+    rows = []
+    for section_cls in SECTIONS.values():
+        docs = field_docs(section_cls)
+        for field in dataclasses.fields(section_cls):
+            rows.append((flag_name(field), field.default, docs.get(field.name, "")))
+    return rows

@@ -1,0 +1,70 @@
+"""Keep control flow real on a rank whose peers are virtual (ARCHITECTURE.md decision 4).
+
+Collectives with virtual members are the backend's business: it answers them with the data policy.
+A few places in megatron-core, though, take a decision from data that only a specific peer holds,
+and no data policy can answer for a peer whose role is not among the real ranks. Each is a record
+here, applied only when emulating.
+
+- Tied embeddings: the last stage zeroes its copy of the word embeddings and all-reduces it with the
+  first stage to receive the first stage's initial values. When the first stage is virtual, the
+  sum is zeros (fake backend) or this rank's zeros mirrored (prism backend), and the last stage
+  would train with a zero output layer (grad norm 0 was seen). The fix initialises the copy the way
+  the first stage initialises its embedding (same init method, same distribution), after the real
+  all-reduce was issued, so the sequence of collectives is unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from prism_megatron.megatron.distributed import VirtualWorld
+from prism_megatron.megatron.patches import Patch
+
+VERIFIED_ON = ("0.16.1",)
+
+
+def _needs_first_stage_values(module: Any, world: VirtualWorld) -> bool:
+    if not (module.share_embeddings_and_output_weights and module.post_process and not module.pre_process):
+        return False
+    if module.config.pipeline_model_parallel_size == 1 or not dist.is_initialized():
+        return False
+    embedding_ranks = dist.get_process_group_ranks(module.embd_group)
+    return not world.is_real(embedding_ranks[0])
+
+
+def _tied_embedding_fix(world: VirtualWorld) -> Callable[[Any], Any]:
+    def make(original: Callable[..., Any]) -> Callable[..., Any]:
+        def setup_embeddings_and_output_layer(self) -> None:
+            original(self)
+            if not _needs_first_stage_values(self, world):
+                return
+            from megatron.core.tensor_parallel import get_cuda_rng_tracker
+
+            init_method = self.config.embedding_init_method or self.config.init_method
+            weight = self.shared_embedding_or_output_weight()
+            with torch.no_grad(), get_cuda_rng_tracker().fork():
+                init_method(weight.data)
+
+        return setup_embeddings_and_output_layer
+
+    return make
+
+
+def core_fixes(world: VirtualWorld) -> tuple[Patch, ...]:
+    """The megatron-core control-flow fixes for a run in `world`."""
+    return (
+        Patch(
+            name="megatron.tied_embedding_from_virtual_first_stage",
+            target="megatron.core.models.common.language_module.language_module:LanguageModule.setup_embeddings_and_output_layer",
+            make=_tied_embedding_fix(world),
+            verified_on=VERIFIED_ON,
+            reason="the last stage's tied output weight gets its initial values from the first stage by an "
+            "all-reduce of zeros; with a virtual first stage it would stay zero, so it is initialised as the "
+            "first stage initialises its embedding",
+            signature="(self) -> None",
+        ),
+    )

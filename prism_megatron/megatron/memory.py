@@ -1,0 +1,224 @@
+"""Peak memory of a real rank, by category: parameters, gradients, optimizer state, activations.
+
+Memory fidelity is the cheap half of emulation: a real rank whose groups say 8192 allocates the
+gradient buckets and distributed-optimizer shards of the 8192-GPU job, so measuring what it holds
+measures what the production rank would hold. This module measures it.
+
+On CPU there is no allocator with statistics, so `LiveStorageTracker` keeps an account of live
+tensor storage: a dispatch mode sees every op's outputs, records each new storage's size, and a weak
+reference tells it when the storage dies. Storages that exist before tracking starts (parameters,
+gradient buffers) and optimizer state are labelled by `label_model` / `label_optimizer`; everything
+else allocated during a step counts as activations (including temporaries of the backward pass).
+Limits: storages allocated outside any torch op (by a C++ library writing into its own memory) are
+not seen; `UntypedStorage.resize_` is not followed.
+
+On CUDA the allocator's `max_memory_allocated` gives the peak; the same labels give the static
+categories and activations are the remainder.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import weakref
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+PARAMETERS = "parameters"
+GRADIENTS = "gradients"
+OPTIMIZER_STATE = "optimizer_state"
+ACTIVATIONS = "activations"
+CATEGORIES = (PARAMETERS, GRADIENTS, OPTIMIZER_STATE, ACTIVATIONS)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MemoryReport:
+    """Peak memory of one real rank."""
+
+    peak_bytes: int
+    """Highest total of live tracked storage (CPU) or the allocator's peak (CUDA)."""
+    at_peak_bytes: dict[str, int]
+    """Bytes per category at the moment of the peak."""
+    category_peak_bytes: dict[str, int]
+    """Each category's own peak (they need not coincide)."""
+    method: str
+    """How it was measured: 'live-storage' (CPU) or 'cuda-allocator'."""
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+class _StorageAccount:
+    """Live storages keyed by data pointer, with their size and category."""
+
+    def __init__(self) -> None:
+        self.entries: dict[int, tuple[int, str]] = {}
+        self.current = dict.fromkeys(CATEGORIES, 0)
+        self.category_peak = dict.fromkeys(CATEGORIES, 0)
+        self.peak_total = 0
+        self.at_peak = dict.fromkeys(CATEGORIES, 0)
+
+    def add(self, storage: torch.UntypedStorage, category: str) -> None:
+        ptr, size_bytes = storage.data_ptr(), storage.nbytes()
+        if size_bytes == 0 or storage.device.type == "meta":
+            return
+        if ptr in self.entries:
+            if category != ACTIVATIONS:  # a label outranks "allocated during the step"
+                self.relabel(ptr, category)
+            return
+        self.entries[ptr] = (size_bytes, category)
+        self.current[category] += size_bytes
+        weakref.finalize(storage, self._drop, ptr, size_bytes)
+        self._update_peaks()
+
+    def relabel(self, ptr: int, category: str) -> None:
+        size_bytes, old = self.entries[ptr]
+        if old == category:
+            return
+        self.entries[ptr] = (size_bytes, category)
+        self.current[old] -= size_bytes
+        self.current[category] += size_bytes
+        self._update_peaks()
+
+    def _drop(self, ptr: int, size_bytes: int) -> None:
+        entry = self.entries.get(ptr)
+        if entry is None or entry[0] != size_bytes:
+            return
+        del self.entries[ptr]
+        self.current[entry[1]] -= size_bytes
+
+    def _update_peaks(self) -> None:
+        for category, value in self.current.items():
+            self.category_peak[category] = max(self.category_peak[category], value)
+        total = sum(self.current.values())
+        if total > self.peak_total:
+            self.peak_total = total
+            self.at_peak = dict(self.current)
+
+
+class LiveStorageTracker(TorchDispatchMode):
+    """Counts live tensor storage on the CPU by category (see the module docstring).
+
+    Use as a context manager around the training steps, after `label_model` (and `label_optimizer`
+    once the optimizer state exists). The most recent tracker is what the `torch.cuda` memory shims
+    report while it is active.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.account = _StorageAccount()
+
+    def label(self, category: str, tensors: Iterable[torch.Tensor | None]) -> None:
+        assert category in CATEGORIES, category
+        for tensor in tensors:
+            if tensor is not None and isinstance(tensor, torch.Tensor):
+                self.account.add(tensor.untyped_storage(), category)
+
+    def label_model(self, model_chunks: Iterable[torch.nn.Module]) -> None:
+        """Label parameters and their gradient storage (`main_grad` of Megatron's DDP, or `.grad`)."""
+        for chunk in model_chunks:
+            params = list(chunk.parameters())
+            self.label(PARAMETERS, params)
+            self.label(GRADIENTS, (getattr(p, "main_grad", None) for p in params))
+            self.label(GRADIENTS, (p.grad for p in params))
+            self.label(PARAMETERS, torch.nn.Module.buffers(chunk))  # DDP shadows .buffers
+
+    def label_optimizer(self, optimizer: Any) -> None:
+        """Label every tensor held in optimizer state, and fp32 main parameters of mixed precision."""
+        for inner in _inner_optimizers(optimizer):
+            for state in inner.state.values():
+                self.label(OPTIMIZER_STATE, (v for v in state.values() if isinstance(v, torch.Tensor)))
+            if not hasattr(optimizer, "shard_fp32_from_float16_groups"):
+                continue
+            for group in optimizer.shard_fp32_from_float16_groups:
+                self.label(OPTIMIZER_STATE, group)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for leaf in tree_flatten(out)[0]:
+            if isinstance(leaf, torch.Tensor) and leaf.device.type == "cpu":
+                self.account.add(leaf.untyped_storage(), ACTIVATIONS)
+        return out
+
+    def __enter__(self) -> LiveStorageTracker:
+        global _ACTIVE
+        _ACTIVE = self
+        return super().__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        global _ACTIVE
+        _ACTIVE = None
+        super().__exit__(*exc)
+
+    def report(self) -> MemoryReport:
+        return MemoryReport(
+            peak_bytes=self.account.peak_total,
+            at_peak_bytes=dict(self.account.at_peak),
+            category_peak_bytes=dict(self.account.category_peak),
+            method="live-storage",
+        )
+
+
+def _inner_optimizers(optimizer: Any) -> list[Any]:
+    """torch optimizers inside a Megatron optimizer (chained, distributed, or plain)."""
+    if hasattr(optimizer, "chained_optimizers"):
+        return [inner for child in optimizer.chained_optimizers for inner in _inner_optimizers(child)]
+    if hasattr(optimizer, "optimizer") and hasattr(optimizer.optimizer, "state"):
+        return [optimizer.optimizer]
+    return [optimizer] if hasattr(optimizer, "state") else []
+
+
+def static_bytes(tensors: Iterable[torch.Tensor | None]) -> int:
+    """Bytes of the distinct storages behind tensors (views of one buffer count once)."""
+    seen: dict[int, int] = {}
+    for tensor in tensors:
+        if tensor is not None:
+            storage = tensor.untyped_storage()
+            seen[storage.data_ptr()] = storage.nbytes()
+    return sum(seen.values())
+
+
+@contextlib.contextmanager
+def cuda_peak_scope():
+    """Reset the CUDA allocator's peak so `cuda_report` sees the training steps only."""
+    torch.cuda.reset_peak_memory_stats()
+    yield
+
+
+def cuda_report(model_chunks: Iterable[torch.nn.Module], optimizer: Any) -> MemoryReport:
+    """CUDA: the allocator's peak; static categories from storage sizes, activations the remainder."""
+    chunks = list(model_chunks)
+    params = [p for chunk in chunks for p in chunk.parameters()]
+    static = {
+        PARAMETERS: static_bytes(params),
+        GRADIENTS: static_bytes(getattr(p, "main_grad", None) for p in params),
+        OPTIMIZER_STATE: static_bytes(
+            v for inner in _inner_optimizers(optimizer) for s in inner.state.values() for v in s.values()
+            if isinstance(v, torch.Tensor)
+        ),
+    }  # fmt: skip
+    peak_bytes = torch.cuda.max_memory_allocated()
+    at_peak = {**static, ACTIVATIONS: max(peak_bytes - sum(static.values()), 0)}
+    return MemoryReport(
+        peak_bytes=peak_bytes,
+        at_peak_bytes=at_peak,
+        category_peak_bytes=dict(at_peak),
+        method="cuda-allocator",
+    )
+
+
+_ACTIVE: LiveStorageTracker | None = None
+
+
+def cuda_memory_allocated_shim(device: Any = None) -> int:
+    """`torch.cuda.memory_allocated` on the CPU device: live tracked bytes (0 when nothing tracks)."""
+    return sum(_ACTIVE.account.current.values()) if _ACTIVE is not None else 0
+
+
+def cuda_max_memory_allocated_shim(device: Any = None) -> int:
+    """`torch.cuda.max_memory_allocated` on the CPU device: the tracked peak (0 when nothing tracks)."""
+    return _ACTIVE.account.peak_total if _ACTIVE is not None else 0

@@ -1,0 +1,216 @@
+"""Model, DDP and optimizer of the built-in training entry, built from Megatron-LM-named arguments.
+
+It mirrors what Megatron-LM's `pretrain_gpt.py` builds for the flags it supports (GPTModel with the
+local layer spec, one chunk per virtual pipeline stage, DDP with Megatron-LM's bucket rule, the
+Megatron optimizer), using megatron-core only, so a user of megatron-core without Megatron-LM can
+run the plugin and CI has a path that needs no Megatron-LM checkout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+import torch
+from megatron.core import parallel_state
+from megatron.core.distributed import (
+    DistributedDataParallel,
+    DistributedDataParallelConfig,
+    finalize_model_grads,
+)
+from megatron.core.models.gpt import GPTModel
+from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec, get_gpt_layer_local_spec
+from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+from megatron.core.tensor_parallel import set_defaults_if_not_set_tensor_model_parallel_attributes
+from megatron.core.transformer import TransformerConfig
+
+# Megatron-LM's default bucket size floor (training.py get_model: max(4e7, 1e6 * dp_cp)).
+_MIN_BUCKET_SIZE_PARAMS = 40_000_000
+_BUCKET_SIZE_PER_DP_RANK_PARAMS = 1_000_000
+
+
+def params_dtype(args: argparse.Namespace) -> torch.dtype:
+    if args.bf16:
+        return torch.bfloat16
+    if args.fp16:
+        return torch.float16
+    return torch.float32
+
+
+def padded_vocab_size(vocab_size: int, divisible_by: int, tp: int) -> int:
+    """Megatron-LM's padding: up to a multiple of make_vocab_size_divisible_by * TP."""
+    multiple = divisible_by * tp
+    return -(-vocab_size // multiple) * multiple
+
+
+def transformer_config(args: argparse.Namespace) -> TransformerConfig:
+    """The TransformerConfig Megatron-LM would derive from these flags (fusions off: no TE/apex on CPU)."""
+    dtype = params_dtype(args)
+    return TransformerConfig(
+        num_layers=args.num_layers,
+        hidden_size=args.hidden_size,
+        num_attention_heads=args.num_attention_heads,
+        num_query_groups=args.num_query_groups if args.group_query_attention else None,
+        ffn_hidden_size=args.ffn_hidden_size,
+        tensor_model_parallel_size=args.tensor_model_parallel_size,
+        pipeline_model_parallel_size=args.pipeline_model_parallel_size,
+        virtual_pipeline_model_parallel_size=args.virtual_pipeline_model_parallel_size,
+        context_parallel_size=args.context_parallel_size,
+        expert_model_parallel_size=args.expert_model_parallel_size,
+        expert_tensor_parallel_size=args.expert_tensor_parallel_size,
+        sequence_parallel=args.sequence_parallel,
+        params_dtype=dtype,
+        pipeline_dtype=dtype,
+        bf16=args.bf16,
+        fp16=args.fp16,
+        hidden_dropout=args.hidden_dropout,
+        attention_dropout=args.attention_dropout,
+        init_method_std=args.init_method_std,
+        add_bias_linear=not args.disable_bias_linear,
+        gated_linear_unit=args.swiglu,
+        activation_func=torch.nn.functional.silu if args.swiglu else torch.nn.functional.gelu,
+        normalization=args.normalization,
+        num_moe_experts=args.num_experts,
+        moe_router_topk=args.moe_router_topk,
+        moe_ffn_hidden_size=args.moe_ffn_hidden_size,
+        moe_token_dispatcher_type=args.moe_token_dispatcher_type,
+        moe_aux_loss_coeff=args.moe_aux_loss_coeff,
+        moe_router_load_balancing_type=args.moe_router_load_balancing_type,
+        recompute_granularity=args.recompute_granularity,
+        recompute_method=args.recompute_method,
+        recompute_num_layers=args.recompute_num_layers,
+        gradient_accumulation_fusion=False,
+        masked_softmax_fusion=False,
+        bias_activation_fusion=False,
+        bias_dropout_fusion=False,
+        persist_layer_norm=False,
+        apply_rope_fusion=False,
+        deallocate_pipeline_outputs=True,
+        batch_p2p_comm=not args.overlap_p2p_communication,
+        overlap_p2p_comm=args.overlap_p2p_communication,
+        microbatch_group_size_per_vp_stage=args.microbatch_group_size_per_virtual_pipeline_stage,
+    )
+
+
+def _layer_spec(args: argparse.Namespace, config: TransformerConfig, vp_stage: int | None):
+    if args.num_experts:
+        return get_gpt_decoder_block_spec(config, use_transformer_engine=False, vp_stage=vp_stage)
+    return get_gpt_layer_local_spec(normalization=args.normalization)
+
+
+def build_chunks(args: argparse.Namespace, config: TransformerConfig) -> list[GPTModel]:
+    """One GPTModel per virtual pipeline stage this rank holds (one without VPP)."""
+    pp_rank = parallel_state.get_pipeline_model_parallel_rank()
+    pp_size = parallel_state.get_pipeline_model_parallel_world_size()
+    vp_size = args.virtual_pipeline_model_parallel_size if pp_size > 1 else None
+    stages = range(vp_size) if vp_size else [None]
+    chunks = []
+    for vp_stage in stages:
+        first_chunk = vp_stage is None or vp_stage == 0
+        last_chunk = vp_stage is None or vp_stage == vp_size - 1
+        chunk = GPTModel(
+            config=config,
+            transformer_layer_spec=_layer_spec(args, config, vp_stage),
+            vocab_size=padded_vocab_size(
+                args.vocab_size, args.make_vocab_size_divisible_by, args.tensor_model_parallel_size
+            ),
+            max_sequence_length=args.max_position_embeddings,
+            pre_process=pp_rank == 0 and first_chunk,
+            post_process=pp_rank == pp_size - 1 and last_chunk,
+            parallel_output=True,
+            share_embeddings_and_output_weights=not args.untie_embeddings_and_output_weights,
+            position_embedding_type=args.position_embedding_type,
+            vp_stage=vp_stage,
+        )
+        chunk.vp_stage = vp_stage
+        for param in chunk.parameters():
+            set_defaults_if_not_set_tensor_model_parallel_attributes(param)
+        if args.bf16 or args.fp16:
+            chunk = chunk.to(params_dtype(args))
+        chunks.append(chunk)
+    return chunks
+
+
+def ddp_config(args: argparse.Namespace) -> DistributedDataParallelConfig:
+    """Megatron-LM's DDP config rule: default bucket size grows with DP; no buckets without overlap."""
+    bucket_size = args.ddp_bucket_size
+    if bucket_size is None:
+        dp_cp = parallel_state.get_data_parallel_world_size(with_context_parallel=True)
+        bucket_size = max(_MIN_BUCKET_SIZE_PARAMS, _BUCKET_SIZE_PER_DP_RANK_PARAMS * dp_cp)
+    if not args.overlap_grad_reduce:
+        bucket_size = None
+    return DistributedDataParallelConfig(
+        grad_reduce_in_fp32=args.accumulate_allreduce_grads_in_fp32,
+        overlap_grad_reduce=args.overlap_grad_reduce,
+        overlap_param_gather=args.overlap_param_gather,
+        use_distributed_optimizer=args.use_distributed_optimizer,
+        bucket_size=bucket_size,
+    )
+
+
+def wrap_ddp(
+    args: argparse.Namespace, config: TransformerConfig, chunks: list[GPTModel]
+) -> list[DistributedDataParallel]:
+    """Wrap chunks like Megatron-LM: bucketing only for the first chunk."""
+    cfg = ddp_config(args)
+    return [
+        DistributedDataParallel(config=config, ddp_config=cfg, module=chunk, disable_bucketing=index > 0)
+        for index, chunk in enumerate(chunks)
+    ]
+
+
+def optimizer_config(args: argparse.Namespace) -> OptimizerConfig:
+    return OptimizerConfig(
+        optimizer="adam",
+        lr=args.lr,
+        min_lr=args.min_lr,
+        weight_decay=args.weight_decay,
+        adam_beta1=args.adam_beta1,
+        adam_beta2=args.adam_beta2,
+        clip_grad=args.clip_grad,
+        bf16=args.bf16,
+        fp16=args.fp16,
+        params_dtype=params_dtype(args),
+        use_distributed_optimizer=args.use_distributed_optimizer,
+        overlap_param_gather=args.overlap_param_gather,
+    )
+
+
+def build_optimizer(args: argparse.Namespace, model: list[DistributedDataParallel]):
+    # No gloo groups: the virtual world has none (its gloo groups would be prism groups anyway), and
+    # the distributed optimizer only needs them for checkpointing, which this entry does not do.
+    return get_megatron_optimizer(optimizer_config(args), model, use_gloo_process_groups=False)
+
+
+def configure_schedule(args: argparse.Namespace, config: TransformerConfig, model: list, optimizer) -> None:
+    """Set the schedule hooks on the config exactly as Megatron-LM's train() does."""
+    config.grad_scale_func = optimizer.scale_loss
+    if args.overlap_grad_reduce:
+        no_sync = [chunk.no_sync for chunk in model]
+        config.no_sync_func = no_sync[0] if len(model) == 1 else no_sync
+        if args.align_grad_reduce:
+            grad_sync = [chunk.start_grad_sync for chunk in model]
+            config.grad_sync_func = grad_sync[0] if len(model) == 1 else grad_sync
+    if args.overlap_param_gather and args.align_param_gather:
+        param_sync = [chunk.start_param_sync for chunk in model]
+        config.param_sync_func = param_sync[0] if len(model) == 1 else param_sync
+    config.finalize_model_grads_func = finalize_model_grads
+
+
+def num_parameters(chunks: list[torch.nn.Module]) -> int:
+    return sum(p.numel() for chunk in chunks for p in chunk.parameters())
+
+
+def describe(config: TransformerConfig) -> dict:
+    """A JSON-friendly summary of the model shape (for results files)."""
+    keys = ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size", "num_moe_experts")
+    return {k: getattr(config, k) for k in keys if k in {f.name for f in dataclasses.fields(config)}}
+
+
+def device() -> torch.device:
+    """The real rank's device: its CUDA device, or the CPU under the CPU device shim."""
+    return (
+        torch.device("cuda", torch.cuda.current_device())
+        if torch.cuda.is_available()
+        else torch.device("cpu")
+    )

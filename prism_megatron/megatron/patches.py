@@ -1,0 +1,290 @@
+"""The patch registry: every change prism makes to Megatron or torch is a record, applied and undone here.
+
+Why a registry rather than scattered `setattr`: a patch is a bet on another project's internals. Each
+record says what it replaces, why no extension point sufficed, which megatron-core versions it was
+verified on and which modules bound the target by name at import (those bindings must be rebound
+too, or half of Megatron keeps calling the original). Applying refuses an untested megatron-core
+unless the user opts in, refuses to stack on a target someone else already replaced, and counts
+calls so a report can say which patches a run actually used. Reverting unwinds in reverse order and
+is safe to call twice. A drift test per record compares the target's signature with the recorded one.
+
+Two kinds of record:
+- `Patch`: replaces one attribute (`"module:attr"` or `"module:Class.attr"`).
+- `ModePatch`: pushes a `torch.overrides.TorchFunctionMode` for the lifetime of the application
+  (the only way to reach hard-coded literals such as `device="cuda"` inside Megatron functions).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import functools
+import importlib
+import importlib.metadata
+import inspect
+import types
+import warnings
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from packaging.version import Version
+
+MEGATRON_CORE_DIST = "megatron-core"
+
+
+class _Absent:
+    """Marks a target attribute that does not exist before the patch (it is added, then deleted)."""
+
+    def __repr__(self) -> str:
+        return "ABSENT"
+
+
+ABSENT: Any = _Absent()
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Patch:
+    """One replaced attribute."""
+
+    name: str
+    """Unique short name, as `--prism-list-patches` prints it."""
+    target: str
+    """`"module.path:attr"` or `"module.path:Class.attr"`; the module is imported when applied."""
+    make: Callable[[Any], Any]
+    """Builds the replacement from the original object (`ABSENT` when the attribute does not exist)."""
+    verified_on: tuple[str, ...]
+    """megatron-core versions this patch was verified on (exact versions)."""
+    reason: str
+    """Why it is needed and why no extension point sufficed."""
+    importers: tuple[str, ...] = ()
+    """Modules that did `from <module> import <attr>`: `"module"` or `"module:alias"`; rebound too."""
+    signature: str | None = None
+    """`str(inspect.signature(original))` as verified; None for non-callables. The drift test checks it."""
+    count_calls: bool = True
+    """Wrap the replacement so each call is counted (only for plain functions)."""
+    must_exist: bool = True
+    """Whether the target exists on every verified install (False: added when absent, like a missing global)."""
+
+    def __post_init__(self) -> None:
+        module, _, qualname = self.target.partition(":")
+        if not module or not qualname:
+            raise ValueError(f"patch {self.name!r}: target {self.target!r} must read 'module:attr'")
+        if self.importers and "." in qualname:
+            raise ValueError(f"patch {self.name!r}: only module-level targets can have importers")
+        if not self.verified_on:
+            raise ValueError(f"patch {self.name!r}: verified_on must name at least one version")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ModePatch:
+    """A torch function mode pushed while the patches are applied."""
+
+    name: str
+    """Unique short name, as `--prism-list-patches` prints it."""
+    make_mode: Callable[[Callable[[], None]], Any]
+    """Builds the mode; it gets a `count()` callback to call whenever it rewrites a call."""
+    verified_on: tuple[str, ...]
+    """megatron-core versions this patch was verified on (exact versions)."""
+    reason: str
+    """Why it is needed and why no extension point sufficed."""
+    target: str = "torch.overrides:TorchFunctionMode"
+    """What it hooks (for the table)."""
+
+
+AnyPatch = Patch | ModePatch
+
+
+class UntestedMegatronError(RuntimeError):
+    """The installed megatron-core is outside the versions a patch was verified on."""
+
+
+def installed_megatron_core_version() -> str:
+    return importlib.metadata.version(MEGATRON_CORE_DIST)
+
+
+def check_versions(
+    patches: Iterable[AnyPatch], *, allow_untested: bool, installed: str | None = None
+) -> None:
+    """Raise UntestedMegatronError if the installed megatron-core is not verified for every patch."""
+    installed = installed or installed_megatron_core_version()
+    unverified = [p for p in patches if Version(installed) not in {Version(v) for v in p.verified_on}]
+    if not unverified:
+        return
+    names = ", ".join(f"{p.name} (verified on {'/'.join(p.verified_on)})" for p in unverified)
+    message = (
+        f"megatron-core {installed} is outside the versions these patches were verified on: {names}. "
+        "Install a verified version, or pass --prism-allow-untested-megatron to proceed at your own risk."
+    )
+    if not allow_untested:
+        raise UntestedMegatronError(message)
+    warnings.warn(message, stacklevel=3)
+
+
+def resolve(target: str) -> tuple[Any, str, Any]:
+    """Return (owner object, attribute name, current value or ABSENT) for a `module:qualname` target."""
+    module_name, _, qualname = target.partition(":")
+    owner: Any = importlib.import_module(module_name)
+    *path, attr = qualname.split(".")
+    for part in path:
+        owner = getattr(owner, part)
+    return owner, attr, getattr(owner, attr, ABSENT)
+
+
+def _importer_slot(importer: str, default_attr: str) -> tuple[types.ModuleType, str]:
+    module_name, _, alias = importer.partition(":")
+    return importlib.import_module(module_name), alias or default_attr
+
+
+@dataclasses.dataclass
+class _Undo:
+    owner: Any
+    attr: str
+    had_own: bool
+    old_value: Any
+    new_value: Any
+    patch_name: str
+
+
+class AppliedPatches:
+    """The live application of a list of patches: what to undo, and how often each was called."""
+
+    def __init__(self) -> None:
+        self._undo: list[_Undo] = []
+        self._modes: list[tuple[str, Any]] = []
+        self.calls: collections.Counter[str] = collections.Counter()
+        self.names: list[str] = []
+        self.active = True
+
+    def count(self, name: str) -> None:
+        self.calls[name] += 1
+
+    def used(self) -> dict[str, int]:
+        """Calls per applied patch name (0 for patches never hit), in application order."""
+        return {name: self.calls.get(name, 0) for name in self.names}
+
+    def revert(self) -> None:
+        """Undo in reverse order. Safe to call twice; warns when someone else replaced a target since."""
+        if not self.active:
+            return
+        self.active = False
+        for name, mode in reversed(self._modes):
+            try:
+                mode.__exit__(None, None, None)
+            except Exception as exc:  # a mode stack unwound out of order; keep undoing the rest
+                warnings.warn(
+                    f"prism patch {name}: could not pop its torch function mode: {exc}", stacklevel=2
+                )
+        for undo in reversed(self._undo):
+            current = undo.owner.__dict__.get(undo.attr, ABSENT)
+            if current is not undo.new_value:
+                warnings.warn(
+                    f"prism patch {undo.patch_name}: {undo.owner!r}.{undo.attr} was replaced by someone "
+                    "else after prism patched it; leaving their value in place",
+                    stacklevel=2,
+                )
+                continue
+            if undo.had_own:
+                setattr(undo.owner, undo.attr, undo.old_value)
+            else:
+                delattr(undo.owner, undo.attr)
+        self._undo.clear()
+        self._modes.clear()
+
+
+def _counted(replacement: Any, name: str, applied: AppliedPatches) -> Any:
+    if not isinstance(replacement, types.FunctionType):
+        return replacement
+
+    @functools.wraps(replacement)
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        applied.count(name)
+        return replacement(*args, **kwargs)
+
+    return counted
+
+
+def _set(owner: Any, attr: str, value: Any, name: str, applied: AppliedPatches) -> None:
+    had_own = attr in owner.__dict__
+    old_value = owner.__dict__.get(attr, ABSENT)
+    setattr(owner, attr, value)
+    applied._undo.append(_Undo(owner, attr, had_own, old_value, owner.__dict__[attr], name))
+
+
+def _apply_one(patch: AnyPatch, applied: AppliedPatches) -> None:
+    if isinstance(patch, ModePatch):
+        mode = patch.make_mode(functools.partial(applied.count, patch.name))
+        mode.__enter__()
+        applied._modes.append((patch.name, mode))
+        return
+    owner, attr, original = resolve(patch.target)
+    slots = [_importer_slot(i, attr) for i in patch.importers]
+    for module, alias in slots:
+        bound = getattr(module, alias, ABSENT)
+        if bound is not original:
+            raise RuntimeError(
+                f"prism patch {patch.name}: {module.__name__}.{alias} is not the original {patch.target} "
+                "(another tool patched it, or Megatron changed its imports); refusing to stack patches"
+            )
+    replacement = patch.make(original)
+    if patch.count_calls:
+        replacement = _counted(replacement, patch.name, applied)
+    _set(owner, attr, replacement, patch.name, applied)
+    for module, alias in slots:
+        _set(module, alias, replacement, patch.name, applied)
+
+
+def apply(patches: Iterable[AnyPatch], *, allow_untested: bool = False) -> AppliedPatches:
+    """Apply patches in order after checking the megatron-core version; undo all on any failure.
+
+    Raises:
+        UntestedMegatronError: the installed version is not verified (unless `allow_untested`).
+        RuntimeError: a target was already replaced by someone else.
+    """
+    patches = list(patches)
+    names = [p.name for p in patches]
+    if len(set(names)) != len(names):
+        raise ValueError(f"patch names must be unique, got {names}")
+    check_versions(patches, allow_untested=allow_untested)
+    applied = AppliedPatches()
+    try:
+        for patch in patches:
+            _apply_one(patch, applied)
+            applied.names.append(patch.name)
+    except BaseException:
+        applied.revert()
+        raise
+    return applied
+
+
+@contextmanager
+def patched(patches: Iterable[AnyPatch], *, allow_untested: bool = False) -> Iterator[AppliedPatches]:
+    """Apply patches for the duration of a `with` block (what tests use)."""
+    applied = apply(patches, allow_untested=allow_untested)
+    try:
+        yield applied
+    finally:
+        applied.revert()
+
+
+def current_signature(patch: Patch) -> str | None:
+    """The target's signature as installed now (for drift tests); None when not introspectable."""
+    _, _, original = resolve(patch.target)
+    if original is ABSENT or not callable(original):
+        return None
+    try:
+        return str(inspect.signature(original))
+    except (TypeError, ValueError):
+        return None
+
+
+def table(patches: Iterable[AnyPatch]) -> str:
+    """A plain-text table of the patches (what `--prism-list-patches` prints)."""
+    rows = [("name", "target", "verified on", "reason")]
+    for p in patches:
+        rows.append((p.name, p.target, "/".join(p.verified_on), p.reason))
+    widths = [max(len(r[i]) for r in rows) for i in range(3)]
+    lines = []
+    for r in rows:
+        lines.append("  ".join(r[i].ljust(widths[i]) for i in range(3)) + "  " + r[3])
+    return "\n".join(lines)

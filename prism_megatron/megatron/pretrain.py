@@ -1,0 +1,205 @@
+"""The built-in GPT pretraining entry: megatron-core only, mock data, Megatron-LM's flag names.
+
+It runs the step of Megatron-LM's `pretrain_gpt.py` (`train_step`: zero the grad buffers, the
+schedule's forward/backward over all micro-batches, optimizer step, the model-parallel reductions of
+`update_successful` and grad norm, the data-parallel loss reduction on the last stage) for the flags
+`pretrain_args` supports. Not reproduced: the LR schedule (constant LR), evaluation, checkpoints.
+
+Run it under torchrun (`python -m prism_megatron.launch` or `prism-megatron emulate`) or directly as
+`python -m prism_megatron.megatron.pretrain ...` for one process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import math
+import sys
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from megatron.core import parallel_state
+from megatron.core.pipeline_parallel import get_forward_backward_func
+from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+from megatron.core.utils import get_attr_wrapped_model
+
+import prism_megatron.replay as replay
+from prism_megatron.config import PrismConfig
+from prism_megatron.megatron import catalog, data, memory, model, pretrain_args, results, runtime
+
+
+def sizes_from_args(args: argparse.Namespace) -> runtime.ParallelSizes:
+    return runtime.ParallelSizes(
+        tp=args.tensor_model_parallel_size,
+        pp=args.pipeline_model_parallel_size,
+        vpp=args.virtual_pipeline_model_parallel_size,
+        cp=args.context_parallel_size,
+        ep=args.expert_model_parallel_size,
+        etp=args.expert_tensor_parallel_size,
+        order="tp-cp-ep-pp-dp" if args.use_tp_pp_dp_mapping else "tp-cp-ep-dp-pp",
+    )
+
+
+def initialize_model_parallel(args: argparse.Namespace, sizes: runtime.ParallelSizes) -> None:
+    """Megatron's own topology builder, then Megatron-LM's seeding rule (seed + 100 * PP rank)."""
+    parallel_state.initialize_model_parallel(
+        tensor_model_parallel_size=sizes.tp,
+        pipeline_model_parallel_size=sizes.pp,
+        virtual_pipeline_model_parallel_size=sizes.vpp,
+        context_parallel_size=sizes.cp,
+        expert_model_parallel_size=sizes.ep,
+        expert_tensor_parallel_size=sizes.etp,
+        order=sizes.order,
+        create_gloo_process_groups=False,
+    )
+    model_parallel_cuda_manual_seed(args.seed + 100 * parallel_state.get_pipeline_model_parallel_rank())
+
+
+def loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor):
+    """Megatron-LM's GPT loss: token-summed loss, token count, and the report pair."""
+    losses = output_tensor.view(-1).float()
+    mask = loss_mask.view(-1).float()
+    loss = torch.sum(losses * mask)
+    num_tokens = mask.sum().clone().detach().to(torch.int)
+    return loss, num_tokens, {"lm loss": torch.cat([loss.clone().detach().view(1), num_tokens.view(1)])}
+
+
+def forward_step(data_iterator, gpt_model):
+    """Read a batch only where Megatron-LM does (first/last stage chunk), then run the chunk."""
+    vp_stage = get_attr_wrapped_model(gpt_model, "vp_stage")
+    first = parallel_state.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage)
+    last = parallel_state.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage)
+    batch = next(data_iterator) if first or last else None
+    device = torch.cuda.current_device() if torch.cuda.is_available() else "cpu"
+    batch = {k: v.to(device) for k, v in batch.items()} if batch else {}
+    output = gpt_model(
+        batch.get("tokens"),
+        batch.get("position_ids"),
+        None,
+        labels=batch.get("labels"),
+        loss_mask=batch.get("loss_mask"),
+    )
+    return output, functools.partial(loss_func, batch.get("loss_mask"))
+
+
+def _data_iterators(args: argparse.Namespace, num_chunks: int):
+    dp_rank = parallel_state.get_data_parallel_rank()
+    make = functools.partial(
+        data.mock_batches,
+        seed=args.seed,
+        seq_length=args.seq_length,
+        vocab_size=args.vocab_size,
+        micro_batch_size=args.micro_batch_size,
+        global_batch_size=args.global_batch_size,
+        dp_rank=dp_rank,
+        dp_size=args.data_parallel_size,
+    )
+    iterators = [make() for _ in range(num_chunks)]
+    return iterators if num_chunks > 1 else iterators[0]
+
+
+def _model_parallel_reduce(value: float, op: dist.ReduceOp) -> float:
+    tensor = torch.tensor([value], dtype=torch.float32, device=model.device())
+    dist.all_reduce(tensor, op=op, group=parallel_state.get_model_parallel_group())
+    return tensor.item()
+
+
+def train_step(args, ddp_model, optimizer, iterators, forward_backward) -> dict[str, Any]:
+    """One iteration, as Megatron-LM's train_step runs it."""
+    for chunk in ddp_model:
+        chunk.zero_grad_buffer()
+    optimizer.zero_grad()
+    losses = forward_backward(
+        forward_step_func=forward_step,
+        data_iterator=iterators,
+        model=ddp_model,
+        num_microbatches=args.global_batch_size // (args.micro_batch_size * args.data_parallel_size),
+        seq_length=args.seq_length,
+        micro_batch_size=args.micro_batch_size,
+        decoder_seq_length=args.seq_length,
+        forward_only=False,
+    )
+    update_successful, grad_norm, _ = optimizer.step()
+    update_successful = bool(_model_parallel_reduce(float(update_successful), dist.ReduceOp.MIN))
+    grad_norm = _model_parallel_reduce(-1.0 if grad_norm is None else grad_norm, dist.ReduceOp.MAX)
+    loss = None
+    if parallel_state.is_pipeline_last_stage(ignore_virtual=True):
+        total = torch.vstack([x["lm loss"].view(-1) for x in losses]).sum(dim=0)
+        dist.all_reduce(total, group=parallel_state.get_data_parallel_group(with_context_parallel=True))
+        loss = (total[0] / total[1]).item()
+    return {"loss": loss, "grad_norm": grad_norm, "update_successful": update_successful}
+
+
+def train(args: argparse.Namespace, rt: runtime.Runtime) -> dict[str, Any]:
+    """Build model, DDP and optimizer, run --train-iters iterations, and return the results."""
+    config = model.transformer_config(args)
+    chunks = model.build_chunks(args, config)
+    ddp_model = model.wrap_ddp(args, config, chunks)
+    optimizer = model.build_optimizer(args, ddp_model)
+    model.configure_schedule(args, config, ddp_model, optimizer)
+    iterators = _data_iterators(args, len(ddp_model))
+    forward_backward = get_forward_backward_func()
+    tracker = memory.LiveStorageTracker() if rt.device == "cpu" else None
+    if tracker:
+        tracker.label_model(ddp_model)
+    iterations = []
+    with tracker or memory.cuda_peak_scope():
+        for iteration in range(args.train_iters):
+            if hasattr(replay, "mark_iteration_start"):
+                replay.mark_iteration_start()
+            start_s = time.perf_counter()
+            step = train_step(args, ddp_model, optimizer, iterators, forward_backward)
+            step["time_s"] = time.perf_counter() - start_s
+            iterations.append(step)
+            if tracker:
+                tracker.label_optimizer(optimizer)
+            _log(args, iteration, step, rt)
+    mem = tracker.report() if tracker else memory.cuda_report(ddp_model, optimizer)
+    return results.collect(
+        args=args, rt=rt, ddp_model=ddp_model, optimizer=optimizer, iterations=iterations, memory_report=mem
+    )
+
+
+def _log(args: argparse.Namespace, iteration: int, step: dict[str, Any], rt: runtime.Runtime) -> None:
+    if (iteration + 1) % args.log_interval:
+        return
+    loss = "-" if step["loss"] is None else f"{step['loss']:.6f}"
+    print(
+        f"[virtual rank {rt.virtual_rank}] iteration {iteration + 1}/{args.train_iters} | lm loss {loss} | "
+        f"grad norm {step['grad_norm']:.6f} | {step['time_s'] * 1000:.1f} ms",
+        flush=True,
+    )
+
+
+def run(argv: list[str]) -> dict[str, Any]:
+    """Parse, bring up, train, tear down; returns this rank's results (also written to --prism-out)."""
+    args = pretrain_args.parse(argv)
+    config = PrismConfig.from_args(args)
+    if config.patches.list_patches:
+        print(catalog.table())
+        return {}
+    sizes = sizes_from_args(args)
+    rt = runtime.start(config)
+    try:
+        runtime.bring_up(rt, sizes)
+        pretrain_args.derive_world(args, dist.get_world_size())
+        initialize_model_parallel(args, sizes)
+        runtime.before_model(rt)
+        out = train(args, rt)
+        results.write(config, rt.virtual_rank, out)
+        return out
+    finally:
+        parallel_state.destroy_model_parallel()
+        rt.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    out = run(list(sys.argv[1:] if argv is None else argv))
+    finite = all(math.isfinite(it["grad_norm"]) for it in out.get("iterations", []))
+    return 0 if finite else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

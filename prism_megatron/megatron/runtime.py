@@ -1,0 +1,155 @@
+"""One real process's prism run: device, virtual world, applied patches, in the order Megatron needs.
+
+Both entries use it: the built-in training entry calls it directly; the Megatron-LM hooks call it
+from `validate_args` (world and rank) and `_initialize_distributed` (bring-up). Order matters because
+Megatron modules capture process groups when they are built: shims and the `create_group` wrapper go
+in before `initialize_model_parallel`, the p2p communicator and control-flow fixes before the model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+import prism_megatron.topology as topology
+from prism_megatron.config import PrismConfig
+from prism_megatron.megatron import control_flow, distributed, p2p, parallel_state, patches, shims_cpu
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ParallelSizes:
+    """The target job's parallel sizes as Megatron's flags give them."""
+
+    tp: int = 1
+    pp: int = 1
+    vpp: int | None = None
+    cp: int = 1
+    ep: int = 1
+    etp: int | None = None
+    order: str = "tp-cp-ep-dp-pp"
+
+
+def select_real_ranks(config: PrismConfig, sizes: ParallelSizes) -> tuple[int, ...]:
+    """Virtual ranks run by real processes, from --prism-ranks (default: one rank per role)."""
+    world_size = config.emulation.world_size
+    spec = config.emulation.ranks
+    if hasattr(topology, "Layout") and hasattr(topology, "select_ranks"):
+        layout = topology.Layout(
+            world_size=world_size, tp=sizes.tp, pp=sizes.pp, cp=sizes.cp, ep=sizes.ep,
+            etp=sizes.etp or sizes.tp, vpp=sizes.vpp, order=sizes.order,
+        )  # fmt: skip
+        return tuple(layout.default_slice() if spec is None else topology.select_ranks(layout, spec))
+    # Until the topology package offers the selection language: a plain list of virtual ranks.
+    if spec is None:
+        return (0,)
+    try:
+        return tuple(int(part) for part in spec.split(","))
+    except ValueError:
+        raise ValueError(
+            f"--prism-ranks {spec!r}: expected a comma-separated list of virtual ranks such as '0,5'"
+        ) from None
+
+
+def num_real_processes() -> int:
+    return int(os.environ.get("WORLD_SIZE", "1")) if "MASTER_ADDR" in os.environ else 1
+
+
+@dataclasses.dataclass
+class Runtime:
+    """What one real process set up, and how to take it down again."""
+
+    config: PrismConfig
+    device: str
+    world: distributed.VirtualWorld | None = None
+    group_log: parallel_state.GroupLog = dataclasses.field(default_factory=parallel_state.GroupLog)
+    applied: list[patches.AppliedPatches] = dataclasses.field(default_factory=list)
+    p2p_class: Any = None
+
+    @property
+    def emulating(self) -> bool:
+        return self.world is not None
+
+    @property
+    def virtual_rank(self) -> int:
+        return self.world.virtual_rank if self.world else dist.get_rank()
+
+    def apply(self, records: tuple) -> None:
+        self.applied.append(
+            patches.apply(records, allow_untested=self.config.patches.allow_untested_megatron)
+        )
+
+    def patch_calls(self) -> dict[str, int]:
+        """Calls per applied patch (0: applied but never used), in application order."""
+        calls: dict[str, int] = {}
+        for applied in self.applied:
+            calls.update(applied.used())
+        return calls
+
+    def close(self) -> None:
+        """Undo everything in reverse order (safe to call twice)."""
+        for applied in reversed(self.applied):
+            applied.revert()
+        self.applied.clear()
+        if self.world is not None:
+            self.world.close()
+            self.world = None
+        elif dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def start(config: PrismConfig) -> Runtime:
+    """Apply what must precede everything: the CPU device shim (only for the CPU device)."""
+    device = config.emulation.resolved_device(torch.cuda.is_available())
+    runtime = Runtime(config=config, device=device)
+    if device == "cpu":
+        runtime.apply(shims_cpu.MEGATRON_CORE_SHIMS)
+    return runtime
+
+
+def bring_up(runtime: Runtime, sizes: ParallelSizes) -> None:
+    """Initialise torch.distributed (virtual world when emulating) and wrap `create_group`."""
+    config = runtime.config
+    if config.emulation.emulate:
+        real_ranks = select_real_ranks(config, sizes)
+        if len(real_ranks) != num_real_processes():
+            raise ValueError(
+                f"--prism-ranks selects {len(real_ranks)} real ranks {list(real_ranks)} but "
+                f"{num_real_processes()} processes were launched; launch one process per real rank "
+                "(--nproc-per-node)"
+            )
+        store, physical_rank, _ = distributed.rendezvous_store(config.emulation.timeout_s)
+        runtime.world = distributed.init_virtual_world(
+            world_size=config.emulation.world_size,
+            real_ranks=real_ranks,
+            physical_rank=physical_rank,
+            store=store,
+            device=runtime.device,
+            data_policy=config.emulation.data_policy,
+            timeout_s=config.emulation.timeout_s,
+        )
+        virtual_backend = runtime.world.backend
+    else:
+        distributed.init_real_world(timeout_s=config.emulation.timeout_s)
+        virtual_backend = None
+    runtime.apply(
+        (parallel_state.create_group_patch(virtual_backend=virtual_backend, log=runtime.group_log),)
+    )
+
+
+def before_model(runtime: Runtime) -> None:
+    """After `initialize_model_parallel`: pipeline p2p and control-flow fixes for virtual peers."""
+    if runtime.world is None:
+        return
+    p2p_record = p2p.p2p_patch(runtime.world)
+    runtime.apply((p2p_record, *control_flow.core_fixes(runtime.world)))
+    runtime.p2p_class = _installed_p2p_class()
+
+
+def _installed_p2p_class() -> Any:
+    from megatron.core.pipeline_parallel import schedules
+
+    return schedules.P2PCommunicator

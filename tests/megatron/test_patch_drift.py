@@ -1,0 +1,45 @@
+"""Drift: every patch target still exists and has the signature it was verified with.
+
+When megatron-core (or torch) changes a function prism replaces, this fails and names the patch, so
+the change is noticed before a run misbehaves.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from prism_megatron.megatron import catalog, patches
+
+RECORDS = [p for p in catalog.all_patches() if isinstance(p, patches.Patch)]
+
+
+@pytest.mark.parametrize("record", RECORDS, ids=lambda p: p.name)
+def test_target_exists_with_the_recorded_signature(record):
+    _, _, original = patches.resolve(record.target)
+    if record.must_exist:
+        assert original is not patches.ABSENT, f"{record.name}: {record.target} no longer exists"
+    if record.signature is not None:
+        assert patches.current_signature(record) == record.signature, (
+            f"{record.name}: {record.target} changed"
+        )
+
+
+@pytest.mark.parametrize("record", [p for p in RECORDS if p.importers], ids=lambda p: p.name)
+def test_importers_still_bind_the_target_by_name(record):
+    _, attr, original = patches.resolve(record.target)
+    for importer in record.importers:
+        module, alias = patches._importer_slot(importer, attr)
+        assert getattr(module, alias) is original, (
+            f"{record.name}: {module.__name__}.{alias} no longer is {record.target}"
+        )
+
+
+def test_every_record_is_verified_on_the_installed_megatron_core():
+    patches.check_versions(catalog.all_patches(), allow_untested=False)
+
+
+def test_names_are_unique_and_the_table_lists_them_all():
+    names = [p.name for p in catalog.all_patches()]
+    assert len(names) == len(set(names))
+    table = catalog.table()
+    assert all(name in table for name in names)

@@ -1,0 +1,102 @@
+"""PrismConfig and the --prism-* flags generated from it."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+import pytest
+
+from prism_megatron import config as prism_config
+from prism_megatron.config import PrismConfig, add_prism_arguments
+
+# The frozen flag set: changing a flag or a default is a user-visible change; update README with it.
+FROZEN_FLAGS = {
+    "--prism-emulate": False,
+    "--prism-world-size": None,
+    "--prism-ranks": None,
+    "--prism-device": "auto",
+    "--prism-data-policy": "mirror",
+    "--prism-timeout": 300.0,
+    "--prism-straggler": None,
+    "--prism-capture-iters": 2,
+    "--prism-graph": None,
+    "--prism-cluster": "default",
+    "--prism-out": "prism-out",
+    "--prism-overwrite": False,
+    "--prism-allow-untested-megatron": False,
+    "--prism-list-patches": False,
+}
+
+
+def parse(*argv: str) -> PrismConfig:
+    parser = argparse.ArgumentParser()
+    add_prism_arguments(parser)
+    return PrismConfig.from_args(parser.parse_args(list(argv)))
+
+
+def test_the_flag_set_and_defaults_are_frozen():
+    assert {flag: default for flag, default, _ in prism_config.flag_table()} == FROZEN_FLAGS
+
+
+def test_every_flag_has_help_from_its_field_docstring():
+    for flag, _, help_text in prism_config.flag_table():
+        assert len(help_text) > 20, flag
+
+
+def test_defaults_parse_to_the_default_config():
+    assert parse() == PrismConfig()
+
+
+def test_flags_land_in_their_sections_with_units_in_field_names():
+    cfg = parse(
+        "--prism-emulate", "--prism-world-size", "8192", "--prism-ranks", "0,5", "--prism-device", "cpu",
+        "--prism-timeout", "12.5", "--prism-straggler", "5:1.5,7:2", "--prism-capture-iters", "3",
+        "--prism-graph", "g.json", "--prism-cluster", "dgx-h100", "--prism-out", "o", "--prism-overwrite",
+        "--prism-allow-untested-megatron",
+    )  # fmt: skip
+    assert cfg.emulation.world_size == 8192 and cfg.emulation.ranks == "0,5" and cfg.emulation.device == "cpu"
+    assert cfg.emulation.timeout_s == 12.5
+    assert cfg.emulation.stragglers() == {5: 1.5, 7: 2.0}
+    assert cfg.capture == prism_config.CaptureConfig(capture_iters=3, graph="g.json")
+    assert cfg.cluster.cluster == "dgx-h100"
+    assert cfg.output == prism_config.OutputConfig(out="o", overwrite=True)
+    assert cfg.patches.allow_untested_megatron and not cfg.patches.list_patches
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (("--prism-emulate",), "--prism-emulate needs --prism-world-size"),
+        (("--prism-world-size", "0"), "--prism-world-size must be >= 1"),
+        (("--prism-timeout", "0"), "--prism-timeout must be a positive"),
+        (("--prism-timeout", "nan"), "--prism-timeout must be a positive"),
+        (("--prism-straggler", "5"), "--prism-straggler item '5' must read RANK:FACTOR"),
+        (("--prism-straggler", "5:-1"), "RANK:FACTOR"),
+        (("--prism-world-size", "8", "--prism-straggler", "9:1.5"), "outside --prism-world-size 8"),
+        (("--prism-capture-iters", "0"), "--prism-capture-iters must be >= 1"),
+        (("--prism-ranks", " "), "--prism-ranks must not be empty"),
+        (("--prism-out", ""), "--prism-out must name a directory"),
+    ],
+)
+def test_invalid_values_name_the_flag(argv, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(")):
+        parse(*argv)
+
+
+def test_choices_are_enforced_by_the_parser():
+    with pytest.raises(SystemExit):
+        parse("--prism-device", "tpu")
+
+
+def test_sections_are_frozen_and_keyword_only():
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        PrismConfig().emulation.world_size = 3  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        prism_config.EmulationConfig(True)  # type: ignore[misc]
+
+
+def test_auto_device_resolves_by_cuda_availability():
+    assert prism_config.EmulationConfig().resolved_device(cuda_available=False) == "cpu"
+    assert prism_config.EmulationConfig().resolved_device(cuda_available=True) == "cuda"
+    assert prism_config.EmulationConfig(device="cpu").resolved_device(cuda_available=True) == "cpu"

@@ -1,0 +1,193 @@
+"""The patch registry: apply, rebind importers, count, refuse, revert (twice), version gate."""
+
+from __future__ import annotations
+
+import sys
+import types
+
+import pytest
+from torch.overrides import TorchFunctionMode
+
+from prism_megatron.megatron import patches
+from prism_megatron.megatron.patches import ABSENT, ModePatch, Patch
+
+INSTALLED = patches.installed_megatron_core_version()
+
+
+def original_add(a, b):
+    return a + b
+
+
+class Owner:
+    def method(self):
+        return "original"
+
+
+class Child(Owner):
+    pass
+
+
+@pytest.fixture
+def fake_modules():
+    """A target module, a module that imported its function by name, and cleanup."""
+    target = types.ModuleType("prism_test_target")
+    target.add = original_add
+    target.Child = Child
+    importer = types.ModuleType("prism_test_importer")
+    importer.add = target.add
+    importer.plus = target.add
+    sys.modules.update(prism_test_target=target, prism_test_importer=importer)
+    yield target, importer
+    del sys.modules["prism_test_target"], sys.modules["prism_test_importer"]
+
+
+def doubling(original):
+    return lambda a, b: 2 * original(a, b)
+
+
+def record(**overrides) -> Patch:
+    fields = {
+        "name": "test.add",
+        "target": "prism_test_target:add",
+        "make": doubling,
+        "verified_on": (INSTALLED,),
+        "reason": "test",
+    }
+    return Patch(**{**fields, **overrides})
+
+
+def test_apply_replaces_target_and_every_importer_then_revert_restores(fake_modules):
+    target, importer = fake_modules
+    applied = patches.apply([record(importers=("prism_test_importer", "prism_test_importer:plus"))])
+    assert target.add(1, 2) == 6
+    assert importer.add(1, 2) == 6
+    assert importer.plus(1, 2) == 6
+    applied.revert()
+    assert target.add is original_add and importer.add is original_add and importer.plus is original_add
+
+
+def test_revert_is_safe_twice(fake_modules):
+    target, _ = fake_modules
+    applied = patches.apply([record()])
+    applied.revert()
+    applied.revert()
+    assert target.add is original_add
+
+
+def test_calls_are_counted_per_patch(fake_modules):
+    target, _ = fake_modules
+    with patches.patched(
+        [record(), record(name="test.unused", target="prism_test_target:missing", must_exist=False)]
+    ) as applied:
+        target.add(1, 1)
+        target.add(2, 2)
+        assert applied.used() == {"test.add": 2, "test.unused": 0}
+
+
+def test_a_target_already_replaced_elsewhere_is_refused_and_nothing_stays_applied(fake_modules):
+    target, importer = fake_modules
+    importer.add = lambda a, b: 0  # someone else's patch
+    with pytest.raises(RuntimeError, match="refusing to stack"):
+        patches.apply(
+            [
+                record(name="first", target="prism_test_target:Child"),
+                record(importers=("prism_test_importer",)),
+            ]
+        )
+    assert target.Child is Child and target.add is original_add
+
+
+def test_an_absent_attribute_is_added_then_deleted(fake_modules):
+    target, _ = fake_modules
+    with patches.patched(
+        [record(target="prism_test_target:te_gemm", make=lambda original: None, must_exist=False)]
+    ):
+        assert target.te_gemm is None
+    assert not hasattr(target, "te_gemm")
+
+
+def test_the_make_function_receives_ABSENT_for_a_missing_attribute(fake_modules):
+    seen = []
+    with patches.patched(
+        [record(target="prism_test_target:nothing", make=lambda original: seen.append(original))]
+    ):
+        pass
+    assert seen == [ABSENT]
+
+
+def test_an_inherited_method_is_shadowed_then_unshadowed(fake_modules):
+    with patches.patched(
+        [record(target="prism_test_target:Child.method", make=lambda original: lambda self: "patched")]
+    ):
+        assert Child().method() == "patched"
+        assert Owner().method() == "original"
+    assert "method" not in Child.__dict__
+    assert Child().method() == "original"
+
+
+def test_revert_leaves_a_later_foreign_replacement_in_place_and_warns(fake_modules):
+    target, _ = fake_modules
+    applied = patches.apply([record()])
+    foreign = lambda a, b: -1  # noqa: E731
+    target.add = foreign
+    with pytest.warns(UserWarning, match="replaced by someone else"):
+        applied.revert()
+    assert target.add is foreign
+
+
+def test_untested_megatron_version_is_refused_with_the_range_named(fake_modules):
+    untested = record(verified_on=("0.1.0", "0.2.0"))
+    with pytest.raises(
+        patches.UntestedMegatronError, match=r"verified on 0\.1\.0/0\.2\.0.*--prism-allow-untested-megatron"
+    ):
+        patches.apply([untested])
+    assert fake_modules[0].add is original_add
+
+
+def test_allow_untested_applies_with_a_warning(fake_modules):
+    untested = record(verified_on=("0.1.0",))
+    with (
+        pytest.warns(UserWarning, match="outside the versions"),
+        patches.patched([untested], allow_untested=True),
+    ):
+        assert fake_modules[0].add(1, 1) == 4
+
+
+def test_versions_compare_as_versions_not_strings():
+    patches.check_versions([record(verified_on=("0.16.1",))], allow_untested=False, installed="0.16.01")
+    with pytest.raises(patches.UntestedMegatronError):
+        patches.check_versions([record(verified_on=("0.16.1",))], allow_untested=False, installed="0.16.10")
+
+
+class CountingMode(TorchFunctionMode):
+    def __init__(self, count):
+        super().__init__()
+        self.count = count
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.count()
+        return func(*args, **(kwargs or {}))
+
+
+def test_a_mode_patch_is_active_while_applied_and_counts():
+    import torch
+
+    mode = ModePatch(name="test.mode", make_mode=CountingMode, verified_on=(INSTALLED,), reason="test")
+    with patches.patched([mode]) as applied:
+        torch.ones(2).sum()
+        assert applied.used()["test.mode"] >= 2
+    calls = applied.used()["test.mode"]
+    torch.ones(2).sum()
+    assert applied.used()["test.mode"] == calls
+
+
+def test_duplicate_names_and_malformed_targets_are_rejected():
+    with pytest.raises(ValueError, match="unique"):
+        patches.apply([record(), record()])
+    with pytest.raises(ValueError, match="module:attr"):
+        record(target="no_colon")
+
+
+def test_table_lists_every_patch_with_its_versions():
+    text = patches.table([record(), record(name="test.other", verified_on=("0.16.1", "0.17.0"))])
+    assert "test.add" in text and "prism_test_target:add" in text and "0.16.1/0.17.0" in text
