@@ -1,0 +1,268 @@
+"""From Megatron-LM flags to the job a plan builds: Megatron-LM's derivations, then megatron-core configs.
+
+`job_from_flags` does for the memory-relevant flags what Megatron-LM's `validate_args` and tokenizer
+setup do (`megatron/training/arguments.py`, `megatron/training/tokenizer/tokenizer.py` at tag
+core_v0.16.1): data-parallel size from the world, defaults of the FFN size, KV channels, expert TP and
+global batch, the virtual-pipeline size, the gradient dtype of bf16 training, the padded vocabulary.
+`transformer_config` and `ddp_config` then build megatron-core's own config objects the way
+Megatron-LM's `core_transformer_config_from_args` and `get_model` do, so megatron-core's checks
+(`TransformerConfig.__post_init__`) run on the production configuration.
+
+What the plan cannot model is refused here with a ValueError naming the flag: FP8 parameters, the
+precision-aware optimizer, more than one distributed-optimizer instance.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+
+import torch
+import torch.nn.functional as F
+from megatron.core.distributed import DistributedDataParallelConfig
+from megatron.core.transformer import MLATransformerConfig, TransformerConfig
+
+from prism_megatron.megatron.plan_flags import ParsedFlags, parse_flags
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+    """A target job as Megatron-LM would configure it: its flags after Megatron-LM's derivations."""
+
+    args: argparse.Namespace
+    """Megatron-LM's `args`, for the modelled flags, after `validate_args`' derivations."""
+    flags: ParsedFlags
+    argv: tuple[str, ...]
+
+    @property
+    def world_size(self) -> int:
+        return self.args.world_size
+
+    @property
+    def order(self) -> str:
+        """Megatron-LM's rank order (`--use-tp-pp-dp-mapping` selects the second)."""
+        return "tp-cp-ep-pp-dp" if self.args.use_tp_pp_dp_mapping else "tp-cp-ep-dp-pp"
+
+
+def _require(condition: bool, message: str) -> None:
+    if not condition:
+        raise ValueError(message)
+
+
+def _derive_parallelism(a: argparse.Namespace) -> None:
+    tp, pp, cp = a.tensor_model_parallel_size, a.pipeline_model_parallel_size, a.context_parallel_size
+    _require(
+        a.world_size is not None and a.world_size > 0,
+        "--prism-world-size is required: the number of GPUs of the target job (e.g. --prism-world-size 8192)",
+    )
+    _require(
+        a.world_size % (tp * pp * cp) == 0,
+        f"--prism-world-size {a.world_size} is not divisible by TP*PP*CP = {tp}*{pp}*{cp}",
+    )
+    a.data_parallel_size = a.world_size // (tp * pp * cp)
+    if a.expert_tensor_parallel_size is None:
+        a.expert_tensor_parallel_size = tp
+    if a.num_experts is not None:
+        _require(
+            a.num_experts % a.expert_model_parallel_size == 0,
+            f"--num-experts {a.num_experts} must be divisible by --expert-model-parallel-size "
+            f"{a.expert_model_parallel_size}",
+        )
+    if a.recompute_activations:
+        a.recompute_granularity = "selective"
+    vpp = None
+    if a.num_virtual_stages_per_pipeline_rank is not None:
+        vpp = a.num_virtual_stages_per_pipeline_rank
+    elif a.num_layers_per_virtual_pipeline_stage is not None:
+        _require(
+            a.decoder_first_pipeline_num_layers is None and a.decoder_last_pipeline_num_layers is None,
+            "with --decoder-first/last-pipeline-num-layers use --num-virtual-stages-per-pipeline-rank",
+        )
+        per_stage = a.num_layers // pp
+        _require(
+            a.num_layers % pp == 0 and per_stage % a.num_layers_per_virtual_pipeline_stage == 0,
+            f"--num-layers {a.num_layers} must split evenly into --pipeline-model-parallel-size {pp} stages "
+            f"of whole --num-layers-per-virtual-pipeline-stage {a.num_layers_per_virtual_pipeline_stage} chunks",
+        )
+        vpp = per_stage // a.num_layers_per_virtual_pipeline_stage
+    elif a.decoder_first_pipeline_num_layers is None and a.decoder_last_pipeline_num_layers is None:
+        _require(
+            a.num_layers % pp == 0,
+            f"--num-layers {a.num_layers} is not divisible by --pipeline-model-parallel-size {pp}",
+        )
+    a.virtual_pipeline_model_parallel_size = vpp if vpp != 1 else None
+    if a.virtual_pipeline_model_parallel_size is None:
+        a.overlap_p2p_comm = False
+
+
+def _derive_batch(a: argparse.Namespace) -> None:
+    _require(a.micro_batch_size is not None and a.micro_batch_size > 0, "--micro-batch-size is required")
+    if a.global_batch_size is None:
+        a.global_batch_size = a.micro_batch_size * a.data_parallel_size
+    per_step = a.micro_batch_size * a.data_parallel_size
+    _require(
+        a.global_batch_size % per_step == 0,
+        f"--global-batch-size {a.global_batch_size} must be a multiple of --micro-batch-size "
+        f"{a.micro_batch_size} x data-parallel size {a.data_parallel_size}",
+    )
+    a.num_microbatches = a.global_batch_size // per_step
+
+
+def _derive_precision(a: argparse.Namespace) -> None:
+    _require(not (a.fp16 and a.bf16), "--fp16 and --bf16 exclude each other")
+    _require(not a.fp8_param_gather, "--fp8-param-gather (FP8 parameters) is not modelled by the plan")
+    _require(
+        not a.use_precision_aware_optimizer, "--use-precision-aware-optimizer is not modelled by the plan"
+    )
+    _require(
+        a.num_distributed_optimizer_instances == 1,
+        "--num-distributed-optimizer-instances > 1 is not modelled by the plan",
+    )
+    _require(a.optimizer in ("adam", "sgd"), f"--optimizer {a.optimizer} is not modelled; use adam or sgd")
+    a.params_dtype = torch.bfloat16 if a.bf16 else torch.float16 if a.fp16 else torch.float32
+    if a.bf16 and not a.grad_reduce_in_bf16:
+        a.accumulate_allreduce_grads_in_fp32 = True  # arguments.py: "bfloat16 requires fp32 accumulation"
+    if a.grad_reduce_in_bf16:
+        a.accumulate_allreduce_grads_in_fp32 = False
+    if a.overlap_param_gather:
+        _require(a.use_distributed_optimizer, "--overlap-param-gather needs --use-distributed-optimizer")
+        _require(a.overlap_grad_reduce, "--overlap-param-gather needs --overlap-grad-reduce")
+
+
+def _derive_model(a: argparse.Namespace) -> None:
+    for flag in ("num_layers", "hidden_size", "num_attention_heads", "seq_length"):
+        _require(getattr(a, flag), f"--{flag.replace('_', '-')} is required")
+    if a.max_position_embeddings is None:
+        a.max_position_embeddings = a.seq_length
+    if a.ffn_hidden_size is None:
+        a.ffn_hidden_size = int((4 * a.hidden_size * 2 / 3) / 64) * 64 if a.swiglu else 4 * a.hidden_size
+    if a.kv_channels is None:
+        _require(
+            a.hidden_size % a.num_attention_heads == 0,
+            f"--hidden-size {a.hidden_size} is not divisible by --num-attention-heads {a.num_attention_heads}",
+        )
+        a.kv_channels = a.hidden_size // a.num_attention_heads
+    if a.context_parallel_size > 1:
+        _require(
+            a.seq_length % (2 * a.context_parallel_size) == 0,
+            f"--seq-length {a.seq_length} must be a multiple of 2 x --context-parallel-size",
+        )
+    if a.num_experts is not None and a.moe_ffn_hidden_size is None:
+        a.moe_ffn_hidden_size = a.ffn_hidden_size
+    for name in ("moe_router_load_balancing_type", "moe_aux_loss_coeff"):
+        value = getattr(a, name)
+        if isinstance(value, list) and len(value) == 1:
+            setattr(a, name, value[0])
+    a.padded_vocab_size = padded_vocab_size(a)
+
+
+def padded_vocab_size(a: argparse.Namespace) -> int:
+    """The embedding rows Megatron-LM builds (tokenizer.py `_vocab_size_with_padding`).
+
+    The tokenizer's size is padded up to a multiple of `make_vocab_size_divisible_by * TP`. The
+    `NullTokenizer` (mock data) counts one EOD token beyond `--vocab-size`; for other tokenizers,
+    which the plan cannot load, `--vocab-size` is taken as the tokenizer's size.
+    """
+    if a.padded_vocab_size is not None:
+        return a.padded_vocab_size
+    _require(a.vocab_size is not None, "--vocab-size (or --padded-vocab-size) is required")
+    tokenizer_size = a.vocab_size + 1 if a.tokenizer_type == "NullTokenizer" else a.vocab_size
+    multiple = a.make_vocab_size_divisible_by * a.tensor_model_parallel_size
+    return int(math.ceil(tokenizer_size / multiple) * multiple)
+
+
+def job_from_flags(argv: list[str], world_size: int | None = None) -> Job:
+    """Parse and derive a job from Megatron-LM flags (`world_size` overrides `--prism-world-size`).
+
+    Raises:
+        ValueError: a required flag is missing, a size does not divide, or a feature is not modelled.
+    """
+    flags = parse_flags(list(argv))
+    a = argparse.Namespace(**vars(flags.namespace))
+    if world_size is not None:
+        a.world_size = world_size
+    _derive_parallelism(a)
+    _derive_batch(a)
+    _derive_precision(a)
+    _derive_model(a)
+    return Job(args=a, flags=flags, argv=tuple(argv))
+
+
+def transformer_config(job: Job) -> TransformerConfig:
+    """megatron-core's TransformerConfig for the job, built as Megatron-LM builds it.
+
+    Runs megatron-core's own validation (`__post_init__`); its AssertionError or ValueError is
+    re-raised as ValueError so the command line reports it as a configuration mistake.
+    """
+    a = job.args
+    config_class = MLATransformerConfig if a.multi_latent_attention else TransformerConfig
+    kwargs = {f.name: getattr(a, f.name) for f in dataclasses.fields(config_class) if hasattr(a, f.name)}
+    kwargs.update(
+        persist_layer_norm=not a.no_persist_layer_norm,
+        deallocate_pipeline_outputs=True,
+        params_dtype=a.params_dtype,
+        pipeline_dtype=a.params_dtype,
+        batch_p2p_comm=not a.overlap_p2p_comm,
+        num_moe_experts=a.num_experts,
+        num_layers_in_first_pipeline_stage=a.decoder_first_pipeline_num_layers,
+        num_layers_in_last_pipeline_stage=a.decoder_last_pipeline_num_layers,
+        num_query_groups=a.num_query_groups if a.group_query_attention else None,
+        moe_layer_freq=a.moe_layer_freq,
+        moe_router_load_balancing_type=a.moe_router_load_balancing_type,
+        moe_aux_loss_coeff=a.moe_aux_loss_coeff,
+    )
+    if len(a.cp_comm_type) == 1:
+        kwargs["cp_comm_type"] = a.cp_comm_type[0]
+    if a.swiglu:
+        kwargs.update(activation_func=F.silu, gated_linear_unit=True)
+    elif a.squared_relu:
+        kwargs["activation_func"] = lambda x: torch.pow(F.relu(x), 2)
+    if config_class is MLATransformerConfig:
+        for name in (
+            "q_lora_rank",
+            "kv_lora_rank",
+            "qk_head_dim",
+            "qk_pos_emb_head_dim",
+            "v_head_dim",
+            "rotary_scaling_factor",
+            "mscale",
+            "mscale_all_dim",
+        ):
+            kwargs[name] = getattr(a, name)
+        kwargs["rotary_base"] = a.rotary_base
+    else:
+        kwargs.pop("rope_type", None)
+    try:
+        return config_class(**kwargs)
+    except (AssertionError, ValueError) as exc:
+        raise ValueError(f"megatron-core rejects the configuration: {exc}") from exc
+
+
+def ddp_config(job: Job, data_parallel_size_with_cp: int) -> DistributedDataParallelConfig:
+    """The DistributedDataParallelConfig Megatron-LM's `get_model` builds (training.py, core_v0.16.1).
+
+    Args:
+        data_parallel_size_with_cp: DP x CP, which sets the default bucket size.
+    """
+    a = job.args
+    kwargs = {
+        f.name: getattr(a, f.name)
+        for f in dataclasses.fields(DistributedDataParallelConfig)
+        if hasattr(a, f.name)
+    }
+    kwargs.update(
+        grad_reduce_in_fp32=a.accumulate_allreduce_grads_in_fp32,
+        check_for_nan_in_grad=False,
+        pad_buckets_for_high_nccl_busbw=a.ddp_pad_buckets_for_high_nccl_busbw,
+        average_in_collective=a.ddp_average_in_collective,
+        bucket_size=a.ddp_bucket_size,
+    )
+    config = DistributedDataParallelConfig(**kwargs)
+    if a.ddp_num_buckets is not None:
+        raise ValueError("--ddp-num-buckets is not modelled by the plan; use --ddp-bucket-size")
+    if config.bucket_size is None:
+        config.bucket_size = max(40000000, 1000000 * data_parallel_size_with_cp)
+    if not config.overlap_grad_reduce:
+        config.bucket_size = None
+    return config

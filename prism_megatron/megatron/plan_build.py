@@ -1,0 +1,252 @@
+"""Build one virtual rank's real model, DDP buffers and optimizer shard, without memory or compute.
+
+The plan does not estimate parameter, gradient and optimizer bytes from formulas: it asks megatron-core.
+Inside a one-process *virtual world* (torch's `fake` process-group backend, whose size is the target
+job's world and whose rank is the virtual rank, with megatron-core's own `initialize_model_parallel`
+on top) it builds the rank's GPTModel chunks as Megatron-LM's `gpt_builder` would, on the `meta`
+device, wraps them in megatron-core's `DistributedDataParallel` (whose buffers then carry Megatron's
+bucketing and padding for the full-size data-parallel group) and asks `DistributedOptimizer` which
+slice of each buffer this data-parallel rank owns. Nothing is allocated, so a rank of a 16384-GPU job
+plans in seconds.
+
+The model is built with megatron-core's local (non-Transformer-Engine) layer spec. It has the same
+parameter shapes as the Transformer Engine spec; only the 64-element alignment padding of the
+distributed optimizer can differ slightly where TE splits a tensor differently (grouped experts).
+The build config differs from the job's in settings that change no parameter (see `build_config`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Iterator
+
+import torch
+import torch.distributed as dist
+from megatron.core import parallel_state
+from megatron.core.distributed import DistributedDataParallel
+from megatron.core.models.gpt import GPTModel
+from megatron.core.models.gpt.gpt_layer_specs import (
+    get_gpt_decoder_block_spec,
+    get_gpt_decoder_layer_specs,
+    get_gpt_layer_local_spec,
+    get_gpt_mtp_block_spec,
+)
+from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+from megatron.core.pipeline_parallel.utils import is_vp_first_stage, is_vp_last_stage
+from megatron.core.transformer import TransformerConfig
+from megatron.core.transformer.module import Float16Module
+
+from prism_megatron.megatron.plan_args import Job, ddp_config
+
+
+@contextlib.contextmanager
+def virtual_world(job: Job, virtual_rank: int) -> Iterator[None]:
+    """Be `virtual_rank` of the target job in this process: a fake default group and Megatron's groups.
+
+    The fake backend (torch.testing._internal.distributed.fake_pg, the same one Megatron-LM's
+    `--fake-process-group` uses) has the target's size and rank and does no communication, so
+    `initialize_model_parallel` builds exactly the groups this rank has in the real job. Gloo groups
+    are not created (they cannot be built on a fake store). Everything is torn down on exit.
+    """
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    if not 0 <= virtual_rank < job.world_size:
+        raise ValueError(f"virtual rank {virtual_rank} is outside the job's world of {job.world_size} ranks")
+    if dist.is_initialized():
+        raise RuntimeError("a default process group already exists; the plan needs its own virtual world")
+    a = job.args
+    dist.init_process_group("fake", store=FakeStore(), rank=virtual_rank, world_size=job.world_size)
+    try:
+        parallel_state.initialize_model_parallel(
+            tensor_model_parallel_size=a.tensor_model_parallel_size,
+            pipeline_model_parallel_size=a.pipeline_model_parallel_size,
+            virtual_pipeline_model_parallel_size=a.virtual_pipeline_model_parallel_size,
+            context_parallel_size=a.context_parallel_size,
+            expert_model_parallel_size=a.expert_model_parallel_size,
+            expert_tensor_parallel_size=a.expert_tensor_parallel_size,
+            order=job.order,
+            create_gloo_process_groups=False,
+        )
+        yield
+    finally:
+        parallel_state.destroy_model_parallel()
+        dist.destroy_process_group()
+
+
+@contextlib.contextmanager
+def buffers_on(device: str) -> Iterator[None]:
+    """Make megatron-core's DDP allocate its buffers on `device` (meta for the plan, cpu for a CPU run).
+
+    `_ParamAndGradBuffer` allocates with `device=torch.cuda.current_device()` (param_and_grad_buffer.py,
+    megatron-core 0.16.1) and no extension point chooses the device, so `torch.cuda.current_device`
+    is replaced for the duration of the block and restored afterwards.
+    """
+    original = torch.cuda.current_device
+    torch.cuda.current_device = lambda: device
+    try:
+        yield
+    finally:
+        torch.cuda.current_device = original
+
+
+def build_config(config: TransformerConfig) -> TransformerConfig:
+    """The job's TransformerConfig with the settings that the local spec cannot build but that change
+    no parameter: sequence parallelism and persistent/zero-centred layer norms (torch norms refuse
+    them), context parallelism (only Transformer Engine's attention accepts CP; attention has no
+    parameters), kernel fusions, and weight initialisation (meta tensors hold no values)."""
+    return dataclasses.replace(
+        config,
+        sequence_parallel=False,
+        context_parallel_size=1,
+        persist_layer_norm=False,
+        layernorm_zero_centered_gamma=False,
+        memory_efficient_layer_norm=False,
+        gradient_accumulation_fusion=False,
+        bias_activation_fusion=False,
+        bias_dropout_fusion=False,
+        masked_softmax_fusion=False,
+        apply_rope_fusion=False,
+        use_cpu_initialization=True,
+        perform_initialization=False,
+        transformer_impl="local",
+    )
+
+
+def _layer_spec(job: Job, config: TransformerConfig, vp_stage: int | None):
+    """The decoder spec Megatron-LM's `gpt_builder` picks with `--transformer-impl local`."""
+    a = job.args
+    if a.num_experts:
+        return get_gpt_decoder_block_spec(
+            config,
+            use_transformer_engine=False,
+            normalization=a.normalization,
+            qk_l2_norm=a.qk_l2_norm,
+            vp_stage=vp_stage,
+        )
+    return get_gpt_layer_local_spec(
+        a.num_experts,
+        a.moe_grouped_gemm,
+        a.qk_layernorm,
+        a.multi_latent_attention,
+        normalization=a.normalization,
+        qk_l2_norm=a.qk_l2_norm,
+    )
+
+
+def _mtp_spec(job: Job, config: TransformerConfig, vp_stage: int | None):
+    a = job.args
+    if a.mtp_num_layers is None:
+        return None
+    last_layer = get_gpt_decoder_layer_specs(
+        config,
+        use_transformer_engine=False,
+        normalization=a.normalization,
+        qk_l2_norm=a.qk_l2_norm,
+        vp_stage=vp_stage,
+    )[-1]
+    return get_gpt_mtp_block_spec(config, last_layer, use_transformer_engine=False, vp_stage=vp_stage)
+
+
+def build_model_chunks(job: Job, config: TransformerConfig, device: str) -> list[torch.nn.Module]:
+    """This rank's GPTModel chunks (one per virtual pipeline stage), as Megatron-LM's `get_model`
+    builds them: pre/post-process by stage, then the Float16Module cast for fp16/bf16 training."""
+    a = job.args
+    vpp = a.virtual_pipeline_model_parallel_size
+    pp_group = parallel_state.get_pipeline_model_parallel_group()
+    first_stage, last_stage = pp_group.rank() == 0, pp_group.rank() == pp_group.size() - 1
+    chunks = []
+    for vp_stage in range(vpp) if vpp else [None]:
+        with torch.device(device):
+            model = GPTModel(
+                config=config,
+                transformer_layer_spec=_layer_spec(job, config, vp_stage),
+                vocab_size=a.padded_vocab_size,
+                max_sequence_length=a.max_position_embeddings,
+                pre_process=first_stage and is_vp_first_stage(vp_stage, vpp),
+                post_process=last_stage and is_vp_last_stage(vp_stage, vpp),
+                parallel_output=True,
+                share_embeddings_and_output_weights=not a.untie_embeddings_and_output_weights,
+                position_embedding_type=a.position_embedding_type,
+                rotary_percent=a.rotary_percent,
+                rotary_base=a.rotary_base,
+                rope_scaling=a.use_rope_scaling,
+                mtp_block_spec=_mtp_spec(job, config, vp_stage),
+                vp_stage=vp_stage,
+            )
+        chunks.append(Float16Module(config, model) if (a.fp16 or a.bf16) else model)
+    return chunks
+
+
+def wrap_in_ddp(job: Job, config: TransformerConfig, chunks: list[torch.nn.Module], device: str) -> list:
+    """megatron-core DDP around each chunk, with Megatron-LM's DDP config and bucketing rule
+    (bucketing only for the first chunk; training.py `get_model`)."""
+    dp_cp_size = parallel_state.get_data_parallel_world_size(with_context_parallel=True)
+    wrapped = []
+    with buffers_on(device):
+        for index, chunk in enumerate(chunks):
+            wrapped.append(
+                DistributedDataParallel(
+                    config=config,
+                    ddp_config=ddp_config(job, dp_cp_size),
+                    module=chunk,
+                    disable_bucketing=index > 0 or job.args.overlap_param_gather_with_optimizer_step,
+                )
+            )
+    return wrapped
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class BufferPlan:
+    """One megatron-core `_ParamAndGradBuffer` of this rank and what its data-parallel rank owns."""
+
+    chunk: int
+    """Model chunk (virtual pipeline stage) the buffer belongs to."""
+    expert: bool
+    """True for the expert-parallel buffer (reduced over the expert-data-parallel group)."""
+    param_dtype: torch.dtype
+    grad_dtype: torch.dtype
+    num_params: int
+    """Parameter elements in the buffer (without padding)."""
+    numel_padded: int
+    """Elements of the buffer as allocated, with Megatron's bucket and alignment padding."""
+    num_buckets: int
+    data_parallel_size: int
+    owned_numel: int
+    """Parameter elements whose optimizer state this data-parallel rank owns (distributed optimizer:
+    the intersection of its shard of every bucket with the parameters; otherwise all of them)."""
+    has_param_buffer: bool
+    """True when parameters live in the buffer (distributed optimizer), False when they stay apart."""
+
+
+def buffer_plans(ddp_chunks: list, use_distributed_optimizer: bool) -> list[BufferPlan]:
+    """Describe every DDP buffer of this rank, with the optimizer ownership megatron-core computes."""
+    plans = []
+    for index, ddp in enumerate(ddp_chunks):
+        for expert, buffers in ((False, ddp.buffers), (True, ddp.expert_parallel_buffers)):
+            for buffer in buffers:
+                if use_distributed_optimizer:
+                    ranges = DistributedOptimizer._build_gbuf_range_map(buffer)
+                    owned = sum(
+                        item["param"].size
+                        for per_bucket in ranges.values()
+                        for bucket in per_bucket
+                        for item in bucket["param_map"].values()
+                    )
+                else:
+                    owned = buffer.numel_unpadded
+                plans.append(
+                    BufferPlan(
+                        chunk=index,
+                        expert=expert,
+                        param_dtype=buffer.param_dtype,
+                        grad_dtype=buffer.grad_dtype,
+                        num_params=sum(p.numel() for p in buffer.params),
+                        numel_padded=buffer.numel,
+                        num_buckets=len(buffer.buckets),
+                        data_parallel_size=buffer.data_parallel_world_size,
+                        owned_numel=owned,
+                        has_param_buffer=buffer.param_data is not None,
+                    )
+                )
+    return plans

@@ -1,0 +1,329 @@
+"""A parser for the Megatron-LM flags that decide what a rank holds in memory.
+
+Megatron-LM (the training scripts, not megatron-core) is not a dependency, so its argument parser is not
+available; yet `prism-megatron plan` must read a production flag list exactly as Megatron-LM would. This
+parser does so for the flags that shape memory, with Megatron-LM's names, destinations and defaults:
+
+* every field of megatron-core's `TransformerConfig` becomes a flag the way Megatron-LM's
+  `ArgumentGroupFactory` makes it (Megatron-LM `megatron/training/argument_utils.py`): `--field-name`,
+  a boolean whose default is False is a switch, one whose default is True is switched off by
+  `--no-field-name` / `--disable-field-name`, and a field's `argparse_meta` metadata (alternative
+  names, defaults) wins; fields Megatron-LM excludes or renames are skipped (`_EXCLUDED_FIELDS`);
+* the flags Megatron-LM defines by hand (`_add_hand_written_flags`, with the defaults of
+  `megatron/training/arguments.py` at tag core_v0.16.1).
+
+Flags outside both sets are returned, not rejected: `NO_MEMORY_EFFECT_FLAGS` names the common ones
+(learning rate, data, logging ...) that cannot change what a rank allocates; any other is reported
+as unrecognised so that a misspelt flag is seen.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import enum
+import typing
+from typing import Any
+
+from megatron.core.transformer import TransformerConfig
+
+_EXCLUDED_FIELDS = frozenset(
+    {
+        # Callables, dtypes and runtime objects (no command-line form).
+        "timers",
+        "finalize_model_grads_func",
+        "grad_scale_func",
+        "no_sync_func",
+        "grad_sync_func",
+        "param_sync_func",
+        "_cpu_offloading_context",
+        "init_method",
+        "output_layer_init_method",
+        "embedding_init_method",
+        "activation_func",
+        "params_dtype",
+        "pipeline_dtype",
+        "autocast_dtype",
+        "quant_recipe",
+        "enable_autocast",
+        "variable_seq_lengths",
+        "batch_p2p_comm",
+        "batch_p2p_sync",
+        "deallocate_pipeline_outputs",
+        "virtual_pipeline_model_parallel_size",
+        # Defined by hand below, or under another name (num_experts, decoder-first/last-pipeline-num-layers).
+        "moe_layer_freq",
+        "moe_router_load_balancing_type",
+        "moe_aux_loss_coeff",
+        "cp_comm_type",
+        "num_moe_experts",
+        "num_layers_in_first_pipeline_stage",
+        "num_layers_in_last_pipeline_stage",
+        "gated_linear_unit",
+        "bias_activation_fusion",
+        "fp8_param",
+        "overlap_p2p_comm",
+        "window_size",
+        "window_attn_skip_freq",
+        "no_rope_freq",
+        "linear_attention_freq",
+        "pipeline_model_parallel_layout",
+        "cuda_graph_scope",
+        # Megatron-LM defines these with defaults that differ from the dataclass; no memory effect.
+        "gradient_accumulation_fusion",
+        "attention_softmax_in_fp32",
+        "masked_softmax_fusion",
+        "persist_layer_norm",
+        "bias_dropout_fusion",
+        "apply_rope_fusion",
+    }
+)
+"""TransformerConfig fields that Megatron-LM does not expose as `--field-name` (its `exclude` list in
+`_add_network_size_args`, plus fields renamed or hand-defined)."""
+
+NO_MEMORY_EFFECT_FLAGS = frozenset(
+    {
+        "--lr",
+        "--min-lr",
+        "--lr-decay-style",
+        "--lr-decay-iters",
+        "--lr-decay-samples",
+        "--lr-warmup-iters",
+        "--lr-warmup-samples",
+        "--lr-warmup-fraction",
+        "--weight-decay",
+        "--adam-beta1",
+        "--adam-beta2",
+        "--adam-eps",
+        "--clip-grad",
+        "--init-method-std",
+        "--seed",
+        "--train-iters",
+        "--train-samples",
+        "--exit-interval",
+        "--exit-duration-in-mins",
+        "--rampup-batch-size",
+        "--loss-scale",
+        "--initial-loss-scale",
+        "--min-loss-scale",
+        "--loss-scale-window",
+        "--hysteresis",
+        "--mock-data",
+        "--data-path",
+        "--split",
+        "--data-cache-path",
+        "--num-workers",
+        "--no-create-attention-mask-in-dataloader",
+        "--no-mmap-bin-files",
+        "--tokenizer-model",
+        "--vocab-file",
+        "--merge-file",
+        "--log-interval",
+        "--log-throughput",
+        "--eval-interval",
+        "--eval-iters",
+        "--save-interval",
+        "--save",
+        "--load",
+        "--tensorboard-dir",
+        "--ckpt-format",
+        "--distributed-timeout-minutes",
+        "--distributed-backend",
+        "--manual-gc",
+        "--no-rope-fusion",
+        "--no-masked-softmax-fusion",
+        "--no-bias-gelu-fusion",
+        "--no-bias-swiglu-fusion",
+        "--no-bias-dropout-fusion",
+        "--no-gradient-accumulation-fusion",
+        "--cross-entropy-loss-fusion",
+        "--use-mcore-models",
+        "--tp-comm-overlap",
+        "--moe-router-pre-softmax",
+        "--moe-permute-fusion",
+        "--attention-backend",
+        "--no-load-optim",
+        "--no-load-rng",
+        "--use-flash-attn",
+    }
+)
+"""Megatron-LM flags that cannot change what a rank allocates for parameters, gradients, optimizer
+state or activations; the plan accepts them silently."""
+
+
+class _RaisingParser(argparse.ArgumentParser):
+    """argparse reports user errors by exiting; the plan reports them as ValueError naming the flag."""
+
+    def error(self, message: str) -> typing.NoReturn:
+        raise ValueError(f"Megatron-LM flags: {message}")
+
+
+def _scalar_kwargs(tp: Any) -> dict[str, Any] | None:
+    """argparse `type`/`choices` for one annotation, or None when argparse cannot express it."""
+    origin, targs = typing.get_origin(tp), typing.get_args(tp)
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        return {"type": lambda name, cls=tp: cls[name], "choices": list(tp)}
+    if origin is None:
+        return {"type": tp} if tp in (bool, int, float, str) else None
+    if origin is typing.Union and len(targs) == 2 and targs[1] is type(None):
+        return _scalar_kwargs(targs[0])
+    if origin is list and len(targs) == 1:
+        inner = _scalar_kwargs(targs[0])
+        return None if inner is None or inner["type"] is bool else {**inner, "nargs": "+"}
+    if origin is typing.Literal and len({type(c) for c in targs}) == 1:
+        return {"type": type(targs[0]), "choices": targs}
+    return None
+
+
+def _field_argument(field: dataclasses.Field) -> tuple[list[str], dict[str, Any]] | None:
+    """The flag names and argparse keywords Megatron-LM derives from one TransformerConfig field."""
+    default = field.default_factory() if field.default is dataclasses.MISSING else field.default
+    meta = dict(field.metadata.get("argparse_meta", {}))
+    kwargs = _scalar_kwargs(field.type)
+    if kwargs is None and "type" not in meta:
+        return None
+    kwargs = {**(kwargs or {}), "dest": field.name, "default": default}
+    names = ["--" + field.name.replace("_", "-")]
+    if kwargs.get("type") is bool and "nargs" not in kwargs:
+        kwargs.pop("type")
+        kwargs.pop("choices", None)
+        kwargs["action"] = "store_true" if not default else "store_false"
+        if default:
+            names = ["--no-" + field.name.replace("_", "-"), "--disable-" + field.name.replace("_", "-")]
+    names = meta.pop("arg_names", names)
+    kwargs.update(meta)
+    return names, kwargs
+
+
+def layer_frequency(text: str) -> int | list[int]:
+    """Megatron-LM's `--moe-layer-freq`: an int N (every N-th layer is MoE) or a list expression.
+
+    Megatron-LM evaluates the expression with `eval`; this accepts only what such patterns need
+    (integer lists, `+` and `*`), e.g. `([0]*3+[1]*58)`.
+    """
+    text = text.strip()
+    if text.lstrip("-").isdigit():
+        return int(text)
+
+    def value(node: ast.AST) -> Any:
+        if isinstance(node, ast.Constant) and isinstance(node.value, int):
+            return node.value
+        if isinstance(node, ast.List):
+            return [value(item) for item in node.elts]
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add | ast.Mult):
+            left, right = value(node.left), value(node.right)
+            return left + right if isinstance(node.op, ast.Add) else left * right
+        raise ValueError(f"--moe-layer-freq: {text!r} is not an int or a list expression like ([0]*3+[1]*58)")
+
+    result = value(ast.parse(text, mode="eval").body)
+    if not isinstance(result, list) or not all(isinstance(x, int) for x in result):
+        raise ValueError(f"--moe-layer-freq: {text!r} must give a list of 0/1 integers")
+    return result
+
+
+def _add_hand_written_flags(parser: argparse.ArgumentParser) -> None:
+    """Megatron-LM flags that are not TransformerConfig fields (defaults from arguments.py)."""
+    group = parser.add_argument_group("Megatron-LM flags")
+    add = group.add_argument
+    for name in ("--seq-length", "--max-position-embeddings", "--vocab-size", "--padded-vocab-size"):
+        add(name, type=int, default=None)
+    add("--micro-batch-size", type=int, default=None)
+    add("--global-batch-size", type=int, default=None)
+    add("--tokenizer-type", type=str, default=None)
+    add("--make-vocab-size-divisible-by", type=int, default=128)
+    add(
+        "--position-embedding-type",
+        default="learned_absolute",
+        choices=["learned_absolute", "rope", "mrope", "relative", "none"],
+    )
+    add("--rotary-base", type=int, default=10000)
+    add("--rotary-percent", type=float, default=1.0)
+    add("--use-rope-scaling", action="store_true")
+    add("--no-position-embedding", action="store_false", dest="add_position_embedding")
+    for switch in (
+        "--swiglu",
+        "--squared-relu",
+        "--quick-geglu",
+        "--untie-embeddings-and-output-weights",
+        "--group-query-attention",
+        "--recompute-activations",
+        "--use-distributed-optimizer",
+        "--overlap-grad-reduce",
+        "--overlap-param-gather",
+        "--overlap-param-gather-with-optimizer-step",
+        "--ddp-pad-buckets-for-high-nccl-busbw",
+        "--ddp-average-in-collective",
+        "--accumulate-allreduce-grads-in-fp32",
+        "--grad-reduce-in-bf16",
+        "--use-tp-pp-dp-mapping",
+        "--use-precision-aware-optimizer",
+        "--no-persist-layer-norm",
+        "--fp8-param-gather",
+    ):
+        add(switch, action="store_true")
+    add("--no-overlap-p2p-communication", action="store_false", dest="overlap_p2p_comm")
+    add("--num-experts", type=int, default=None)
+    add("--moe-layer-freq", type=layer_frequency, default=1)
+    add("--moe-router-load-balancing-type", nargs="+", default="aux_loss")
+    add("--moe-aux-loss-coeff", type=float, nargs="+", default=0.0)
+    add("--cp-comm-type", nargs="+", default=["p2p"])
+    for name in (
+        "--num-layers-per-virtual-pipeline-stage",
+        "--num-virtual-stages-per-pipeline-rank",
+        "--decoder-first-pipeline-num-layers",
+        "--decoder-last-pipeline-num-layers",
+        "--ddp-bucket-size",
+        "--ddp-num-buckets",
+        "--q-lora-rank",
+    ):
+        add(name, type=int, default=None)
+    add("--num-distributed-optimizer-instances", type=int, default=1)
+    add("--optimizer", default="adam", choices=["adam", "sgd", "muon", "dist_muon"])
+    add("--kv-lora-rank", type=int, default=32)
+    add("--qk-head-dim", type=int, default=128)
+    add("--qk-pos-emb-head-dim", type=int, default=64)
+    add("--v-head-dim", type=int, default=128)
+    add("--rotary-scaling-factor", type=float, default=1.0)
+    add("--mscale", type=float, default=1.0)
+    add("--mscale-all-dim", type=float, default=0.0)
+    add("--prism-world-size", type=int, default=None, dest="world_size")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The parser of memory-relevant Megatron-LM flags (plus `--prism-world-size`)."""
+    parser = _RaisingParser(prog="megatron-flags", add_help=False, allow_abbrev=False)
+    group = parser.add_argument_group("transformer configuration")
+    for field in dataclasses.fields(TransformerConfig):
+        if field.name in _EXCLUDED_FIELDS or not field.init:
+            continue
+        argument = _field_argument(field)
+        if argument is not None:
+            names, kwargs = argument
+            group.add_argument(*names, **kwargs)
+    _add_hand_written_flags(parser)
+    return parser
+
+
+@dataclasses.dataclass(frozen=True)
+class ParsedFlags:
+    """Megatron-LM flags as Megatron-LM's parser would leave them (before `validate_args`)."""
+
+    namespace: argparse.Namespace
+    ignored: tuple[str, ...]
+    """Flags known to have no effect on memory (`NO_MEMORY_EFFECT_FLAGS`) that were given."""
+    unrecognised: tuple[str, ...]
+    """Flags neither modelled nor known to be harmless: misspelt, or not modelled by the plan."""
+
+
+def parse_flags(argv: list[str]) -> ParsedFlags:
+    """Parse a Megatron-LM flag list; values of flags outside the modelled set are skipped.
+
+    Raises:
+        ValueError: a modelled flag has a value of the wrong type or outside its choices.
+    """
+    namespace, rest = build_parser().parse_known_args(argv)
+    flags = [word.split("=", 1)[0] for word in rest if word.startswith("--")]
+    ignored = tuple(f for f in flags if f in NO_MEMORY_EFFECT_FLAGS)
+    unrecognised = tuple(f for f in flags if f not in NO_MEMORY_EFFECT_FLAGS)
+    return ParsedFlags(namespace=namespace, ignored=ignored, unrecognised=unrecognised)
