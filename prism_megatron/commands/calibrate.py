@@ -1,0 +1,88 @@
+"""Fit the network cost model to nccl-tests logs and write a cluster file for --prism-cluster."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+
+NAME = "calibrate"
+HELP = "fit the network cost model to nccl-tests logs and write a cluster YAML"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = (
+        "Read the stdout of nccl-tests programs (all_reduce_perf, all_gather_perf, reduce_scatter_perf, "
+        "alltoall_perf, broadcast_perf, reduce_perf, sendrecv_perf), from one or several node counts, fit "
+        "the latencies and bandwidth efficiencies of the cost model, and write a cluster file."
+    )
+    parser.add_argument(
+        "logs",
+        nargs="+",
+        metavar="NCCL_TESTS_LOG",
+        help="a log file; prefix it with the program (all_gather:run3.log) when neither the log nor the "
+        "file name says which program wrote it",
+    )
+    parser.add_argument("--out", required=True, help="the cluster file to write (.yaml, or .json)")
+    parser.add_argument(
+        "--base",
+        default="dgx-h100",
+        help="preset or cluster file giving what logs cannot measure: link rates, NICs, topology "
+        "(default: dgx-h100)",
+    )
+    parser.add_argument("--name", default=None, help="name of the calibrated cluster (default: from --out)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from prism_megatron.network import load_cluster, save_cluster
+    from prism_megatron.network.calibration import calibrate
+    from prism_megatron.network.nccl_tests import OPS, read_nccl_tests
+    from prism_megatron.network.parameters import FITTED_PARAMETERS, parameters_of
+
+    base = load_cluster(args.base)
+    runs = []
+    for log in args.logs:
+        op, path = _split_log_argument(log, OPS)
+        if not os.path.isfile(path):
+            raise ValueError(f"NCCL_TESTS_LOG {path!r} is not a file")
+        runs += read_nccl_tests(path, op=op)
+    name = args.name or os.path.splitext(os.path.basename(args.out))[0]
+    result = calibrate(base, runs, name=name)
+    sources = sorted({run.source for run in runs})
+    header = (
+        f"Calibrated by prism-megatron calibrate from {len(runs)} nccl-tests run(s) on base {base.name}:\n"
+        + "\n".join(f"  {os.path.basename(s)}" for s in sources)
+        + f"\nRMS relative error of the fitted times: {result.rms_relative_error:.1%}"
+    )
+    save_cluster(
+        result.spec.replace(description=f"{base.description}; calibrated from nccl-tests"),
+        args.out,
+        header=header,
+    )
+
+    before, after = parameters_of(base), parameters_of(result.spec)
+    print(
+        f"{len(runs)} run(s), {len(result.relative_errors)} rows; fit settled in {result.iterations} round(s)"
+    )
+    print(f"{'parameter':20s} {'base':>12s} {'fitted':>12s}")
+    for key in FITTED_PARAMETERS:
+        shown = _display(key, after[key]) if key in result.fitted else "(kept)"
+        print(f"{key:20s} {_display(key, before[key]):>12s} {shown:>12s}")
+    worst = max(abs(e) for e in result.relative_errors)
+    print(f"time error: RMS {result.rms_relative_error:.1%}, worst row {worst:.1%}")
+    print(f"wrote {args.out}")
+    return 0
+
+
+def _split_log_argument(log: str, ops) -> tuple[str | None, str]:
+    prefix, sep, rest = log.partition(":")
+    if sep and prefix in ops:
+        return prefix, rest
+    return None, log
+
+
+def _display(key: str, value: float) -> str:
+    """Latencies in us, inverse bandwidths as GB/s (what a reader compares with datasheets)."""
+    if key.endswith("_ns_per_byte"):
+        return f"{1.0 / value:.1f} GB/s" if value > 0 and math.isfinite(value) else "-"
+    return f"{value / 1e3:.2f} us"

@@ -1,0 +1,171 @@
+"""Fitting the cost model's parameters to nccl-tests measurements.
+
+Every candidate cost is linear in the parameters (parameters.py), but the cost of a row is the
+minimum over candidates, and a candidate's slope the maximum over link levels. The fit therefore
+alternates two steps until the choices stop changing: (1) at the current parameters, find for each
+row the cheapest candidate and its bottleneck level; (2) with those choices fixed, the model is
+linear, so solve for the parameters by least squares (numpy). Rows are weighted by 1/time so that
+an 8-byte latency and an 8-GB bandwidth count alike (relative error), and a weak pull towards the
+base cluster keeps parameters that the logs cannot tell apart where the base puts them.
+Parameters that no row depends on (no multi-node log: no network numbers) keep the base's values.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import numpy as np
+
+from prism_megatron.network.algorithms import Candidate, evaluate
+from prism_megatron.network.cluster import ClusterSpec
+from prism_megatron.network.model import candidates_for
+from prism_megatron.network.nccl_tests import NcclTestsRun
+from prism_megatron.network.parameters import FITTED_PARAMETERS, cluster_with_parameters, parameters_of
+from prism_megatron.network.placement import group_shape
+from prism_megatron.replay.schedule import OpKind
+
+PRIOR_WEIGHT = 1e-3
+"""Weight of the pull towards the base cluster, relative to one row's relative error."""
+MAX_ITERATIONS = 50
+
+
+@dataclasses.dataclass(frozen=True)
+class Observation:
+    """One measured row, ready for the fit: its candidates and its size in units of S."""
+
+    source: str
+    line_number: int
+    candidates: tuple[Candidate, ...]
+    size_s: float
+    time_ns: float
+
+
+@dataclasses.dataclass(frozen=True)
+class CalibrationResult:
+    """The fitted cluster and how well it reproduces the measurements.
+
+    Attributes:
+        spec: the base cluster with fitted latencies and efficiencies.
+        fitted: the parameter values that the logs determined (others kept the base's values).
+        relative_errors: (predicted - measured) / measured for every row, in input order.
+        iterations: rounds of choose-candidates-then-solve until the choices were stable.
+    """
+
+    spec: ClusterSpec
+    fitted: dict[str, float]
+    relative_errors: tuple[float, ...]
+    iterations: int
+
+    @property
+    def rms_relative_error(self) -> float:
+        return float(np.sqrt(np.mean(np.square(self.relative_errors))))
+
+
+def observations(base: ClusterSpec, runs: Sequence[NcclTestsRun]) -> list[Observation]:
+    """Turn parsed runs into observations on ``base``'s cluster layout.
+
+    Raises:
+        ValueError: a run has more GPUs per host than ``base.gpus_per_node`` (wrong base cluster).
+    """
+    found = []
+    for run in runs:
+        local_gpus = [local for _, local in run.placement]
+        if max(local_gpus) >= base.gpus_per_node:
+            raise ValueError(
+                f"{run.source}: device {max(local_gpus)} does not exist on {base.name} "
+                f"({base.gpus_per_node} GPUs per node); choose a base cluster that matches the measured system"
+            )
+        members = [node * base.gpus_per_node + local for node, local in run.placement]
+        if run.kind == OpKind.SEND:
+            members = _slowest_pair(members, base.gpus_per_node)
+        shape = group_shape(base, members)
+        candidates = tuple(candidates_for(base, run.kind, shape))
+        for row in run.rows:  # the candidates are in units of S, the nccl-tests size column
+            found.append(
+                Observation(run.source, row.line_number, candidates, row.size_bytes, row.time_us * 1e3)
+            )
+    return found
+
+
+def _slowest_pair(members: list[int], gpus_per_node: int) -> list[int]:
+    """sendrecv_perf's slowest pair: one that crosses nodes when the run spans several."""
+    for sender, receiver in zip(members, members[1:] + members[:1], strict=True):
+        if sender // gpus_per_node != receiver // gpus_per_node:
+            return [sender, receiver]
+    return members[:2]
+
+
+def calibrate(base: ClusterSpec, runs: Sequence[NcclTestsRun], *, name: str) -> CalibrationResult:
+    """Fit ``base``'s latencies and efficiencies to the runs (see the module docstring)."""
+    rows = observations(base, runs)
+    if not rows:
+        raise ValueError("no nccl-tests rows to calibrate from")
+    prior = parameters_of(base)
+    params = dict(prior)
+    previous, iterations = None, 0
+    while iterations < MAX_ITERATIONS:
+        iterations += 1
+        choices = [_choose(row, params) for row in rows]
+        params = _solve(rows, choices, prior, params)
+        if choices == previous:
+            break
+        previous = choices
+    errors = tuple(_predict(row, params) / row.time_ns - 1.0 for row in rows)
+    fitted = {key: params[key] for key in FITTED_PARAMETERS if _is_determined(key, rows, choices)}
+    spec = cluster_with_parameters(base, fitted, name=name)
+    return CalibrationResult(spec=spec, fitted=fitted, relative_errors=errors, iterations=iterations)
+
+
+def _cost(candidate: Candidate, size_s: float, params: dict[str, float]) -> tuple[float, int]:
+    """(cost in ns, index of the bottleneck slope) of one candidate at one size."""
+    slopes = [evaluate(terms, params) for terms in candidate.slopes] or [0.0]
+    bottleneck = int(np.argmax(slopes))
+    return evaluate(candidate.latency, params) + slopes[bottleneck] * size_s, bottleneck
+
+
+def _choose(row: Observation, params: dict[str, float]) -> tuple[int, int]:
+    costs = [_cost(candidate, row.size_s, params) for candidate in row.candidates]
+    best = min(range(len(costs)), key=lambda i: costs[i][0])
+    return best, costs[best][1]
+
+
+def _predict(row: Observation, params: dict[str, float]) -> float:
+    return min(_cost(candidate, row.size_s, params)[0] for candidate in row.candidates)
+
+
+def _row_terms(row: Observation, choice: tuple[int, int]) -> dict[str, float]:
+    """Coefficient of each parameter in the row's chosen cost."""
+    candidate = row.candidates[choice[0]]
+    coefficients: dict[str, float] = {}
+    for name, value in candidate.latency:
+        coefficients[name] = coefficients.get(name, 0.0) + value
+    if candidate.slopes:
+        for name, value in candidate.slopes[choice[1]]:
+            coefficients[name] = coefficients.get(name, 0.0) + value * row.size_s
+    return coefficients
+
+
+def _is_determined(key: str, rows: Sequence[Observation], choices) -> bool:
+    return any(_row_terms(row, choice).get(key, 0.0) > 0 for row, choice in zip(rows, choices, strict=True))
+
+
+def _solve(rows, choices, prior: dict[str, float], params: dict[str, float]) -> dict[str, float]:
+    """Least squares for the fitted parameters, in units of their base values (well conditioned)."""
+    free = [key for key in FITTED_PARAMETERS if _is_determined(key, rows, choices)]
+    matrix = np.zeros((len(rows) + len(free), len(free)))
+    target = np.zeros(len(rows) + len(free))
+    for i, (row, choice) in enumerate(zip(rows, choices, strict=True)):
+        terms = _row_terms(row, choice)
+        fixed = sum(value * params[name] for name, value in terms.items() if name not in free)
+        for j, key in enumerate(free):
+            matrix[i, j] = terms.get(key, 0.0) * prior[key] / row.time_ns
+        target[i] = (row.time_ns - fixed) / row.time_ns
+    for j in range(len(free)):
+        matrix[len(rows) + j, j] = PRIOR_WEIGHT
+        target[len(rows) + j] = PRIOR_WEIGHT
+    ratios, *_ = np.linalg.lstsq(matrix, target, rcond=None)
+    solved = dict(params)
+    for key, ratio in zip(free, ratios, strict=True):
+        solved[key] = prior[key] * max(float(ratio), 1e-3)  # a cost can only be positive
+    return solved

@@ -1,0 +1,181 @@
+"""The cluster description the collective cost model reads: one node's fabric, the NICs, the topology.
+
+Why a separate description: the emulated job runs on a cluster that is not here, so every
+communication cost comes from what we know of that cluster. The description holds physical numbers
+(link rates from datasheets) and the efficiency with which NCCL uses them (from NCCL's own constants
+or from a calibration against nccl-tests logs), so a user can read and question each one.
+
+Units: bandwidths are GB/s (10**9 bytes per second, the unit nccl-tests prints), per direction;
+a NIC's 400 Gb/s line rate is 50 GB/s. Latencies are microseconds. A "node" is one NVLink domain:
+8 GPUs in a DGX, 72 GPUs in a GB200 NVL72 rack.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+TOPOLOGY_KINDS = ("rail-optimized-fat-tree", "fat-tree")
+
+
+def _check_positive(owner: str, name: str, value: float) -> None:
+    if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
+        raise ValueError(f"{owner}.{name} must be a finite number > 0, got {value!r}")
+
+
+def _check_fraction(owner: str, name: str, value: float) -> None:
+    if not (isinstance(value, int | float) and 0 < value <= 1):
+        raise ValueError(f"{owner}.{name} must be in (0, 1], got {value!r}")
+
+
+def _check_count(owner: str, name: str, value: int) -> None:
+    if not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+        raise ValueError(f"{owner}.{name} must be an integer >= 1, got {value!r}")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class IntraNodeFabric:
+    """The GPU-to-GPU fabric inside one node (NVLink through NVSwitch)."""
+
+    nvlink_bandwidth_gbps: float
+    """NVLink bandwidth of one GPU, per direction, in GB/s (H100: 18 links x 25 GB/s = 450)."""
+
+    nvlink_efficiency: float
+    """Fraction of ``nvlink_bandwidth_gbps`` that NCCL's copy kernels reach (ring bus bandwidth)."""
+
+    step_latency_us: float
+    """Latency of one pipelined step between two GPUs of a node with NCCL's Simple protocol."""
+
+    nvswitch: bool = True
+    """All GPUs of the node reach each other at full bandwidth through NVSwitch."""
+
+    nvls: bool = False
+    """NVLink SHARP: the switch reduces and multicasts (NCCL's NVLS and NVLS-tree algorithms)."""
+
+    nvls_efficiency: float = 1.0
+    """Fraction of ``nvlink_bandwidth_gbps`` that NVLS moves per GPU (only read when ``nvls``)."""
+
+    nvls_latency_us: float = 25.0
+    """Fixed latency of one NVLS operation (only read when ``nvls``)."""
+
+    def __post_init__(self) -> None:
+        owner = "intra_node"
+        _check_positive(owner, "nvlink_bandwidth_gbps", self.nvlink_bandwidth_gbps)
+        _check_fraction(owner, "nvlink_efficiency", self.nvlink_efficiency)
+        _check_positive(owner, "step_latency_us", self.step_latency_us)
+        _check_fraction(owner, "nvls_efficiency", self.nvls_efficiency)
+        _check_positive(owner, "nvls_latency_us", self.nvls_latency_us)
+        if self.nvls and not self.nvswitch:
+            raise ValueError("intra_node.nvls needs intra_node.nvswitch: NVLink SHARP runs in the switch")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class NetworkFabric:
+    """The NICs of one node and the latency of one step between nodes."""
+
+    nics_per_node: int
+    """Compute-fabric NICs per node; NIC ``i`` serves the GPUs ``i * gpus_per_node / nics_per_node`` on."""
+
+    nic_bandwidth_gbps: float
+    """Line rate of one NIC, per direction, in GB/s (400 Gb/s NDR = 50)."""
+
+    nic_efficiency: float
+    """Fraction of ``nic_bandwidth_gbps`` that NCCL reaches through one NIC."""
+
+    step_latency_us: float
+    """Latency of one pipelined step between GPUs of two nodes (NIC, one switch) with Simple."""
+
+    def __post_init__(self) -> None:
+        owner = "network"
+        _check_count(owner, "nics_per_node", self.nics_per_node)
+        _check_positive(owner, "nic_bandwidth_gbps", self.nic_bandwidth_gbps)
+        _check_fraction(owner, "nic_efficiency", self.nic_efficiency)
+        _check_positive(owner, "step_latency_us", self.step_latency_us)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Topology:
+    """How the nodes' NICs are wired: leaves (one per rail in a rail-optimised tree) and spines."""
+
+    kind: str = "rail-optimized-fat-tree"
+    """``rail-optimized-fat-tree``: NIC ``i`` of every node of a leaf group sits on leaf (rail) ``i``;
+    ``fat-tree``: all NICs of a node sit on one leaf."""
+
+    nodes_per_leaf: int = 32
+    """Nodes whose NICs share leaf switches (a scalable unit); traffic beyond them crosses a spine."""
+
+    num_rails: int = 0
+    """Rails (leaf switches per leaf group); NIC ``i`` is on rail ``i % num_rails``; 0 means one rail
+    per NIC of the node."""
+
+    oversubscription: float = 1.0
+    """Leaf downlink : uplink bandwidth ratio; traffic that crosses a spine gets 1/oversubscription."""
+
+    spine_latency_us: float = 0.3
+    """Extra latency of a step that goes leaf -> spine -> leaf instead of through one leaf."""
+
+    def __post_init__(self) -> None:
+        if self.kind not in TOPOLOGY_KINDS:
+            raise ValueError(f"topology.kind must be one of {', '.join(TOPOLOGY_KINDS)}, got {self.kind!r}")
+        _check_count("topology", "nodes_per_leaf", self.nodes_per_leaf)
+        if not (isinstance(self.num_rails, int) and self.num_rails >= 0):
+            raise ValueError(f"topology.num_rails must be an integer >= 0, got {self.num_rails!r}")
+        if not (isinstance(self.oversubscription, int | float) and self.oversubscription >= 1):
+            raise ValueError(
+                f"topology.oversubscription must be >= 1 (1 = non-blocking), got {self.oversubscription!r}"
+            )
+        if not (isinstance(self.spine_latency_us, int | float) and self.spine_latency_us >= 0):
+            raise ValueError(f"topology.spine_latency_us must be >= 0, got {self.spine_latency_us!r}")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ClusterSpec:
+    """Everything the cost model knows of the target cluster (see the module docstring for units)."""
+
+    name: str
+    """A short name for reports (a preset's name, or the calibrated file's)."""
+
+    gpus_per_node: int
+    """GPUs per node (NVLink domain); virtual rank r sits on node r // gpus_per_node."""
+
+    base_latency_us: float
+    """Fixed cost of one collective call (launch and setup), paid once per op."""
+
+    intra_node: IntraNodeFabric
+    network: NetworkFabric
+    topology: Topology = dataclasses.field(default_factory=Topology)
+
+    description: str = ""
+    """Free text: the system, and where its numbers come from."""
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.name, str) and self.name):
+            raise ValueError(f"cluster name must be a non-empty string, got {self.name!r}")
+        _check_count("cluster", "gpus_per_node", self.gpus_per_node)
+        _check_positive("cluster", "base_latency_us", self.base_latency_us)
+
+    @property
+    def num_rails(self) -> int:
+        """Rails of the network (``topology.num_rails``, or one per NIC of a node when 0)."""
+        return self.topology.num_rails or self.network.nics_per_node
+
+    def nic_of(self, local_gpu: int) -> int:
+        """The NIC serving a GPU of a node (GPUs are shared evenly, in order, among the NICs)."""
+        return local_gpu * self.network.nics_per_node // self.gpus_per_node
+
+    def replace(self, **changes) -> ClusterSpec:
+        """A copy with top-level fields changed (sections are replaced whole)."""
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict:
+        """Plain data in the layout of a cluster YAML file (``load_cluster`` reads it back)."""
+        return {
+            "schema_version": 1,
+            "name": self.name,
+            "description": self.description,
+            "gpus_per_node": self.gpus_per_node,
+            "base_latency_us": self.base_latency_us,
+            "intra_node": dataclasses.asdict(self.intra_node),
+            "network": dataclasses.asdict(self.network),
+            "topology": dataclasses.asdict(self.topology),
+        }

@@ -1,0 +1,88 @@
+"""Cluster descriptions: presets, YAML/JSON files, and errors that name the file, the key and the choices."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import yaml
+
+from prism_megatron.network import PRESETS, CostModel, load_cluster, save_cluster
+from prism_megatron.network.cluster import IntraNodeFabric, NetworkFabric
+from prism_megatron.replay.schedule import OpKind
+
+
+def test_presets_cover_the_systems_the_issue_names():
+    assert {"dgx-a100", "dgx-h100", "dgx-h200", "gb200-nvl72"} <= set(PRESETS)
+    for name, spec in PRESETS.items():
+        assert load_cluster(name) is spec
+        assert spec.name == name
+
+
+def test_preset_numbers_are_the_datasheet_line_rates():
+    h100 = PRESETS["dgx-h100"]
+    assert h100.gpus_per_node == 8
+    assert h100.intra_node.nvlink_bandwidth_gbps == 450.0  # 900 GB/s bidirectional
+    assert h100.network.nics_per_node == 8 and h100.network.nic_bandwidth_gbps == 50.0  # 400 Gb/s
+    assert PRESETS["dgx-a100"].intra_node.nvlink_bandwidth_gbps == 300.0  # 600 GB/s bidirectional
+    assert PRESETS["dgx-a100"].network.nic_bandwidth_gbps == 25.0  # 200 Gb/s HDR
+    assert not PRESETS["dgx-a100"].intra_node.nvls
+    assert PRESETS["gb200-nvl72"].gpus_per_node == 72
+
+
+@pytest.mark.parametrize("suffix", [".yaml", ".json"])
+def test_a_saved_cluster_loads_back_equal(tmp_path, suffix):
+    path = tmp_path / f"cluster{suffix}"
+    save_cluster(PRESETS["gb200-nvl72"], path, header="from a test")
+    assert load_cluster(path) == PRESETS["gb200-nvl72"]
+
+
+def test_a_file_can_override_a_preset(tmp_path):
+    path = tmp_path / "mine.yaml"
+    path.write_text(yaml.safe_dump({"base": "dgx-h100", "network": {"nic_efficiency": 0.8}, "name": "mine"}))
+    spec = load_cluster(path)
+    assert spec.name == "mine"
+    assert spec.network.nic_efficiency == 0.8
+    assert spec.intra_node == PRESETS["dgx-h100"].intra_node
+    slower = CostModel(spec).cost_ns(OpKind.ALL_REDUCE, range(0, 64, 8), 1 << 30)
+    assert slower > CostModel(PRESETS["dgx-h100"]).cost_ns(OpKind.ALL_REDUCE, range(0, 64, 8), 1 << 30)
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ({"base": "dgx-h100", "netwrk": {}}, r"unknown key 'netwrk'; valid keys are"),
+        ({"base": "dgx-h100", "network": {"nic_speed": 1}}, r"unknown key network.nic_speed; valid keys are"),
+        ({"base": "dgx-z"}, r"base 'dgx-z' is not a preset; choose one of dgx-a100"),
+        ({"name": "x", "gpus_per_node": 8}, r"missing key\(s\) base_latency_us, intra_node, network"),
+        (
+            {"base": "dgx-h100", "intra_node": {"nvlink_efficiency": 1.5}},
+            r"nvlink_efficiency must be in \(0, 1\]",
+        ),
+        ({"base": "dgx-h100", "topology": {"kind": "torus"}}, r"topology.kind must be one of"),
+        ({"base": "dgx-h100", "schema_version": 7}, r"schema_version 7 is not supported"),
+    ],
+)
+def test_bad_files_are_rejected_with_the_file_and_the_key(tmp_path, content, message):
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(content))
+    with pytest.raises(ValueError, match=message) as info:
+        load_cluster(path)
+    assert str(path) in str(info.value)
+
+
+def test_an_unknown_name_lists_the_presets():
+    with pytest.raises(ValueError, match="neither a preset \\(dgx-a100, dgx-h100, dgx-h200, gb200-nvl72\\)"):
+        load_cluster("dgx-h1000")
+
+
+def test_validation_names_the_field():
+    h100 = PRESETS["dgx-h100"]
+    with pytest.raises(ValueError, match=r"cluster\.gpus_per_node must be an integer >= 1"):
+        dataclasses.replace(h100, gpus_per_node=0)
+    with pytest.raises(ValueError, match=r"network\.nic_bandwidth_gbps must be a finite number > 0"):
+        NetworkFabric(nics_per_node=8, nic_bandwidth_gbps=-1.0, nic_efficiency=0.9, step_latency_us=1.0)
+    with pytest.raises(ValueError, match=r"nvls needs intra_node\.nvswitch"):
+        IntraNodeFabric(
+            nvlink_bandwidth_gbps=1.0, nvlink_efficiency=1.0, step_latency_us=1.0, nvswitch=False, nvls=True
+        )
