@@ -110,7 +110,7 @@ run_step wheels 90 have_wheels -- "$PY" -m pip install -q --no-index --no-deps -
 run_step build 300 build_wanted -- "$PY" setup.py build_ext --inplace
 # If another component fails to build here, the clock alone still gets its GPU checks.
 run_step build_clock_only 200 full_build_failed -- "$PY" benchmarks/gpu/build_clock_only.py build_ext --inplace
-run_step gpu_tests 120 have_cuda_build -- "$PY" -m pytest -q -p no:cacheprovider tests/gpu
+run_step gpu_tests 120 have_cuda_build -- "$PY" -m pytest -q -p no:cacheprovider tests/gpu tests/unit/test_clock.py
 run_step wait_precision 90 have_cuda_build -- "$PY" -m benchmarks.gpu.wait_precision --out {out}
 run_step stream_overlap 60 have_cuda_build -- "$PY" -m benchmarks.gpu.stream_overlap --out {out}
 run_step cpu_clock 90 have_build -- "$PY" -m benchmarks.clock.run --out {out}

@@ -52,8 +52,9 @@ void enqueue_stamp(cudaStream_t stream, int64_t* dst);
 void enqueue_wait_until(cudaStream_t stream, const int64_t* iteration_start, int64_t arrival_offset_ns,
                         int64_t cost_ns);
 
-// On `stream`, num_waits times: stamp a start, wait until start + duration_ns (half of it as the
-// peers' arrival offset, half as cost), stamp the end. Blocks until done and returns each wait's
+// On `stream`, after holding it 20 ms so the samples run back to back, num_waits times: stamp a
+// start, wait until start + duration_ns (half of it as the peers' arrival offset, half as cost),
+// stamp the end. Blocks until done and returns each wait's
 // error, end stamp - (start + duration_ns) in GPU-timer ns: what the next op on the stream sees.
 std::vector<int64_t> measure_wait_errors_ns(cudaStream_t stream, int64_t duration_ns, int num_waits);
 

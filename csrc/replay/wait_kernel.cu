@@ -27,6 +27,10 @@ namespace {
 constexpr unsigned kNapNs = 1000;
 constexpr int64_t kNapWhileRemainingAboveNs = 4 * kNapNs;
 
+// How long measure_wait_errors_ns holds the stream before its samples: time for the host to enqueue
+// a few thousand launches.
+constexpr int64_t kMeasurementGateNs = 20'000'000;
+
 // Bound on timer reads while sampling its steps, so a timer that never ticks cannot hang the kernel.
 constexpr int64_t kMaxTimerReads = int64_t{1} << 26;
 
@@ -120,7 +124,12 @@ std::vector<int64_t> measure_wait_errors_ns(cudaStream_t stream, int64_t duratio
   }
   const int64_t arrival_offset_ns = duration_ns / 2;
   const int64_t cost_ns = duration_ns - arrival_offset_ns;
-  DeviceBuffer stamps(count);
+  DeviceBuffer stamps(count + 1);
+  // Hold the stream while the host enqueues the samples, so they run back to back as the engine's
+  // kernels do when enqueued ahead of the device, not paced by the host's launch rate.
+  int64_t* gate = stamps.get() + count;
+  enqueue_stamp(stream, gate);
+  enqueue_wait_until(stream, gate, kMeasurementGateNs, 0);
   for (int i = 0; i < num_waits; ++i) {
     int64_t* start = stamps.get() + 2 * i;
     enqueue_stamp(stream, start);
