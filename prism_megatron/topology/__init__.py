@@ -8,7 +8,14 @@
 * placement of real ranks onto processes and devices (placement.py).
 """
 
-from prism_megatron.topology.layout import COORD_NAMES, GROUP_KINDS, ORDERS, Coords, Layout
+from prism_megatron.topology.layout import (
+    COORD_NAMES,
+    GROUP_KINDS,
+    ORDERS,
+    Coords,
+    Layout,
+    virtual_pipeline_size,
+)
 from prism_megatron.topology.notation import format_ranks, parse_ranks
 from prism_megatron.topology.placement import Placement, place
 from prism_megatron.topology.roles import Role
@@ -26,4 +33,5 @@ __all__ = [
     "parse_ranks",
     "place",
     "select_ranks",
+    "virtual_pipeline_size",
 ]

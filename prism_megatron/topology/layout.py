@@ -320,3 +320,44 @@ class Layout:
     def default_slice(self) -> list[int]:
         """The smallest set of virtual ranks covering every role (one per role), sorted."""
         return sorted(self.representative(role) for role in self.roles())
+
+
+def virtual_pipeline_size(
+    *, pp: int, num_layers: int | None, num_layers_per_virtual_stage: int | None, vpp: int | None
+) -> int | None:
+    """The virtual pipeline size Megatron-LM derives from its flags (None: not interleaved).
+
+    `--num-layers-per-virtual-pipeline-stage` gives VPP = num_layers / PP / layers_per_stage;
+    `--virtual-pipeline-model-parallel-size` gives it directly. A result of 1 means no
+    interleaving, as in Megatron-LM.
+
+    Raises:
+        ValueError: both flags given, `--num-layers` missing or not divisible, as Megatron-LM refuses.
+    """
+    if num_layers_per_virtual_stage is not None:
+        if vpp is not None:
+            raise ValueError(
+                "give --num-layers-per-virtual-pipeline-stage or --virtual-pipeline-model-parallel-size, not both"
+            )
+        if num_layers is None:
+            raise ValueError(
+                "--num-layers-per-virtual-pipeline-stage needs --num-layers to derive the virtual pipeline size"
+            )
+        if num_layers_per_virtual_stage < 1:
+            raise ValueError(
+                f"--num-layers-per-virtual-pipeline-stage must be a positive integer, "
+                f"got {num_layers_per_virtual_stage}"
+            )
+        if num_layers % pp:
+            raise ValueError(
+                f"--num-layers {num_layers} is not divisible by --pipeline-model-parallel-size {pp}"
+            )
+        layers_per_stage = num_layers // pp
+        if layers_per_stage % num_layers_per_virtual_stage:
+            raise ValueError(
+                f"--num-layers-per-virtual-pipeline-stage {num_layers_per_virtual_stage} must divide the "
+                f"{layers_per_stage} layers of each pipeline stage (--num-layers {num_layers} / "
+                f"--pipeline-model-parallel-size {pp})"
+            )
+        vpp = layers_per_stage // num_layers_per_virtual_stage
+    return None if vpp == 1 else vpp
