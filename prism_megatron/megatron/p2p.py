@@ -83,6 +83,29 @@ class PlausibleValues:
             self.last_activation = snapshot
 
 
+class PinnedSend:
+    """A send request that keeps the sent storage alive until waited on.
+
+    The schedules free a stage's output right after issuing its send (`deallocate_output_tensor`
+    swaps `out.data` for a 1-element tensor). On CUDA the caching allocator cannot hand that memory
+    out before the communication stream is done with it; gloo on the CPU reads the buffer from its own
+    thread later, so without a pin it reads freed memory (NaN losses were seen with the interleaved
+    schedule). Holding a reference until `wait()` restores the CUDA lifetime.
+    """
+
+    def __init__(self, work: Any, tensor: torch.Tensor) -> None:
+        self._work = work
+        self._pinned: torch.Tensor | None = tensor.data
+
+    def wait(self, *args: Any, **kwargs: Any) -> Any:
+        result = self._work.wait(*args, **kwargs)
+        self._pinned = None
+        return result
+
+    def is_completed(self) -> bool:
+        return self._work.is_completed()
+
+
 class _Completed:
     """Wait handle of an op with a virtual peer: waiting is the replay engine's wait."""
 
@@ -194,7 +217,8 @@ class PrismP2PCommunicator(P2PCommunicator):
         self._count(key)
         self.values.remember(tensor, gradient=gradient)
         if self.world.is_real(peer):
-            handles[key] = self.world.real_group.send([tensor], self.world.physical_rank_of(peer), tag)
+            work = self.world.real_group.send([tensor], self.world.physical_rank_of(peer), tag)
+            handles[key] = PinnedSend(work, tensor)
         else:
             handles[key] = _Completed(_virtual_p2p(peer, "send", _nbytes(tensor)))
 

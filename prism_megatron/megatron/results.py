@@ -98,6 +98,7 @@ def collect(*, args, rt, ddp_model, optimizer, iterations, memory_report) -> dic
         "iterations": iterations,
         "memory": memory_report.as_dict(),
         "num_parameters": sum(p.numel() for chunk in ddp_model for p in chunk.module.parameters()),
+        "num_parameter_tensors": sum(1 for chunk in ddp_model for _ in chunk.module.parameters()),
         "grad_buffers": grad_buffers(ddp_model),
         "optimizer_shard_numel": optimizer_shard_numel(optimizer),
         "patches_used": rt.patch_calls(),

@@ -23,6 +23,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from prism_megatron.megatron import memory
+from prism_megatron.megatron.p2p import PinnedSend
 from prism_megatron.megatron.patches import ModePatch, Patch
 
 VERIFIED_ON = ("0.16.1",)
@@ -153,6 +154,17 @@ def _move_to_cpu(original: Callable[..., Any]) -> Callable[..., Any]:
         return original(tensor, as_numpy=as_numpy, record_stream=record_stream)
 
     return maybe_move_tensor_to_cpu
+
+
+def _pin_sends(original: Callable[..., Any]) -> Callable[..., Any]:
+    def _p2p_ops(**kwargs: Any) -> dict[str, Any]:
+        reqs = original(**kwargs)
+        for key in ("send_next", "send_prev"):
+            if key in reqs:
+                reqs[key] = PinnedSend(reqs[key], kwargs[f"tensor_{key}"])
+        return reqs
+
+    return _p2p_ops
 
 
 def _quiet_rng_logging(original: Any) -> types.SimpleNamespace:
@@ -314,6 +326,16 @@ MEGATRON_CORE_SHIMS: tuple[Patch | ModePatch, ...] = (
         "counterpart of cpu.memory_allocated",
         importers=("torch.cuda",),
         signature="(device: 'Device' = None) -> int",
+    ),
+    _record(
+        "cpu.pin_p2p_send_buffers",
+        "megatron.core.pipeline_parallel.p2p_communication:_p2p_ops",
+        _pin_sends,
+        "the overlapped p2p path frees a sent output before the send completes; gloo reads it later from "
+        "its own thread, so the send request pins the storage until it is waited on",
+        signature="(*, tensor_send_prev: Optional[torch.Tensor], tensor_recv_prev: Optional[torch.Tensor], "
+        "tensor_send_next: Optional[torch.Tensor], tensor_recv_next: Optional[torch.Tensor], "
+        "group: torch.distributed.distributed_c10d.ProcessGroup, prev_pipeline_rank: int, next_pipeline_rank: int)",
     ),
     _record(
         "cpu.moe_te_general_gemm",
