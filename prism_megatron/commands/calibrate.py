@@ -70,6 +70,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"{key:20s} {_display(key, before[key]):>12s} {shown:>12s}")
     worst = max(abs(e) for e in result.relative_errors)
     print(f"time error: RMS {result.rms_relative_error:.1%}, worst row {worst:.1%}")
+    for warning in result.warnings:
+        print(f"warning: {warning}")
     print(f"wrote {args.out}")
     return 0
 

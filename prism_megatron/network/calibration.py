@@ -21,13 +21,22 @@ from prism_megatron.network.algorithms import Candidate, evaluate
 from prism_megatron.network.cluster import ClusterSpec
 from prism_megatron.network.model import candidates_for
 from prism_megatron.network.nccl_tests import NcclTestsRun
-from prism_megatron.network.parameters import FITTED_PARAMETERS, cluster_with_parameters, parameters_of
+from prism_megatron.network.parameters import (
+    BANDWIDTH_PARAMETERS,
+    FITTED_PARAMETERS,
+    LATENCY_PARAMETERS,
+    cluster_with_parameters,
+    parameter_bounds,
+    parameters_of,
+)
 from prism_megatron.network.placement import group_shape
 from prism_megatron.replay.schedule import OpKind
 
 PRIOR_WEIGHT = 1e-3
 """Weight of the pull towards the base cluster, relative to one row's relative error."""
 MAX_ITERATIONS = 50
+START_DISTORTIONS = ((1.0, 1.0), (3.0, 1.0), (3.0, 1.0 / 0.75))
+"""Starting points: (factor on latencies, factor on ns per byte) applied to the base cluster."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,12 +59,14 @@ class CalibrationResult:
         fitted: the parameter values that the logs determined (others kept the base's values).
         relative_errors: (predicted - measured) / measured for every row, in input order.
         iterations: rounds of choose-candidates-then-solve until the choices were stable.
+        warnings: doubts about the fit a user should read (a link pinned at its line rate).
     """
 
     spec: ClusterSpec
     fitted: dict[str, float]
     relative_errors: tuple[float, ...]
     iterations: int
+    warnings: tuple[str, ...] = ()
 
     @property
     def rms_relative_error(self) -> float:
@@ -97,24 +108,60 @@ def _slowest_pair(members: list[int], gpus_per_node: int) -> list[int]:
 
 
 def calibrate(base: ClusterSpec, runs: Sequence[NcclTestsRun], *, name: str) -> CalibrationResult:
-    """Fit ``base``'s latencies and efficiencies to the runs (see the module docstring)."""
+    """Fit ``base``'s latencies and efficiencies to the runs (see the module docstring).
+
+    The alternation can settle in a local optimum (say, small messages explained by the wrong
+    algorithm), so it starts from the base cluster and from two distorted copies of it (slower
+    steps; slower steps and lower efficiencies) and keeps the best fit.
+    """
     rows = observations(base, runs)
     if not rows:
         raise ValueError("no nccl-tests rows to calibrate from")
     prior = parameters_of(base)
-    params = dict(prior)
+    bounds = parameter_bounds(base)
+    best = None
+    for latency_factor, bandwidth_factor in START_DISTORTIONS:
+        start = {
+            key: value * (latency_factor if key in LATENCY_PARAMETERS else bandwidth_factor)
+            if key in FITTED_PARAMETERS
+            else value
+            for key, value in prior.items()
+        }
+        start = {
+            key: min(max(value, bounds[key][0]), bounds[key][1]) if key in bounds else value
+            for key, value in start.items()
+        }
+        fit = _alternate(rows, prior, start, bounds)
+        if best is None or fit[0] < best[0]:
+            best = fit
+    _, params, choices, iterations = best
+    errors = tuple(_predict(row, params) / row.time_ns - 1.0 for row in rows)
+    fitted = {key: params[key] for key in FITTED_PARAMETERS if _is_determined(key, rows, choices)}
+    warnings = tuple(
+        f"{key.removesuffix('_ns_per_byte')} runs at the base cluster's full line rate "
+        f"({1 / bounds[key][0]:.1f} GB/s) in the fit: the measurements may come from a faster system than "
+        f"{base.name}, or from an algorithm the model lacks; check the base cluster"
+        for key in BANDWIDTH_PARAMETERS
+        if key in fitted and fitted[key] <= bounds[key][0] * (1 + 1e-9)
+    )
+    spec = cluster_with_parameters(base, fitted, name=name)
+    return CalibrationResult(
+        spec=spec, fitted=fitted, relative_errors=errors, iterations=iterations, warnings=warnings
+    )
+
+
+def _alternate(rows, prior, params, bounds):
+    """Choose candidates, solve, repeat until the choices are stable; (squared error, params, choices, rounds)."""
     previous, iterations = None, 0
     while iterations < MAX_ITERATIONS:
         iterations += 1
         choices = [_choose(row, params) for row in rows]
-        params = _solve(rows, choices, prior, params)
+        params = _solve(rows, choices, prior, params, bounds)
         if choices == previous:
             break
         previous = choices
-    errors = tuple(_predict(row, params) / row.time_ns - 1.0 for row in rows)
-    fitted = {key: params[key] for key in FITTED_PARAMETERS if _is_determined(key, rows, choices)}
-    spec = cluster_with_parameters(base, fitted, name=name)
-    return CalibrationResult(spec=spec, fitted=fitted, relative_errors=errors, iterations=iterations)
+    error = sum((_predict(row, params) / row.time_ns - 1.0) ** 2 for row in rows)
+    return error, params, choices, iterations
 
 
 def _cost(candidate: Candidate, size_s: float, params: dict[str, float]) -> tuple[float, int]:
@@ -150,22 +197,31 @@ def _is_determined(key: str, rows: Sequence[Observation], choices) -> bool:
     return any(_row_terms(row, choice).get(key, 0.0) > 0 for row, choice in zip(rows, choices, strict=True))
 
 
-def _solve(rows, choices, prior: dict[str, float], params: dict[str, float]) -> dict[str, float]:
-    """Least squares for the fitted parameters, in units of their base values (well conditioned)."""
+def _solve(rows, choices, prior, params, bounds) -> dict[str, float]:
+    """Bounded least squares for the parameters the chosen costs depend on.
+
+    Unknowns are ratios to the base values (well conditioned). A parameter that leaves its bounds
+    is pinned to the bound and the rest solved again (an active-set method).
+    """
     free = [key for key in FITTED_PARAMETERS if _is_determined(key, rows, choices)]
-    matrix = np.zeros((len(rows) + len(free), len(free)))
-    target = np.zeros(len(rows) + len(free))
-    for i, (row, choice) in enumerate(zip(rows, choices, strict=True)):
-        terms = _row_terms(row, choice)
-        fixed = sum(value * params[name] for name, value in terms.items() if name not in free)
-        for j, key in enumerate(free):
-            matrix[i, j] = terms.get(key, 0.0) * prior[key] / row.time_ns
-        target[i] = (row.time_ns - fixed) / row.time_ns
-    for j in range(len(free)):
-        matrix[len(rows) + j, j] = PRIOR_WEIGHT
-        target[len(rows) + j] = PRIOR_WEIGHT
-    ratios, *_ = np.linalg.lstsq(matrix, target, rcond=None)
     solved = dict(params)
-    for key, ratio in zip(free, ratios, strict=True):
-        solved[key] = prior[key] * max(float(ratio), 1e-3)  # a cost can only be positive
+    terms = [_row_terms(row, choice) for row, choice in zip(rows, choices, strict=True)]
+    while free:
+        matrix = np.zeros((len(rows) + len(free), len(free)))
+        target = np.zeros(len(rows) + len(free))
+        for i, (row, row_terms) in enumerate(zip(rows, terms, strict=True)):
+            fixed = sum(value * solved[name] for name, value in row_terms.items() if name not in free)
+            matrix[i] = [row_terms.get(key, 0.0) * prior[key] / row.time_ns for key in free]
+            target[i] = (row.time_ns - fixed) / row.time_ns
+        for j, key in enumerate(free):  # the weak pull towards the base value
+            matrix[len(rows) + j, j] = PRIOR_WEIGHT
+            target[len(rows) + j] = PRIOR_WEIGHT * params[key] / prior[key]
+        ratios, *_ = np.linalg.lstsq(matrix, target, rcond=None)
+        values = {key: prior[key] * float(ratio) for key, ratio in zip(free, ratios, strict=True)}
+        outside = {key for key, value in values.items() if not bounds[key][0] <= value <= bounds[key][1]}
+        for key, value in values.items():
+            solved[key] = min(max(value, bounds[key][0]), bounds[key][1])
+        if not outside:
+            break
+        free = [key for key in free if key not in outside]
     return solved

@@ -19,24 +19,29 @@ from prism_megatron.network.cluster import ClusterSpec, IntraNodeFabric, Network
 from prism_megatron.network.presets import PRESETS
 
 SCHEMA_VERSION = 1
+DEFAULT_PRESET = "dgx-h100"
+"""What ``load_cluster("default")`` returns (the --prism-cluster default)."""
 _SECTIONS = {"intra_node": IntraNodeFabric, "network": NetworkFabric, "topology": Topology}
 _TOP_LEVEL = ("name", "description", "gpus_per_node", "base_latency_us")
 _REQUIRED = ("name", "gpus_per_node", "base_latency_us", "intra_node", "network")
 
 
 def load_cluster(source: str | os.PathLike) -> ClusterSpec:
-    """Return the cluster named by a preset name or a YAML/JSON file path.
+    """Return the cluster named by a preset name (or ``default``) or a YAML/JSON file path.
 
     Raises:
         ValueError: the name is neither a preset nor a file, or the file is not a valid cluster
             description (the message names the file and the key, and the valid choices).
     """
     text = os.fspath(source)
+    if text == "default":
+        return PRESETS[DEFAULT_PRESET]
     if text in PRESETS:
         return PRESETS[text]
     if not os.path.isfile(text):
         raise ValueError(
-            f"cluster {text!r} is neither a preset ({', '.join(sorted(PRESETS))}) nor a YAML/JSON file"
+            f"cluster {text!r} is neither a preset ({', '.join(sorted(PRESETS))}, or default = "
+            f"{DEFAULT_PRESET}) nor a YAML/JSON file"
         )
     with open(text, encoding="utf-8") as f:
         raw = f.read()

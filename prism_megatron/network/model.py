@@ -92,9 +92,15 @@ class CostModel:
         self.params = parameters_of(spec)
         self._named: dict[tuple[OpKind, GroupShape], tuple[tuple[str, CostLine], ...]] = {}
         self._lines: dict[tuple[OpKind, GroupShape], tuple[CostLine, ...]] = {}
+        self._shapes: dict[tuple[int, ...], GroupShape] = {}
 
     def shape(self, members: Sequence[int]) -> GroupShape:
-        return group_shape(self.spec, members)
+        """The placement shape of a group (remembered per member list: groups recur every op)."""
+        key = tuple(members)
+        shape = self._shapes.get(key)
+        if shape is None:
+            shape = self._shapes[key] = group_shape(self.spec, key)
+        return shape
 
     def named_lines(self, kind: OpKind, members: Sequence[int]) -> tuple[tuple[str, CostLine], ...]:
         """``(algorithm/protocol, line)`` pairs for this op on these members (cached per shape)."""

@@ -42,6 +42,25 @@ def parameters_of(spec: ClusterSpec) -> dict[str, float]:
     }
 
 
+MIN_EFFICIENCY = 0.02
+"""Calibration keeps every efficiency in [MIN_EFFICIENCY, 1]."""
+MAX_LATENCY_NS = 1e7
+
+
+def parameter_bounds(spec: ClusterSpec) -> dict[str, tuple[float, float]]:
+    """Physical bounds of the fitted parameters: efficiencies in [MIN_EFFICIENCY, 1] of the line
+    rates of ``spec``, latencies in [1 ns, 10 ms]."""
+    nvlink, nic = spec.intra_node.nvlink_bandwidth_gbps, spec.network.nic_bandwidth_gbps
+    bounds = {key: (1.0, MAX_LATENCY_NS) for key in LATENCY_PARAMETERS}
+    for key, line_rate_gbps in (
+        ("nvlink_ns_per_byte", nvlink),
+        ("nvls_ns_per_byte", nvlink),
+        ("nic_ns_per_byte", nic),
+    ):
+        bounds[key] = (1.0 / line_rate_gbps, 1.0 / (line_rate_gbps * MIN_EFFICIENCY))
+    return bounds
+
+
 def cluster_with_parameters(spec: ClusterSpec, values: Mapping[str, float], *, name: str) -> ClusterSpec:
     """A copy of ``spec`` whose latencies and efficiencies give the parameter ``values``.
 
