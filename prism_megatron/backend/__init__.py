@@ -1,1 +1,39 @@
+"""The ``prism`` torch.distributed backend: one real process plays one rank of a W-rank job.
 
+After :func:`activate`, ``torch.distributed`` is initialised with world size W and rank = this
+process's virtual rank, on the C++ backend ``prism`` (``csrc/backend/``). ``new_group(ranks)`` and
+``new_group(ranks, backend="prism")`` give prism groups; a group that does not contain this process
+costs only torch's own bookkeeping (the backend is never asked). Nothing is registered at import.
+
+Semantics of every op (sync and async, functional collectives included):
+
+* **All members real**: the op runs on a real sub-communicator among the real processes (gloo on
+  CPU, NCCL on CUDA); data are exact, as that library computes them.
+* **Virtual members present**, data policy ``mirror``: a virtual member contributes what its
+  *stand-in* contributes: the first real member of the group with the same role (when ``roles`` is
+  given), else the real member nearest in group index. With this process the only real member:
+  all-reduce sum gives n times the local value, avg the local value, max/min the local value,
+  product its n-th power; all-gather copies the input into every slot; reduce-scatter gives n times
+  the local chunk (avg: the chunk); the all-to-all block received from a virtual member is the local
+  block addressed to it (filled from its start, repeated, when sizes differ; zeros when it is
+  empty); a broadcast or scatter whose root is virtual, and a recv from a virtual peer, get the data
+  of the real member holding the source's role when there is one, otherwise zeros (deterministic
+  finite values; uninitialised memory never reaches the program). Mixed groups run the real part
+  among the real members and add the virtual contributions, so every real member of a group sees
+  the same result.
+* **Timing**: an op with virtual members completes at ``max(issue time, the virtual members'
+  latest arrival) + cost`` as the replay engine says (:mod:`prism_megatron.replay`); on CPU,
+  ``Work.wait()`` returns at that time (C++ sleep then spin, GIL released); a mixed group completes
+  at the later of that time and the real part's completion. Ops among real members only are not
+  delayed.
+* **Safety**: every op is logged with a per-group sequence number (flight recorder:
+  :func:`prism_megatron.replay.flight_recorder_dump`, also printed when the process dies of an
+  uncaught exception). A wait longer than ``timeout_s`` raises ``DistBackendError`` with the dump.
+  With ``check_consistency`` (default), real members that issue different ops, sizes or dtypes at
+  the same sequence number of a group get an error naming the group, the sequence number, the ranks
+  and both ops. Errors surface from ``wait()``; none is swallowed.
+"""
+
+from prism_megatron.backend.activation import Activation, activate, active, deactivate, is_active
+
+__all__ = ["Activation", "activate", "active", "deactivate", "is_active"]

@@ -1,0 +1,217 @@
+// The prism backend's common path: group set-up, launch() (sequence numbers, the replay engine's
+// timing, the op log, the consistency check, the real part), coalescing and barrier. The
+// collectives themselves are in the *_ops.cpp files.
+#include "backend/backend.h"
+
+#include <ATen/core/LegacyTypeDispatch.h>
+
+#include <sstream>
+
+#include "replay/clock.h"
+
+namespace prism::backend {
+
+namespace {
+
+std::string ranks_note(const GroupLayout& layout, const BackendContext& ctx) {
+  std::ostringstream out;
+  out << "this process is virtual rank " << ctx.virtual_rank << "; real members: virtual ranks [";
+  for (int64_t r = 0; r < layout.num_real(); ++r) {
+    out << (r ? ", " : "") << layout.members()[layout.real_positions()[r]];
+  }
+  out << "]";
+  return out.str();
+}
+
+std::string describe_signature(const int64_t* row) {
+  std::ostringstream out;
+  const auto kind = static_cast<int32_t>(row[0]);
+  out << (replay::is_valid_op_kind(kind) ? replay::op_kind_name(static_cast<replay::OpKind>(kind)) : "UNKNOWN")
+      << " of " << row[1] << " bytes " << c10::toString(static_cast<at::ScalarType>(row[2]));
+  return out.str();
+}
+
+}  // namespace
+
+int64_t total_bytes(const std::vector<at::Tensor>& tensors) {
+  int64_t bytes = 0;
+  for (const auto& t : tensors) {
+    bytes += static_cast<int64_t>(t.nbytes());
+  }
+  return bytes;
+}
+
+void fill_deterministic(at::Tensor& tensor) { tensor.zero_(); }
+
+PrismBackend::PrismBackend(int group_rank, int group_size, std::vector<int64_t> members,
+                           const std::string& group_name, c10::intrusive_ptr<c10d::Backend> real,
+                           std::shared_ptr<const BackendContext> ctx)
+    : c10d::Backend(group_rank, group_size),
+      layout_(std::move(members), group_rank, *ctx),
+      real_(std::move(real)),
+      ctx_(std::move(ctx)),
+      timeout_ns_(ctx_->timeout_ns) {
+  TORCH_CHECK(layout_.size() == group_size, "prism: group ", group_name, " has ", layout_.size(),
+              " members but size ", group_size);
+  const int64_t k = layout_.num_real();
+  TORCH_CHECK((k >= 2) == static_cast<bool>(real_), "prism: group ", group_name, " has ", k,
+              " real members: it needs a real sub-communicator exactly when it has two or more");
+  if (real_) {
+    TORCH_CHECK(real_->getSize() == k && real_->getRank() == layout_.self_real_index(), "prism: group ",
+                group_name, ": the real sub-communicator has rank ", real_->getRank(), " of ", real_->getSize(),
+                ", expected ", layout_.self_real_index(), " of ", k);
+  }
+  slot_ = replay::engine().group_slot(layout_.members());
+  auto info = std::make_shared<replay::GroupInfo>();
+  info->members = layout_.members();
+  info->label = group_label(group_name, info->members);
+  info_ = std::move(info);
+  ranks_note_ = std::make_shared<const std::string>(ranks_note(layout_, *ctx_));
+}
+
+c10::intrusive_ptr<c10d::Backend::Options> PrismBackend::getBackendOptions() {
+  auto options = c10::make_intrusive<Options>("prism", std::chrono::milliseconds(timeout_ns_ / 1'000'000));
+  options->global_ranks_in_group.assign(layout_.members().begin(), layout_.members().end());
+  return options;
+}
+
+void PrismBackend::setTimeout(std::chrono::milliseconds timeout) {
+  timeout_ns_ = static_cast<int64_t>(timeout.count()) * 1'000'000;
+}
+
+void PrismBackend::startCoalescing() {
+  TORCH_CHECK(!coalescing_, "prism: startCoalescing on ", info_->label, " while already coalescing");
+  coalescing_ = true;
+  coalesced_.clear();
+}
+
+c10::intrusive_ptr<c10d::Work> PrismBackend::endCoalescing() {
+  TORCH_CHECK(coalescing_, "prism: endCoalescing on ", info_->label, " without startCoalescing");
+  coalescing_ = false;
+  return c10::make_intrusive<CoalescedWork>(rank_, std::move(coalesced_));
+}
+
+RealStep PrismBackend::consistency_step(const OpPlan& plan, int64_t seq) {
+  auto mine = at::empty({4}, at::kLong);
+  auto* row = mine.data_ptr<int64_t>();
+  row[0] = static_cast<int64_t>(plan.kind);
+  row[1] = plan.size_bytes;
+  row[2] = static_cast<int64_t>(plan.dtype);
+  row[3] = seq;
+  const int64_t k = layout_.num_real();
+  std::vector<std::vector<at::Tensor>> gathered(1);
+  for (int64_t r = 0; r < k; ++r) {
+    gathered[0].push_back(at::empty({4}, at::kLong));
+  }
+  std::vector<at::Tensor> inputs{mine};
+  auto work = real_->allgather(gathered, inputs);
+  std::vector<int64_t> real_members;
+  for (int64_t r = 0; r < k; ++r) {
+    real_members.push_back(layout_.members()[layout_.real_positions()[r]]);
+  }
+  auto check = [rows = gathered[0], mine, real_members, info = info_, seq, self = ctx_->virtual_rank]() {
+    const int64_t* own = mine.data_ptr<int64_t>();
+    std::ostringstream diffs;
+    for (size_t r = 0; r < rows.size(); ++r) {
+      const int64_t* other = rows[r].data_ptr<int64_t>();
+      if (std::equal(own, own + 4, other)) {
+        continue;
+      }
+      diffs << "; virtual rank " << real_members[r] << " issued " << describe_signature(other)
+            << (other[3] != own[3] ? " as its sequence number " + std::to_string(other[3]) : std::string());
+    }
+    const std::string text = diffs.str();
+    if (!text.empty()) {
+      throw PrismError("prism: collective mismatch on " + info->label + " at sequence number " +
+                       std::to_string(seq) + ": virtual rank " + std::to_string(self) + " (this process) issued " +
+                       describe_signature(own) + text);
+    }
+  };
+  return RealStep{std::move(work), std::move(check)};
+}
+
+c10::intrusive_ptr<c10d::Work> PrismBackend::launch(OpPlan plan) {
+  const int64_t issue_ns = clock::now_ns();
+  const bool is_p2p = plan.kind == replay::OpKind::kSend || plan.kind == replay::OpKind::kRecv;
+  const bool is_send = plan.kind == replay::OpKind::kSend;
+  const bool has_virtual = is_p2p ? !layout_.is_real(plan.peer_index) : layout_.has_virtual();
+
+  replay::OpRecord record;
+  record.kind = plan.kind;
+  record.size_bytes = plan.size_bytes;
+  record.dtype = c10::toString(plan.dtype);
+  record.issue_ns = issue_ns;
+  record.start_ns = issue_ns;
+  record.async_op = plan.async_op;
+  record.has_virtual = has_virtual;
+  if (is_p2p) {
+    record.peer = layout_.members()[plan.peer_index];
+    record.group = replay::op_log().p2p_group(ctx_->virtual_rank, record.peer);
+    record.seq = replay::op_log().next_p2p_seq(record.peer, is_send);
+  } else {
+    record.group = info_;
+    record.seq = next_seq_++;
+  }
+
+  WorkSpec spec;
+  spec.op_type = plan.op_type;
+  spec.timeout_ns = timeout_ns_;
+  spec.kind = plan.kind;
+  spec.seq = record.seq;
+  spec.group = record.group;
+  spec.ranks_note = ranks_note_;
+  if (has_virtual) {
+    const replay::Timing timing =
+        is_p2p ? replay::engine().next_p2p(record.peer, is_send, plan.size_bytes, issue_ns)
+               : replay::engine().next_collective(*slot_, plan.kind, plan.size_bytes, issue_ns, info_->label);
+    spec.deadline_ns = timing.completion_ns(issue_ns);
+    record.start_ns = std::max(issue_ns, timing.arrival_ns);
+    if (!timing.error.empty()) {
+      spec.error = make_error(timing.error);
+    }
+  }
+  spec.log_id = replay::op_log().begin(std::move(record));
+
+  if (!spec.error) {
+    try {
+      at::AutoDispatchBelowAutograd below_autograd;  // like a real backend, write below autograd
+      const bool real_part = real_ && (!is_p2p || !has_virtual);
+      if (real_part && !is_p2p && ctx_->check_consistency) {
+        spec.real_steps.push_back(consistency_step(plan, spec.seq));
+      }
+      if (real_part && plan.issue_real) {
+        if (auto real_work = plan.issue_real()) {  // null: this op needs nothing real after all
+          spec.real_steps.push_back(RealStep{std::move(real_work), nullptr});
+        }
+      }
+      if (spec.real_steps.empty()) {
+        if (plan.local) {
+          plan.local();
+        }
+      } else {
+        spec.local = std::move(plan.local);
+      }
+    } catch (...) {
+      replay::op_log().complete(spec.log_id, clock::now_ns(), false);
+      throw;  // an argument error: raise at issue, as the real backends do
+    }
+  }
+  spec.outputs = std::move(plan.outputs);
+  auto work = c10::make_intrusive<PrismWork>(rank_, std::move(spec));
+  if (coalescing_) {
+    coalesced_.push_back(work);
+  }
+  return work;
+}
+
+c10::intrusive_ptr<c10d::Work> PrismBackend::barrier(const c10d::BarrierOptions& opts) {
+  OpPlan plan;
+  plan.kind = replay::OpKind::kBarrier;
+  plan.op_type = c10d::OpType::BARRIER;
+  plan.dtype = at::kByte;
+  plan.async_op = opts.asyncOp;
+  plan.issue_real = [this, opts] { return real_->barrier(opts); };
+  return launch(std::move(plan));
+}
+
+}  // namespace prism::backend

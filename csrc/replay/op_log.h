@@ -1,0 +1,91 @@
+// The op log of this process: a flight recorder (the last N ops, always on, dumped on request, on
+// timeout and at exit on failure) and the recording of the capture pass (every op between start and
+// stop, exported as OpEvents for the execution graph).
+//
+// Both see the same records: the backend logs each op when it is issued and updates it when it
+// completes, through the id begin() returns. Light headers only.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "replay/engine.h"
+
+namespace prism::replay {
+
+// A group as logs name it: its members (global virtual ranks, group order) and a short label.
+struct GroupInfo {
+  std::vector<int64_t> members;
+  std::string label;  // e.g. "group 3 [0, 8, ..., 8184] (1024 ranks)"
+};
+
+enum class OpState : int32_t { kPending = 0, kCompleted = 1, kFailed = 2 };
+
+struct OpRecord {
+  OpKind kind = OpKind::kAllReduce;
+  std::shared_ptr<const GroupInfo> group;  // for p2p: (self, peer)
+  int64_t peer = -1;                       // p2p peer's virtual rank; -1 for collectives
+  int64_t seq = 0;                         // per-group sequence number (p2p: per peer and direction)
+  int64_t size_bytes = 0;
+  std::string dtype;
+  int64_t issue_ns = 0;     // the program issued the op
+  int64_t start_ns = 0;     // every member had arrived (the op could start moving data)
+  int64_t complete_ns = -1; // the op completed (-1: not yet)
+  bool async_op = false;
+  bool has_virtual = false;
+  OpState state = OpState::kPending;
+};
+
+class OpLog {
+ public:
+  // Log an issued op; returns its id for complete().
+  int64_t begin(OpRecord record);
+  // The op `id` completed (ok) or failed at t_ns. Ids that left both the ring and the recording are
+  // ignored.
+  void complete(int64_t id, int64_t t_ns, bool ok);
+
+  // Human-readable: the last ops (oldest first) with their state and times relative to now.
+  std::string dump(int64_t now_ns) const;
+  void set_capacity(size_t capacity);
+  size_t capacity() const;
+  // Who this process is, for dump headers ("virtual rank 5 (physical rank 0)").
+  void set_process_label(std::string label);
+
+  void start_recording();
+  // Every op since start_recording(), in issue order; recording stops.
+  std::vector<OpRecord> stop_recording();
+  bool recording() const;
+
+  // The next sequence number of the p2p ops to (is_send) or from a peer, shared by the backend's
+  // send/recv and the pipeline interceptor's record_p2p.
+  int64_t next_p2p_seq(int64_t peer_virtual_rank, bool is_send);
+  // The (self, peer) pair as a group, made once per pair.
+  std::shared_ptr<const GroupInfo> p2p_group(int64_t self_virtual_rank, int64_t peer_virtual_rank);
+
+  // Forget the ring, any recording and the p2p counters (ids keep counting).
+  void clear();
+
+ private:
+  OpRecord* find_locked(int64_t id);
+
+  mutable std::mutex mu_;
+  size_t capacity_ = 512;
+  int64_t next_id_ = 0;
+  std::deque<OpRecord> ring_;  // ids [next_id_ - ring_.size(), next_id_)
+  bool recording_ = false;
+  int64_t recording_first_id_ = 0;
+  std::vector<OpRecord> recorded_;
+  std::string process_label_ = "this process";
+  std::map<std::pair<int64_t, bool>, int64_t> p2p_seq_;
+  std::map<std::pair<int64_t, int64_t>, std::shared_ptr<const GroupInfo>> p2p_groups_;
+};
+
+OpLog& op_log();
+
+}  // namespace prism::replay

@@ -1,0 +1,171 @@
+// prism_megatron._C.replay: the replay engine and the op log for Python (the typed face is
+// prism_megatron/replay/__init__.py). pybind11 alone, so this file compiles in about 11 s.
+#include "registry.h"
+#include "replay/clock.h"
+#include "replay/engine.h"
+#include "replay/op_log.h"
+
+#include <pybind11/stl.h>
+
+#include <string>
+#include <tuple>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+namespace py = pybind11;
+
+namespace prism::replay {
+namespace {
+
+using Release = py::call_guard<py::gil_scoped_release>;
+// (kind, size_bytes, arrival_offset_ns, cost_ns), as ReplaySchedule.to_json writes an op.
+using RawOp = std::tuple<int32_t, int64_t, int64_t, int64_t>;
+using RawLine = std::pair<double, double>;
+
+OpKind to_kind(int32_t value) {
+  if (!is_valid_op_kind(value)) {
+    throw py::value_error("op kind must be an OpKind value 0.." + std::to_string(kNumOpKinds - 1) + ", got " +
+                          std::to_string(value));
+  }
+  return static_cast<OpKind>(value);
+}
+
+std::vector<ScheduledOp> to_ops(const std::vector<RawOp>& raw) {
+  std::vector<ScheduledOp> ops;
+  ops.reserve(raw.size());
+  for (const auto& [kind, size_bytes, arrival_offset_ns, cost_ns] : raw) {
+    ops.push_back({to_kind(kind), size_bytes, arrival_offset_ns, cost_ns});
+  }
+  return ops;
+}
+
+std::vector<CostLine> to_lines(const std::vector<RawLine>& raw) {
+  std::vector<CostLine> lines;
+  lines.reserve(raw.size());
+  for (const auto& [latency_ns, ns_per_byte] : raw) {
+    lines.push_back({latency_ns, ns_per_byte});
+  }
+  return lines;
+}
+
+void load_schedule(int64_t virtual_rank, const std::vector<std::pair<std::vector<int64_t>, std::vector<RawOp>>>& collectives,
+                   const std::vector<std::tuple<int64_t, bool, std::vector<RawOp>>>& p2p, int64_t iteration_time_ns) {
+  std::vector<std::pair<std::vector<int64_t>, std::vector<ScheduledOp>>> groups;
+  groups.reserve(collectives.size());
+  for (const auto& [members, ops] : collectives) {
+    groups.emplace_back(members, to_ops(ops));
+  }
+  std::vector<std::pair<std::pair<int64_t, bool>, std::vector<ScheduledOp>>> pairs;
+  pairs.reserve(p2p.size());
+  for (const auto& [peer, is_send, ops] : p2p) {
+    pairs.push_back({{peer, is_send}, to_ops(ops)});
+  }
+  engine().load_schedule(virtual_rank, groups, pairs, iteration_time_ns);
+}
+
+int64_t p2p_completion_ns(int64_t peer, bool is_send, int64_t size_bytes) {
+  const int64_t now = clock::now_ns();
+  const Timing timing = engine().next_p2p(peer, is_send, size_bytes, now);
+  if (!timing.error.empty()) {
+    throw std::runtime_error(timing.error);
+  }
+  return timing.completion_ns(now);
+}
+
+// Records as tuples; a group's member tuple is built once and shared by its events.
+py::list export_records(const std::vector<OpRecord>& records) {
+  std::unordered_map<const GroupInfo*, py::tuple> members_of;
+  py::list out;
+  for (const auto& r : records) {
+    py::tuple members;
+    auto found = members_of.find(r.group.get());
+    if (found != members_of.end()) {
+      members = found->second;
+    } else {
+      members = r.group ? py::tuple(py::cast(r.group->members)) : py::tuple();
+      members_of.emplace(r.group.get(), members);
+    }
+    out.append(py::make_tuple(static_cast<int32_t>(r.kind), members, r.peer, r.seq, r.size_bytes, r.dtype, r.issue_ns,
+                              r.start_ns, r.complete_ns, r.async_op, r.has_virtual));
+  }
+  return out;
+}
+
+void record_p2p(int32_t kind, int64_t self_rank, int64_t peer, int64_t seq, int64_t size_bytes, const std::string& dtype,
+                int64_t issue_ns, int64_t start_ns, int64_t complete_ns, bool async_op, bool has_virtual) {
+  const OpKind op_kind = to_kind(kind);
+  if (op_kind != OpKind::kSend && op_kind != OpKind::kRecv) {
+    throw py::value_error(std::string("record_p2p kind must be SEND or RECV, got ") + op_kind_name(op_kind));
+  }
+  OpRecord record;
+  record.kind = op_kind;
+  record.group = op_log().p2p_group(self_rank, peer);
+  record.peer = peer;
+  record.seq = seq >= 0 ? seq : op_log().next_p2p_seq(peer, op_kind == OpKind::kSend);
+  record.size_bytes = size_bytes;
+  record.dtype = dtype;
+  record.issue_ns = issue_ns;
+  record.start_ns = start_ns;
+  record.async_op = async_op;
+  record.has_virtual = has_virtual;
+  const int64_t id = op_log().begin(std::move(record));
+  if (complete_ns >= 0) {
+    op_log().complete(id, complete_ns, true);
+  }
+}
+
+void bind(py::module_& m) {
+  m.def("set_mode", [](bool replay) { engine().set_mode(replay ? Mode::kReplay : Mode::kInstant); }, py::arg("replay"));
+  m.def("is_replay_mode", [] { return engine().mode() == Mode::kReplay; });
+  m.def("set_virtual_rank", [](int64_t r) { engine().set_virtual_rank(r); }, py::arg("virtual_rank"));
+  m.def("load_schedule", &load_schedule, py::arg("virtual_rank"), py::arg("collectives"), py::arg("p2p"),
+        py::arg("iteration_time_ns"));
+  m.def("has_schedule", [] { return engine().has_schedule(); });
+  m.def(
+      "mark_iteration_start",
+      [] {
+        const int64_t t = clock::now_ns();
+        engine().mark_iteration_start(t);
+        return t;
+      },
+      "Start a new iteration now; returns its start (CLOCK_MONOTONIC ns).");
+  m.def("iteration_start_ns", [] { return engine().iteration_start_ns(); });
+  m.def("iteration_count", [] { return engine().iteration_count(); });
+  m.def(
+      "set_group_cost",
+      [](const std::vector<int64_t>& members, int32_t kind, const std::vector<RawLine>& lines) {
+        engine().set_group_cost(members, to_kind(kind), to_lines(lines));
+      },
+      py::arg("members"), py::arg("kind"), py::arg("lines"));
+  m.def("set_default_cost", [](const std::vector<RawLine>& lines) { engine().set_default_cost(to_lines(lines)); },
+        py::arg("lines"));
+  m.def(
+      "cost_ns",
+      [](const std::vector<int64_t>& members, int32_t kind, int64_t size_bytes) {
+        return engine().cost_ns(members, to_kind(kind), size_bytes);
+      },
+      py::arg("members"), py::arg("kind"), py::arg("size_bytes"));
+  m.def("p2p_completion_ns", &p2p_completion_ns, py::arg("peer"), py::arg("is_send"), py::arg("size_bytes"));
+  m.def(
+      "wait_until_ns", [](int64_t t) { clock::wait_until_ns(t); }, Release(), py::arg("deadline_ns"));
+  m.def("reset_engine", [] { engine().reset(); });
+
+  m.def("flight_recorder_dump", [] { return op_log().dump(clock::now_ns()); });
+  m.def("set_flight_recorder_capacity", [](size_t n) { op_log().set_capacity(n); }, py::arg("capacity"));
+  m.def("flight_recorder_capacity", [] { return op_log().capacity(); });
+  m.def("set_process_label", [](std::string label) { op_log().set_process_label(std::move(label)); },
+        py::arg("label"));
+  m.def("start_recording", [] { op_log().start_recording(); });
+  m.def("stop_recording", [] { return export_records(op_log().stop_recording()); });
+  m.def("is_recording", [] { return op_log().recording(); });
+  m.def("record_p2p", &record_p2p, py::arg("kind"), py::arg("self_rank"), py::arg("peer"), py::arg("seq"),
+        py::arg("size_bytes"), py::arg("dtype"), py::arg("issue_ns"), py::arg("start_ns"), py::arg("complete_ns"),
+        py::arg("async_op"), py::arg("has_virtual"));
+  m.def("clear_log", [] { op_log().clear(); });
+}
+
+}  // namespace
+}  // namespace prism::replay
+
+PRISM_SUBMODULE(replay, prism::replay::bind);

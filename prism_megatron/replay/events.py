@@ -1,0 +1,58 @@
+"""Recorded communication ops: what the capture pass hands to the execution-graph builder.
+
+The backend logs every op it serves (C++ op log, ``csrc/replay/op_log.h``); while recording is on,
+the log keeps them all and :func:`prism_megatron.replay.stop_recording` exports them as ``OpEvent``s.
+The pipeline interceptor adds the p2p ops it serves itself through
+:func:`prism_megatron.replay.record_p2p`, with the same fields.
+
+Message sizes follow the nccl-tests convention (the largest buffer the op touches on this rank):
+all-reduce, broadcast, reduce, send, recv: the tensor(s); all-gather and gather: the gathered output
+(group size x input); reduce-scatter and scatter: the whole input (group size x output); all-to-all:
+the input; barrier: 0.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from prism_megatron.replay.schedule import OpKind
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class OpEvent:
+    """One communication op as this process issued it.
+
+    Attributes:
+        kind: the op kind.
+        group: the group's members (global virtual ranks, group order); for p2p ``(self, peer)``.
+        peer: the p2p peer's virtual rank; -1 for collectives.
+        seq: the op's sequence number on its group (p2p: among the ops to / from that peer in that
+            direction), counted from 0 since activation.
+        size_bytes: message size (see the module docstring for which buffer).
+        dtype: the element type as torch names it (``"Float"``, ``"BFloat16"``, ``"Long"``, ...).
+        issue_ns: when the program issued it (CLOCK_MONOTONIC ns, as :func:`time.monotonic_ns`).
+        start_ns: when every member had arrived (for ops with virtual members, as the replay engine
+            says; for all-real ops, the issue time).
+        complete_ns: when it completed (-1: it had not when recording stopped).
+        async_op: the program issued it with ``async_op=True`` (send and recv always count as async:
+            the backend cannot tell ``send`` from ``isend``).
+        has_virtual: a member (for p2p: the peer) is virtual.
+    """
+
+    kind: OpKind
+    group: tuple[int, ...]
+    peer: int
+    seq: int
+    size_bytes: int
+    dtype: str
+    issue_ns: int
+    start_ns: int
+    complete_ns: int
+    async_op: bool
+    has_virtual: bool
+
+    @classmethod
+    def from_native(cls, raw: tuple) -> OpEvent:
+        """Build from the tuple the C++ op log exports (same field order)."""
+        kind, group, *rest = raw
+        return cls(OpKind(kind), tuple(group), *rest)
