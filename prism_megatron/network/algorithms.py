@@ -110,7 +110,7 @@ class Levels:
 
     def step_latency(
         self, protocol_intra: float, protocol_inter: float, intra_steps: float, inter_steps: float
-    ):
+    ) -> list[tuple[str, float]]:
         """Latency terms of ``intra_steps`` NVLink steps and ``inter_steps`` network steps."""
         terms = [
             ("intra_step_ns", intra_steps * protocol_intra),

@@ -127,6 +127,8 @@ def save_cluster(spec: ClusterSpec, path: str | os.PathLike, *, header: str = ""
         comments = "".join(f"# {line}\n" for line in header.splitlines())
         text = comments + yaml.safe_dump(spec.to_dict(), sort_keys=False)
     directory = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(directory):
+        raise ValueError(f"cannot write cluster file {path}: directory {directory} does not exist")
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=".cluster-", suffix=".tmp")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
