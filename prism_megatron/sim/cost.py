@@ -1,0 +1,64 @@
+"""The simulator's seam to the network model: a cost function per communication op.
+
+The simulator asks `cost_fn(kind, members, size_bytes)` once per distinct (role, op kind, group,
+size) and hands the answers to the C++ core as an array, so the network model may be as slow and
+as detailed as it likes. `members` are global virtual ranks in group order (for SEND/RECV: source,
+destination). `size_bytes` is the op's message size as the graph records it.
+
+`AlphaBetaCost` is the textbook model (Hockney; ring algorithms as in Thakur, Rabenseifner and
+Gropp, "Optimization of collective communication operations in MPICH", 2005) for tests and quick
+estimates; `NetworkCost` adapts `prism_megatron.network.CostModel`, the calibrated model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Protocol
+
+from prism_megatron.replay.schedule import OpKind
+
+
+class CostFn(Protocol):
+    def __call__(self, kind: OpKind, members: tuple[int, ...], size_bytes: int) -> float:
+        """Communication time in ns once every participant has arrived."""
+        ...
+
+
+@dataclasses.dataclass(frozen=True)
+class AlphaBetaCost:
+    """Ring-algorithm alpha-beta costs over n members, in ns.
+
+    With a = latency_ns per step and b = ns_per_byte, for a buffer of S bytes:
+    all-reduce 2(n-1)(a + S/n b) (reduce-scatter then all-gather); all-gather and reduce-scatter
+    (n-1)(a + S/n b), S being the full (gathered) buffer; all-to-all (n-1)(a + S/n b);
+    broadcast, reduce, gather, scatter a + S b (one pipelined pass); barrier 2(n-1) a; send/recv
+    a + S b. A group of one member costs 0. Limits: one flat ring, no hierarchy, no contention.
+    """
+
+    latency_ns: float = 0.0
+    ns_per_byte: float = 0.0
+
+    def __call__(self, kind: OpKind, members: tuple[int, ...], size_bytes: int) -> float:
+        n = len(members)
+        a, b = self.latency_ns, self.ns_per_byte
+        if n <= 1:
+            return 0.0
+        if kind == OpKind.ALL_REDUCE:
+            return 2 * (n - 1) * (a + size_bytes / n * b)
+        if kind in (OpKind.ALL_GATHER, OpKind.REDUCE_SCATTER, OpKind.ALL_TO_ALL):
+            return (n - 1) * (a + size_bytes / n * b)
+        if kind == OpKind.BARRIER:
+            return 2 * (n - 1) * a
+        return a + size_bytes * b
+
+
+class NetworkCost:
+    """A `CostFn` answered by the network model (`prism_megatron.network.CostModel.cost_ns`)."""
+
+    def __init__(self, cost_model) -> None:
+        self.cost_model = cost_model
+
+    def __call__(self, kind: OpKind, members: tuple[int, ...], size_bytes: int) -> float:
+        if len(members) <= 1:
+            return 0.0
+        return float(self.cost_model.cost_ns(kind, members, size_bytes))

@@ -1,0 +1,125 @@
+"""Run the simulator: the typed face of the C++ core (`prism_megatron._C.sim`).
+
+`simulate(graph, world, cost_fn)` predicts one iteration of the whole job and returns every
+simulated node's timeline. With no asymmetry it simulates one node per role (symmetric mode), which
+costs the same at any world size; stragglers and slow NICs make it simulate every rank.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import numpy as np
+
+from prism_megatron.graph.schema import ExecutionGraph, Op
+from prism_megatron.graph.world import World
+from prism_megatron.sim import faults, reference
+from prism_megatron.sim.cost import CostFn
+from prism_megatron.sim.problem import Problem, WhatIf, build_problem
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class OpTiming:
+    """When one op of one rank ran: posted at `start_ns`, every participant there at `ready_ns`
+    (equal to start for compute and waits), done at `end_ns`. Times from the iteration start."""
+
+    stream: str
+    index: int
+    op: Op
+    start_ns: int
+    ready_ns: int
+    end_ns: int
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class SimResult:
+    """Timelines of every simulated node (a role's node stands for all its ranks in symmetric mode)."""
+
+    problem: Problem
+    iteration_time_ns: int
+    """When the last op of any rank completes."""
+    node_op_base: np.ndarray
+    start_ns: np.ndarray
+    ready_ns: np.ndarray
+    end_ns: np.ndarray
+    num_events: int
+
+    def node_slice(self, node: int) -> slice:
+        return slice(int(self.node_op_base[node]), int(self.node_op_base[node + 1]))
+
+    def times(self, virtual_rank: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(start, ready, end) of the rank's ops, in its role's flat op order (`Problem.role_ops`)."""
+        window = self.node_slice(self.problem.node_of(virtual_rank))
+        return self.start_ns[window], self.ready_ns[window], self.end_ns[window]
+
+    def timeline(self, virtual_rank: int) -> list[OpTiming]:
+        """Every op of the rank with its times."""
+        start, ready, end = self.times(virtual_rank)
+        role = int(self.problem.arrays["node_role"][self.problem.node_of(virtual_rank)])
+        return [
+            OpTiming(stream, index, op, int(start[i]), int(ready[i]), int(end[i]))
+            for i, (stream, index, op) in enumerate(self.problem.role_ops[role])
+        ]
+
+    def finish_ns(self, virtual_rank: int) -> int:
+        """When the rank's last op completes."""
+        return int(self.times(virtual_rank)[2].max(initial=0))
+
+
+Core = Callable[[dict, int, int, int], dict]
+
+
+def native_core() -> Core:
+    import torch  # noqa: F401  (the extension links libc10)
+
+    from prism_megatron import _C
+
+    return _C.sim.run
+
+
+def simulate(
+    graph: ExecutionGraph,
+    world: World,
+    cost_fn: CostFn,
+    what_if: WhatIf | None = None,
+    *,
+    symmetric: bool | None = None,
+    core: Core | None = None,
+) -> SimResult:
+    """Simulate one iteration of `graph` over `world`.
+
+    Args:
+        cost_fn: communication cost per op (see `prism_megatron.sim.cost`).
+        what_if: stragglers and slow NICs; any makes the run per rank.
+        symmetric: force one node per role (True) or per rank (False); default by `what_if`.
+        core: the event loop; default the C++ core, `reference.run` for the Python reference.
+
+    Raises:
+        DeadlockError: some ops wait for peers that never come (the message names them).
+        SimulationFault: matched ops disagree, or an op's rank lacks its group or peer.
+        ValueError: the graph does not fit the world (missing roles, bad numbering).
+    """
+    problem = build_problem(graph, world, cost_fn, what_if, symmetric=symmetric)
+    return run_problem(problem, core)
+
+
+def run_problem(problem: Problem, core: Core | None = None) -> SimResult:
+    core = core or native_core()
+    out = core(problem.arrays, problem.num_nodes, len(problem.role_names), problem.num_streams)
+    if out["fault"][0]:
+        raise faults.fault_error(problem, out["fault"])
+    if out["stuck"]:
+        raise faults.deadlock_error(problem, out["start_ns"], out["node_op_base"], out["stuck"])
+    return SimResult(
+        problem=problem,
+        iteration_time_ns=int(out["makespan_ns"]),
+        node_op_base=np.asarray(out["node_op_base"]),
+        start_ns=np.asarray(out["start_ns"]),
+        ready_ns=np.asarray(out["ready_ns"]),
+        end_ns=np.asarray(out["end_ns"]),
+        num_events=int(out["num_events"]),
+    )
+
+
+reference_core: Core = reference.run

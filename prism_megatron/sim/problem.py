@@ -1,0 +1,279 @@
+"""A simulation problem: the graph flattened into the arrays the C++ core reads.
+
+Memory is O(roles x ops) for the ops and O(nodes x group kinds) for the groups: ops are stored once
+per role and every node points at its role. Arrays (all C-contiguous, checked by csrc/sim):
+
+    node_role[N] int32          role id of each node
+    compute_factor[N], nic_factor[N] float64   what-if slowdowns (1.0: none)
+    stream_begin[R*S+1] int64   ops of role r, stream s: [stream_begin[r*S+s], stream_begin[r*S+s+1])
+    op_type, op_comm[O] int8    NodeType; OpKind for communication (-1 otherwise)
+    op_coalesced[O] uint8
+    op_duration_ns, op_cost_ns, op_size_bytes[O] int64
+    op_spec[O] int32            row of coll_instance (collectives) or p2p_peer (SEND/RECV)
+    op_seq[O] int32             matching sequence number
+    op_dep_begin[O+1] int32, dep_stream[D], dep_index[D] int32   cross-stream dependencies
+    coll_instance[K*N] int32, instance_size[I] int32, p2p_peer[P*N] int32   (see groups.py)
+    p2p_partner[P] int32        the spec a peer names us by: same kind, opposite offset
+
+A node is a virtual rank (full mode) or a role (symmetric mode, see groups.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+
+import numpy as np
+
+from prism_megatron.graph.schema import ExecutionGraph, NodeType, Op
+from prism_megatron.graph.world import World, peer_of
+from prism_megatron.replay.schedule import OpKind
+from prism_megatron.sim import groups
+from prism_megatron.sim.cost import CostFn
+
+
+@dataclasses.dataclass(frozen=True)
+class WhatIf:
+    """Asymmetries to inject. Any of them makes the simulation per rank (full mode).
+
+    Attributes:
+        stragglers: virtual rank -> factor on all its compute durations (2.0: twice as slow).
+        slow_nics: virtual rank -> factor on the cost of every communication op it takes part in
+            (the whole op runs at the slowest member's pace).
+    """
+
+    stragglers: Mapping[int, float] = dataclasses.field(default_factory=dict)
+    slow_nics: Mapping[int, float] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for what, table in (("straggler", self.stragglers), ("slow NIC", self.slow_nics)):
+            for rank, factor in table.items():
+                if not factor > 0:
+                    raise ValueError(f"{what} factor for virtual rank {rank} must be > 0, got {factor}")
+
+    @property
+    def symmetric(self) -> bool:
+        return not self.stragglers and not self.slow_nics
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Problem:
+    """The immutable input of one simulation (graph, world and arrays)."""
+
+    graph: ExecutionGraph
+    world: World
+    symmetric: bool
+    role_names: tuple[str, ...]
+    stream_names: tuple[tuple[str, ...], ...]
+    """Per role id, its streams in order (stream index = position)."""
+    role_ops: tuple[tuple[tuple[str, int, Op], ...], ...]
+    """Per role id, its ops flattened stream by stream: (stream name, index in stream, op)."""
+    num_streams: int
+    node_rank: np.ndarray
+    """Virtual rank each node simulates (symmetric mode: the role's representative)."""
+    coll_specs: tuple[str, ...]
+    p2p_specs: tuple[tuple[str, int], ...]
+    arrays: dict[str, np.ndarray]
+
+    @property
+    def num_nodes(self) -> int:
+        return len(self.node_rank)
+
+    def node_of(self, virtual_rank: int) -> int:
+        """The node whose timeline is this rank's."""
+        if not 0 <= virtual_rank < self.world.world_size:
+            raise ValueError(
+                f"virtual rank {virtual_rank} is outside the world (0..{self.world.world_size - 1})"
+            )
+        return int(self.world.role_ids()[virtual_rank]) if self.symmetric else virtual_rank
+
+    def role_base(self, role_id: int) -> int:
+        return int(self.arrays["stream_begin"][role_id * self.num_streams])
+
+
+def build_problem(
+    graph: ExecutionGraph,
+    world: World,
+    cost_fn: CostFn,
+    what_if: WhatIf | None = None,
+    *,
+    symmetric: bool | None = None,
+) -> Problem:
+    """Flatten `graph` for `world`.
+
+    Args:
+        symmetric: one node per role (True) or per rank (False); default: per role unless
+            `what_if` injects an asymmetry.
+
+    Raises:
+        ValueError: the graph lacks a role of the world, numbers p2p ops inconsistently, or
+            symmetric mode was asked for with an asymmetry.
+    """
+    what_if = what_if or WhatIf()
+    symmetric = what_if.symmetric if symmetric is None else symmetric
+    if symmetric and not what_if.symmetric:
+        raise ValueError("stragglers and slow NICs break symmetry: simulate every rank (symmetric=False)")
+    role_names = world.roles()
+    missing = [name for name in role_names if name not in graph.roles]
+    if missing:
+        raise ValueError(
+            f"the graph has no ops for roles {missing[:8]} of this job (graph roles: {list(graph.roles)[:8]})"
+        )
+    flat = _Flattener(graph, world, role_names)
+    arrays = flat.arrays()
+    arrays["op_cost_ns"] = _costs(flat, world, cost_fn)
+    reps = np.array([world.representative(name) for name in role_names], dtype=np.int64)
+    if symmetric:
+        node_rank = reps
+        arrays["node_role"] = np.arange(len(role_names), dtype=np.int32)
+        coll, sizes = groups.symmetric_instances(world, flat.coll_specs, reps)
+        peers = groups.symmetric_peers(world, flat.p2p_specs, reps)
+    else:
+        node_rank = np.arange(world.world_size, dtype=np.int64)
+        arrays["node_role"] = world.role_ids().astype(np.int32)
+        coll, sizes = groups.full_instances(world, flat.coll_specs)
+        peers = groups.full_peers(world, flat.p2p_specs)
+    arrays.update(coll_instance=coll.ravel(), instance_size=sizes, p2p_peer=peers.ravel())
+    arrays["compute_factor"] = _factors(len(node_rank), what_if.stragglers, "straggler", world.world_size)
+    arrays["nic_factor"] = _factors(len(node_rank), what_if.slow_nics, "slow NIC", world.world_size)
+    return Problem(
+        graph=graph,
+        world=world,
+        symmetric=symmetric,
+        role_names=role_names,
+        stream_names=tuple(flat.stream_names),
+        role_ops=tuple(flat.role_ops),
+        num_streams=flat.num_streams,
+        node_rank=node_rank,
+        coll_specs=flat.coll_specs,
+        p2p_specs=flat.p2p_specs,
+        arrays=arrays,
+    )
+
+
+def _factors(num_nodes: int, table: Mapping[int, float], what: str, world_size: int) -> np.ndarray:
+    factors = np.ones(num_nodes, dtype=np.float64)
+    for rank, factor in table.items():
+        if not 0 <= rank < world_size:
+            raise ValueError(f"{what} virtual rank {rank} is outside the world (0..{world_size - 1})")
+        factors[rank] = factor
+    return factors
+
+
+class _Flattener:
+    """Lays every role's streams end to end and numbers group kinds and peers as specs."""
+
+    def __init__(self, graph: ExecutionGraph, world: World, role_names: tuple[str, ...]) -> None:
+        self.world = world
+        self.roles = [graph.roles[name] for name in role_names]
+        self.num_streams = max(len(role.streams) for role in self.roles)
+        self.stream_names = [tuple(role.streams) for role in self.roles]
+        self.role_ops = [
+            tuple((stream, i, op) for stream, ops in role.streams.items() for i, op in enumerate(ops))
+            for role in self.roles
+        ]
+        coll: dict[str, int] = {}
+        p2p: dict[tuple[str, int], int] = {}
+        for ops in self.role_ops:
+            for _, _, op in ops:
+                if op.type == NodeType.COLLECTIVE:
+                    coll.setdefault(op.group, len(coll))
+                elif op.type in (NodeType.SEND, NodeType.RECV):
+                    p2p.setdefault(self.p2p_key(op), len(p2p))
+        for kind, offset in list(p2p):  # the spec a peer names us by must exist to find its op
+            p2p.setdefault((kind, -offset % self.world.group_size(kind)), len(p2p))
+        self.coll_specs = tuple(coll)
+        self.p2p_specs = tuple(p2p)
+        self._coll, self._p2p = coll, p2p
+        for name, ops in zip(role_names, self.role_ops, strict=True):
+            _check_p2p_seqs(
+                name,
+                [(self.p2p_key(op), op) for _, _, op in ops if op.type in (NodeType.SEND, NodeType.RECV)],
+            )
+
+    def p2p_key(self, op: Op) -> tuple[str, int]:
+        """(kind, offset) with the offset reduced modulo the group size: pp+1 and pp-1 meet when PP=2."""
+        return op.group, op.offset % self.world.group_size(op.group)
+
+    def spec(self, op: Op) -> int:
+        if op.type == NodeType.COLLECTIVE:
+            return self._coll[op.group]
+        if op.type in (NodeType.SEND, NodeType.RECV):
+            return self._p2p[self.p2p_key(op)]
+        return -1
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        ops = [op for role_ops in self.role_ops for _, _, op in role_ops]
+        begin = [0]
+        for role in self.roles:
+            streams = list(role.streams.values())
+            for s in range(self.num_streams):
+                begin.append(begin[-1] + (len(streams[s]) if s < len(streams) else 0))
+        deps = []
+        dep_begin = [0]
+        for role, role_ops in zip(self.roles, self.role_ops, strict=True):
+            index_of = {name: i for i, name in enumerate(role.streams)}
+            for _, _, op in role_ops:
+                deps.extend((index_of[d.stream], d.index) for d in op.deps)
+                dep_begin.append(len(deps))
+        dep = np.asarray(deps, dtype=np.int32).reshape(-1, 2)
+        return {
+            "stream_begin": np.asarray(begin, dtype=np.int64),
+            "op_type": np.asarray([int(op.type) for op in ops], dtype=np.int8),
+            "op_comm": np.asarray([-1 if op.comm is None else int(op.comm) for op in ops], dtype=np.int8),
+            "op_coalesced": np.asarray([op.coalesced for op in ops], dtype=np.uint8),
+            "op_duration_ns": np.asarray([op.duration_ns for op in ops], dtype=np.int64),
+            "op_size_bytes": np.asarray([op.size_bytes for op in ops], dtype=np.int64),
+            "op_spec": np.asarray([self.spec(op) for op in ops], dtype=np.int32),
+            "op_seq": np.asarray([op.seq for op in ops], dtype=np.int32),
+            "op_dep_begin": np.asarray(dep_begin, dtype=np.int32),
+            "dep_stream": np.ascontiguousarray(dep[:, 0]),
+            "dep_index": np.ascontiguousarray(dep[:, 1]),
+            "p2p_partner": np.asarray(
+                [self._p2p[(kind, -offset % self.world.group_size(kind))] for kind, offset in self.p2p_specs],
+                dtype=np.int32,
+            ),
+        }
+
+
+def _check_p2p_seqs(role: str, keyed: list[tuple[tuple[str, int], Op]]) -> None:
+    seqs: dict[tuple, list[int]] = {}
+    for key, op in keyed:
+        seqs.setdefault((op.type, *key), []).append(op.seq)
+    for (kind, group, offset), numbers in seqs.items():
+        if sorted(numbers) != list(range(len(numbers))):
+            raise ValueError(
+                f"role {role!r}: {NodeType(kind).name} ops to {group}{offset:+d} have seqs {numbers[:8]}..., "
+                f"not 0..n-1 (ops to one peer are numbered together, whatever offset names it)"
+            )
+
+
+def _costs(flat: _Flattener, world: World, cost_fn: CostFn) -> np.ndarray:
+    """Each op's communication cost, asked of `cost_fn` for the role's representative's group."""
+    costs: list[int] = []
+    for name, role_ops in zip(world.roles(), flat.role_ops, strict=True):
+        rep = world.representative(name)
+        cache: dict[tuple, int] = {}
+        for _, _, op in role_ops:
+            if op.type not in (NodeType.COLLECTIVE, NodeType.SEND, NodeType.RECV):
+                costs.append(0)
+                continue
+            key = (op.type, op.comm, op.group, op.offset, op.size_bytes)
+            if key not in cache:
+                cache[key] = _cost(world, cost_fn, rep, op)
+            costs.append(cache[key])
+    return np.asarray(costs, dtype=np.int64)
+
+
+def _cost(world: World, cost_fn: CostFn, rep: int, op: Op) -> int:
+    if op.type == NodeType.COLLECTIVE:
+        members = world.group(op.group, rep)
+        if not members:
+            return 0  # the core reports the op as having no group
+        return round(cost_fn(op.comm, members, op.size_bytes))
+    if not world.group(op.group, rep):
+        return 0  # the core reports the op as having no peer
+    peer = peer_of(world, op.group, rep, op.offset)
+    if op.type == NodeType.SEND:
+        return round(cost_fn(OpKind.SEND, (rep, peer), op.size_bytes))
+    return round(cost_fn(OpKind.RECV, (peer, rep), op.size_bytes))
