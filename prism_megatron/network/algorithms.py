@@ -15,7 +15,7 @@ each: LL for small messages, LL128 for medium, Simple for large.
 
 Sizes: each builder works on ``S``, the bytes nccl-tests prints in its size column (the whole
 buffer of all-reduce, the gathered output of all-gather, the input of reduce-scatter, one rank's
-send buffer of all-to-all). ``model.py`` converts the op's input bytes to ``S``.
+send buffer of all-to-all), which is also the byte count the cost model takes (model.py).
 """
 
 from __future__ import annotations
@@ -48,10 +48,10 @@ class Candidate:
     latency: Terms
     slopes: tuple[Terms, ...]
 
-    def line(self, params: Mapping[str, float], bytes_scale: float = 1.0) -> CostLine:
-        """The CostLine at these parameters; ``bytes_scale`` converts the caller's bytes to ``S``."""
+    def line(self, params: Mapping[str, float]) -> CostLine:
+        """The CostLine at these parameters."""
         slope = max((evaluate(terms, params) for terms in self.slopes), default=0.0)
-        return CostLine(latency_ns=evaluate(self.latency, params), ns_per_byte=slope * bytes_scale)
+        return CostLine(latency_ns=evaluate(self.latency, params), ns_per_byte=slope)
 
 
 def evaluate(terms: Terms, params: Mapping[str, float]) -> float:
@@ -221,23 +221,23 @@ def pat(levels: Levels) -> list[Candidate]:
     return [Candidate("pat/simple", latency, slopes)]
 
 
-def fan(levels: Levels, name: str, local_peers: float, remote_peers: float) -> list[Candidate]:
+def fan(levels: Levels, name: str, local_share: float, remote_share: float) -> list[Candidate]:
     """Concurrent point-to-point transfers from (or to) one GPU: all-to-all, gather, scatter, send.
 
-    The GPU exchanges S with each peer: ``local_peers`` S over NVLink and ``remote_peers`` S through
-    its share of its node's NICs (all GPUs of the node are busy at once). Latency: one step on the
-    farthest level, all peers in flight together (NCCL's per-peer scheduling is not modelled).
+    The GPU moves ``local_share * S`` over NVLink (to peers of its node) and ``remote_share * S``
+    through its share of its node's NICs (all GPUs of the node are busy at once). Latency: one step
+    on the farthest level, all peers in flight together (NCCL's per-peer scheduling is not modelled).
     """
     shape = levels.shape
     remote = shape.num_nodes > 1
     candidates = []
     for protocol in P2P_PROTOCOLS:
         slopes = []
-        if local_peers > 0:
-            slopes.append((("nvlink_ns_per_byte", local_peers / protocol.payload_fraction),))
-        if remote_peers > 0:
+        if local_share > 0:
+            slopes.append((("nvlink_ns_per_byte", local_share / protocol.payload_fraction),))
+        if remote_share > 0:
             slopes.append(
-                (("nic_ns_per_byte", remote_peers * levels.net_per_gpu / protocol.payload_fraction),)
+                (("nic_ns_per_byte", remote_share * levels.net_per_gpu / protocol.payload_fraction),)
             )
         latency = [("base_ns", protocol.base_factor)]
         latency += levels.step_latency(

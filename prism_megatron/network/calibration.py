@@ -92,7 +92,7 @@ def observations(base: ClusterSpec, runs: Sequence[NcclTestsRun]) -> list[Observ
             members = _slowest_pair(members, base.gpus_per_node)
         shape = group_shape(base, members)
         candidates = tuple(candidates_for(base, run.kind, shape))
-        for row in run.rows:  # the candidates are in units of S, the nccl-tests size column
+        for row in run.rows:  # the candidates cost bytes of S, the nccl-tests size column
             found.append(
                 Observation(run.source, row.line_number, candidates, row.size_bytes, row.time_us * 1e3)
             )

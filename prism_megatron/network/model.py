@@ -1,17 +1,18 @@
 """The collective cost model: for an op kind and its members, the lines the replay engine evaluates.
 
-Byte convention of ``cost_lines`` and ``cost_ns`` (the replay engine and the simulator pass these):
+Byte convention of ``cost_lines`` and ``cost_ns``: ``size_bytes`` is the op's whole buffer, the
+number nccl-tests prints in its size column, which is also what the prism backend records:
 
-| op kind          | size_bytes is                                   | nccl-tests size column      |
-|------------------|-------------------------------------------------|-----------------------------|
-| ALL_REDUCE       | the buffer (input = output)                     | the same                    |
-| ALL_GATHER       | one rank's INPUT shard (output is n times it)   | n x size_bytes              |
-| REDUCE_SCATTER   | one rank's input (n times the output shard)     | the same                    |
-| ALL_TO_ALL       | one rank's whole send buffer                    | the same                    |
-| BROADCAST/REDUCE | the buffer                                      | the same                    |
-| SEND/RECV        | the message                                     | the same (sendrecv_perf)    |
-| GATHER/SCATTER   | one rank's shard (what each non-root sends/gets)| -                           |
-| BARRIER          | ignored (a one-element all-reduce)              | -                           |
+| op kind          | size_bytes is                                                      |
+|------------------|--------------------------------------------------------------------|
+| ALL_REDUCE       | the buffer (input = output)                                        |
+| ALL_GATHER       | the gathered OUTPUT, n times one rank's input                      |
+| REDUCE_SCATTER   | one rank's input, n times its output shard                         |
+| ALL_TO_ALL       | one rank's whole send buffer                                       |
+| BROADCAST/REDUCE | the buffer                                                         |
+| SEND/RECV        | the message                                                        |
+| GATHER/SCATTER   | the gathered (scattered) whole, n times one rank's shard           |
+| BARRIER          | ignored (a one-element all-reduce)                                 |
 
 Members are global virtual ranks in group order; SEND/RECV take (sender, receiver).
 
@@ -45,7 +46,7 @@ _RING_OPS = {
 
 
 def candidates_for(spec: ClusterSpec, kind: OpKind, shape: GroupShape) -> list[Candidate]:
-    """Every algorithm/protocol NCCL may use for this op on this shape, in units of ``S``."""
+    """Every algorithm/protocol NCCL may use for this op on this shape (costs per byte of ``S``)."""
     levels = Levels.of(spec, shape)
     n, nodes, gpus = shape.num_ranks, shape.num_nodes, shape.max_gpus_per_node
     if kind == OpKind.BARRIER:
@@ -60,8 +61,8 @@ def candidates_for(spec: ClusterSpec, kind: OpKind, shape: GroupShape) -> list[C
         return found
     if kind == OpKind.ALL_TO_ALL:
         return algorithms.fan(levels, "p2p", (gpus - 1) / n, (n - gpus) / n)
-    if kind in (OpKind.GATHER, OpKind.SCATTER):
-        return algorithms.fan(levels, "p2p", gpus - 1, n - gpus)
+    if kind in (OpKind.GATHER, OpKind.SCATTER):  # the root exchanges S/n with each member
+        return algorithms.fan(levels, "p2p", (gpus - 1) / n, (n - gpus) / n)
     if kind in (OpKind.SEND, OpKind.RECV):
         if n != 2:
             raise ValueError(f"{kind.name} cost needs members (sender, receiver), got {n} members")
@@ -77,11 +78,6 @@ def _all_reduce_extras(spec: ClusterSpec, levels: Levels) -> list[Candidate]:
     if spec.intra_node.nvls and shape.max_gpus_per_node > 1:
         found += algorithms.nvls(levels) if shape.num_nodes == 1 else algorithms.nvls_tree(levels)
     return found
-
-
-def bytes_scale(kind: OpKind, num_ranks: int) -> float:
-    """``S`` per byte of the op's ``size_bytes`` (see the table in the module docstring)."""
-    return float(num_ranks) if kind == OpKind.ALL_GATHER else 1.0
 
 
 class CostModel:
@@ -117,10 +113,7 @@ class CostModel:
             if shape.num_ranks == 1:
                 named = (("local", _LOCAL),)
             else:
-                scale = bytes_scale(kind, shape.num_ranks)
-                named = tuple(
-                    (c.name, c.line(self.params, scale)) for c in candidates_for(self.spec, kind, shape)
-                )
+                named = tuple((c.name, c.line(self.params)) for c in candidates_for(self.spec, kind, shape))
             self._named[key] = named
             self._lines[key] = tuple(line for _, line in named)
         return key
@@ -154,8 +147,7 @@ class CostModel:
                 raise ValueError(
                     f"algorithm {algorithm!r} does not apply to {kind.name} here; candidates: {valid}"
                 )
-        input_bytes = size_bytes / bytes_scale(kind, num_gpus)
-        return schedule.cost_ns([line for _, line in named], input_bytes)
+        return schedule.cost_ns([line for _, line in named], size_bytes)
 
     def bus_bandwidth_gbps(
         self,

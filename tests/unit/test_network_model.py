@@ -62,18 +62,24 @@ def test_tree_all_reduce_on_two_nodes_matches_the_hand_computed_cost_and_beats_t
     assert tree.ns_per_byte < ring.ns_per_byte  # why NCCL picks the tree on two nodes
 
 
-def test_all_gather_lines_take_the_input_shard_and_cost_the_gathered_output():
+def test_all_gather_takes_the_gathered_output_bytes_like_nccl_tests_and_the_backend():
     model = CostModel(TOY)
     members = [0, 1, 2, 3]
     simple = line(model, OpKind.ALL_GATHER, members, "ring/simple")
-    # Ring: each GPU sends (n-1)/n of the n-times-larger output: 3 bytes per input byte over 100 GB/s.
-    assert simple.ns_per_byte == pytest.approx(3 / 100)
+    # Ring: each GPU sends (n-1)/n of the gathered output over 100 GB/s.
+    assert simple.ns_per_byte == pytest.approx(0.75 / 100)
     assert simple.latency_ns == pytest.approx(8400 + 3 * 3400)
-    # The nccl-tests size column is the output: 4 MiB of output = 1 MiB of input per rank.
-    out_bytes = 4 << 20
-    assert model.nccl_tests_time_ns(OpKind.ALL_GATHER, 4, out_bytes) == pytest.approx(
-        model.cost_ns(OpKind.ALL_GATHER, members, out_bytes // 4)
+    output_bytes = 4 << 20  # the nccl-tests size column of all_gather_perf is the output
+    assert model.nccl_tests_time_ns(OpKind.ALL_GATHER, 4, output_bytes) == pytest.approx(
+        model.cost_ns(OpKind.ALL_GATHER, members, output_bytes)
     )
+
+
+def test_gather_moves_each_members_share_of_the_whole_to_the_root():
+    model = CostModel(TOY)
+    # 8 members on 2 nodes: the root receives 3/8 of S over NVLink and 4/8 through its NIC.
+    gather = line(model, OpKind.GATHER, list(range(8)), "p2p/simple")
+    assert gather.ns_per_byte == pytest.approx(max(3 / 8 / 100, 4 / 8 / 10))
 
 
 def test_send_between_nodes_on_different_rails_pays_the_spine():
