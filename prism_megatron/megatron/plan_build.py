@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 from megatron.core import parallel_state
 from megatron.core.distributed import DistributedDataParallel
+from megatron.core.extensions import transformer_engine as _te_extension
 from megatron.core.models.gpt import GPTModel
 from megatron.core.models.gpt.gpt_layer_specs import (
     get_gpt_decoder_block_spec,
@@ -35,7 +36,9 @@ from megatron.core.models.gpt.gpt_layer_specs import (
 from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
 from megatron.core.pipeline_parallel.utils import is_vp_first_stage, is_vp_last_stage
 from megatron.core.transformer import TransformerConfig
-from megatron.core.transformer.module import Float16Module
+from megatron.core.transformer import multi_latent_attention as _mla
+from megatron.core.transformer.dot_product_attention import DotProductAttention
+from megatron.core.transformer.module import Float16Module, MegatronModule
 
 from prism_megatron.megatron.plan_args import Job, ddp_config
 
@@ -75,26 +78,53 @@ def virtual_world(job: Job, virtual_rank: int) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def buffers_on(device: str) -> Iterator[None]:
-    """Make megatron-core's DDP allocate its buffers on `device` (meta for the plan, cpu for a CPU run).
+def cuda_means(device: str) -> Iterator[None]:
+    """Where megatron-core reaches for CUDA while building, use `device` (meta for the plan, cpu for
+    a CPU run) for the duration of the block; the originals are restored afterwards.
 
-    `_ParamAndGradBuffer` allocates with `device=torch.cuda.current_device()` (param_and_grad_buffer.py,
-    megatron-core 0.16.1) and no extension point chooses the device, so `torch.cuda.current_device`
-    is replaced for the duration of the block and restored afterwards.
+    Reached while building a model and its DDP wrapper (megatron-core 0.16.1), with no extension
+    point to choose the device: `torch.cuda.current_device()` as the device of the DDP buffers
+    (param_and_grad_buffer.py) and of MLA's YaRN rotary table, and `Tensor.cuda()` in the initial
+    sync of a tied or MTP embedding on the last stage (language_module.py).
     """
-    original = torch.cuda.current_device
+    original_current_device, original_cuda = torch.cuda.current_device, torch.Tensor.cuda
     torch.cuda.current_device = lambda: device
+    torch.Tensor.cuda = lambda tensor, *args, **kwargs: tensor.to(device)
     try:
         yield
     finally:
-        torch.cuda.current_device = original
+        torch.cuda.current_device, torch.Tensor.cuda = original_current_device, original_cuda
+
+
+@contextlib.contextmanager
+def _mla_without_transformer_engine() -> Iterator[None]:
+    """Let MLASelfAttention build when Transformer Engine is absent.
+
+    In megatron-core 0.16.1, multi_latent_attention.py sets `HAVE_TE = True` as soon as megatron's own
+    TE extension module imports, which it does without TE (its classes are then placeholders that are
+    not types); the constructor's `isinstance(..., TELinear)` then fails. When the extension module
+    itself reports no TE, `HAVE_TE` is set to False (the truth) for the block and restored afterwards.
+    """
+    if _te_extension.HAVE_TE:
+        yield
+        return
+    original = _mla.HAVE_TE
+    _mla.HAVE_TE = False
+    try:
+        yield
+    finally:
+        _mla.HAVE_TE = original
 
 
 def build_config(config: TransformerConfig) -> TransformerConfig:
     """The job's TransformerConfig with the settings that the local spec cannot build but that change
     no parameter: sequence parallelism and persistent/zero-centred layer norms (torch norms refuse
     them), context parallelism (only Transformer Engine's attention accepts CP; attention has no
-    parameters), kernel fusions, and weight initialisation (meta tensors hold no values)."""
+    parameters), kernel fusions, weight initialisation (meta tensors hold no values), and the MoE token
+    dispatcher (none has parameters; the all-to-all one creates a CUDA stream when built). Grouped
+    experts are built as megatron-core's SequentialMLP: one fc1 and one fc2 weight per expert, the
+    shapes Transformer Engine's grouped experts have (the local grouped implementation needs an
+    extra package and fuses all experts into one tensor)."""
     return dataclasses.replace(
         config,
         sequence_parallel=False,
@@ -110,11 +140,46 @@ def build_config(config: TransformerConfig) -> TransformerConfig:
         use_cpu_initialization=True,
         perform_initialization=False,
         transformer_impl="local",
+        moe_token_dispatcher_type="allgather" if config.num_moe_experts else config.moe_token_dispatcher_type,
+        moe_grouped_gemm=False,
     )
 
 
+class AttentionKernelStandIn(MegatronModule):
+    """A parameter-free stand-in for an attention kernel that megatron-core's local spec cannot build.
+
+    Multi-latent attention needs Transformer Engine's attention (the local `DotProductAttention`
+    refuses its separate key and value head sizes). The kernel holds no parameters, so the plan builds
+    this stand-in in its place and every parameter, buffer and shard stays exact. It cannot run.
+    """
+
+    def __init__(self, config: TransformerConfig, *args, **kwargs) -> None:
+        super().__init__(config=config)
+
+    def forward(self, *args, **kwargs):
+        raise RuntimeError("AttentionKernelStandIn only stands in for parameter counting; it has no forward")
+
+
+def _with_stand_in_attention(spec):
+    """`spec` with every local `DotProductAttention` replaced by `AttentionKernelStandIn` (recursively)."""
+    if spec is DotProductAttention:
+        return AttentionKernelStandIn
+    if isinstance(spec, list):
+        return [_with_stand_in_attention(item) for item in spec]
+    if dataclasses.is_dataclass(spec) and not isinstance(spec, type):
+        changes = {f.name: _with_stand_in_attention(getattr(spec, f.name)) for f in dataclasses.fields(spec)}
+        return dataclasses.replace(spec, **changes)
+    return spec
+
+
 def _layer_spec(job: Job, config: TransformerConfig, vp_stage: int | None):
-    """The decoder spec Megatron-LM's `gpt_builder` picks with `--transformer-impl local`."""
+    """The decoder spec Megatron-LM's `gpt_builder` picks with `--transformer-impl local` (MLA's
+    attention kernel replaced by a stand-in, see `AttentionKernelStandIn`)."""
+    spec = _decoder_spec(job, config, vp_stage)
+    return _with_stand_in_attention(spec) if job.args.multi_latent_attention else spec
+
+
+def _decoder_spec(job: Job, config: TransformerConfig, vp_stage: int | None):
     a = job.args
     if a.num_experts:
         return get_gpt_decoder_block_spec(
@@ -145,6 +210,8 @@ def _mtp_spec(job: Job, config: TransformerConfig, vp_stage: int | None):
         qk_l2_norm=a.qk_l2_norm,
         vp_stage=vp_stage,
     )[-1]
+    if a.multi_latent_attention:
+        last_layer = _with_stand_in_attention(last_layer)
     return get_gpt_mtp_block_spec(config, last_layer, use_transformer_engine=False, vp_stage=vp_stage)
 
 
@@ -157,7 +224,7 @@ def build_model_chunks(job: Job, config: TransformerConfig, device: str) -> list
     first_stage, last_stage = pp_group.rank() == 0, pp_group.rank() == pp_group.size() - 1
     chunks = []
     for vp_stage in range(vpp) if vpp else [None]:
-        with torch.device(device):
+        with torch.device(device), cuda_means(device), _mla_without_transformer_engine():
             model = GPTModel(
                 config=config,
                 transformer_layer_spec=_layer_spec(job, config, vp_stage),
@@ -183,7 +250,7 @@ def wrap_in_ddp(job: Job, config: TransformerConfig, chunks: list[torch.nn.Modul
     (bucketing only for the first chunk; training.py `get_model`)."""
     dp_cp_size = parallel_state.get_data_parallel_world_size(with_context_parallel=True)
     wrapped = []
-    with buffers_on(device):
+    with cuda_means(device):
         for index, chunk in enumerate(chunks):
             wrapped.append(
                 DistributedDataParallel(
