@@ -19,6 +19,7 @@ instances (`num_distributed_optimizer_instances > 1`) and multi-token-prediction
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -198,14 +199,15 @@ class Layout:
 
     # ---- coordinates -------------------------------------------------------------------------
 
-    def check_rank(self, virtual_rank: int) -> None:
-        """Raise ValueError unless `virtual_rank` is a rank of this world."""
-        if not isinstance(virtual_rank, int) or not 0 <= virtual_rank < self.world_size:
+    def check_rank(self, virtual_rank: int) -> int:
+        """`virtual_rank` as a Python int; ValueError unless it is a rank of this world."""
+        if not isinstance(virtual_rank, numbers.Integral) or not 0 <= virtual_rank < self.world_size:
             raise ValueError(f"virtual rank {virtual_rank!r} is outside the world (0..{self.world_size - 1})")
+        return int(virtual_rank)
 
     def coords(self, virtual_rank: int) -> Coords:
         """Coordinates of `virtual_rank` in the decoder and expert grids."""
-        self.check_rank(virtual_rank)
+        virtual_rank = self.check_rank(virtual_rank)
         dense = self.decoder.coords(virtual_rank)
         expert = self.expert.coords(virtual_rank)
         return Coords(
@@ -235,7 +237,7 @@ class Layout:
     def has_group(self, kind: str, virtual_rank: int) -> bool:
         """Whether the rank belongs to a group of this kind (only embd and pos_embd leave some out)."""
         self._grid(kind)
-        self.check_rank(virtual_rank)
+        virtual_rank = self.check_rank(virtual_rank)
         if kind not in ("embd", "pos_embd"):
             return True
         stage = self.decoder.coord("pp", virtual_rank)
@@ -246,7 +248,7 @@ class Layout:
     def group(self, kind: str, virtual_rank: int) -> tuple[int, ...]:
         """Members of the rank's group of this kind, in Megatron's order; () when it has none."""
         grid, token = self._grid(kind)
-        self.check_rank(virtual_rank)
+        virtual_rank = self.check_rank(virtual_rank)
         if kind in ("embd", "pos_embd"):
             if not self.has_group(kind, virtual_rank):
                 return ()
@@ -259,6 +261,7 @@ class Layout:
         Raises ValueError for an embedding kind the rank is not in (see `has_group`).
         """
         grid, token = self._grid(kind)
+        virtual_rank = self.check_rank(virtual_rank)
         if not self.has_group(kind, virtual_rank):
             raise ValueError(
                 f"virtual rank {virtual_rank} is in no {kind} group (pipeline stage "
@@ -272,7 +275,7 @@ class Layout:
             self.group_index(kind, virtual_rank)  # raises ValueError when the rank has no such group
             return self.group(kind, virtual_rank).index(virtual_rank)
         grid, token = self._grid(kind)
-        self.check_rank(virtual_rank)
+        virtual_rank = self.check_rank(virtual_rank)
         return grid.rank_in_group(token, virtual_rank)
 
     def group_size(self, kind: str) -> int:
@@ -298,7 +301,7 @@ class Layout:
 
     def role_of(self, virtual_rank: int) -> Role:
         """The role of one virtual rank."""
-        self.check_rank(virtual_rank)
+        virtual_rank = self.check_rank(virtual_rank)
         return _roles.role_of(self, virtual_rank)
 
     def roles(self) -> list[Role]:

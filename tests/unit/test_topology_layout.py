@@ -4,6 +4,7 @@ The exhaustive comparison with megatron-core itself lives in tests/megatron/test
 these tests pin hand-checked facts and the properties any correct group table has.
 """
 
+import numpy as np
 import pytest
 
 from prism_megatron.topology import GROUP_KINDS, Coords, Layout, virtual_pipeline_size
@@ -183,3 +184,11 @@ def test_virtual_pipeline_size_follows_megatron_lm_flags():
         virtual_pipeline_size(pp=8, num_layers=30, num_layers_per_virtual_stage=2, vpp=None)
     with pytest.raises(ValueError, match="not both"):
         virtual_pipeline_size(pp=8, num_layers=32, num_layers_per_virtual_stage=2, vpp=2)
+
+
+def test_integer_ranks_of_any_type_give_python_ints():
+    layout = Layout(world_size=64, tp=2, pp=4)
+    rank = np.int64(5)
+    answers = [*layout.group("pp", rank), layout.group_index("pp", rank), layout.rank_in_group("pp", rank)]
+    answers += layout.coords(rank).as_dict().values()
+    assert all(type(value) is int for value in answers)
