@@ -77,6 +77,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return int(module.run(args) or 0)
+    except BrokenPipeError:
+        # `prism-megatron ... | head`: the reader left; not an error of ours.
+        sys.stderr.close()
+        return 0
     except (CommandLineError, ValueError) as exc:
         # ValueError is what config and topology validation raise for user input.
         # PRISM_DEBUG=1 keeps the traceback.
