@@ -13,6 +13,7 @@ from typing import Protocol
 import numpy as np
 
 from prism_megatron.graph.schema import WORLD_GROUP
+from prism_megatron.topology import Layout
 
 
 class World(Protocol):
@@ -117,6 +118,7 @@ class ExplicitWorld:
                     if member in table:
                         raise ValueError(f"virtual rank {member} is in two {kind!r} groups")
                     table[member] = members
+        self._everyone = tuple(range(len(role_of_rank)))
         self._representatives = {name: role_of_rank.index(name) for name in self._roles}
         self._representatives.update(representatives or {})
 
@@ -135,7 +137,7 @@ class ExplicitWorld:
 
     def group(self, kind: str, virtual_rank: int) -> tuple[int, ...]:
         if kind == WORLD_GROUP:
-            return tuple(range(self.world_size))
+            return self._everyone
         if kind not in self._groups:
             raise ValueError(
                 f"unknown group kind {kind!r}; this world has {sorted(self._groups)} and 'world'"
@@ -144,7 +146,7 @@ class ExplicitWorld:
 
     def groups(self, kind: str) -> list[tuple[int, ...]]:
         if kind == WORLD_GROUP:
-            return [tuple(range(self.world_size))]
+            return [self._everyone]
         self.group(kind, 0)  # raises for an unknown kind
         return self._groups[kind]
 
@@ -160,6 +162,7 @@ class LayoutWorld:
         self._roles = tuple(layout.roles())
         self._by_name = {role.name: role for role in self._roles}
         self._role_ids: np.ndarray | None = None
+        self._everyone: tuple[int, ...] | None = None
 
     @property
     def world_size(self) -> int:
@@ -184,13 +187,29 @@ class LayoutWorld:
 
     def group(self, kind: str, virtual_rank: int) -> tuple[int, ...]:
         if kind == WORLD_GROUP:
-            return tuple(range(self.world_size))
+            if self._everyone is None:
+                self._everyone = tuple(range(self.world_size))
+            return self._everyone
         return self.layout.group(kind, virtual_rank)
 
     def groups(self, kind: str) -> Iterable[tuple[int, ...]]:
         if kind == WORLD_GROUP:
-            return [tuple(range(self.world_size))]
+            return [self.group(WORLD_GROUP, 0)]
         return self.layout.groups(kind)
 
     def group_size(self, kind: str) -> int:
         return self.world_size if kind == WORLD_GROUP else self.layout.group_size(kind)
+
+
+def world_from_metadata(layout: Mapping[str, object]) -> LayoutWorld:
+    """The `LayoutWorld` of a graph's `metadata.layout` (keyword arguments of `Layout`).
+
+    Raises:
+        ValueError: the metadata holds no layout, or one `Layout` refuses.
+    """
+    if not layout:
+        raise ValueError("the graph's metadata has no layout (world_size, tp, pp, ...) to expand it with")
+    try:
+        return LayoutWorld(Layout(**dict(layout)))
+    except TypeError as exc:
+        raise ValueError(f"the graph's layout metadata {dict(layout)} is not a Layout: {exc}") from exc

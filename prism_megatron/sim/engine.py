@@ -16,7 +16,8 @@ from prism_megatron.graph.schema import ExecutionGraph, Op
 from prism_megatron.graph.world import World
 from prism_megatron.sim import faults, reference
 from prism_megatron.sim.cost import CostFn
-from prism_megatron.sim.problem import Problem, WhatIf, build_problem
+from prism_megatron.sim.problem import Problem, build_problem
+from prism_megatron.sim.whatif import WhatIf
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -30,30 +30,7 @@ from prism_megatron.graph.world import World, peer_of
 from prism_megatron.replay.schedule import OpKind
 from prism_megatron.sim import groups
 from prism_megatron.sim.cost import CostFn
-
-
-@dataclasses.dataclass(frozen=True)
-class WhatIf:
-    """Asymmetries to inject. Any of them makes the simulation per rank (full mode).
-
-    Attributes:
-        stragglers: virtual rank -> factor on all its compute durations (2.0: twice as slow).
-        slow_nics: virtual rank -> factor on the cost of every communication op it takes part in
-            (the whole op runs at the slowest member's pace).
-    """
-
-    stragglers: Mapping[int, float] = dataclasses.field(default_factory=dict)
-    slow_nics: Mapping[int, float] = dataclasses.field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        for what, table in (("straggler", self.stragglers), ("slow NIC", self.slow_nics)):
-            for rank, factor in table.items():
-                if not factor > 0:
-                    raise ValueError(f"{what} factor for virtual rank {rank} must be > 0, got {factor}")
-
-    @property
-    def symmetric(self) -> bool:
-        return not self.stragglers and not self.slow_nics
+from prism_megatron.sim.whatif import WhatIf
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

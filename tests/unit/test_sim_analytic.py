@@ -7,8 +7,8 @@ from prism_megatron.graph.schema import COMPUTE_STREAM, ExecutionGraph, GraphMet
 from prism_megatron.graph.world import ExplicitWorld
 from prism_megatron.sim.cost import AlphaBetaCost
 from prism_megatron.sim.engine import reference_core, simulate
-from prism_megatron.sim.problem import WhatIf
 from prism_megatron.sim.synthetic import PipelineSpec, pipeline_graph
+from prism_megatron.sim.whatif import WhatIf
 
 FREE = AlphaBetaCost()  # communication costs nothing: only the schedule shapes the time
 

@@ -11,8 +11,9 @@ from prism_megatron.graph.world import ExplicitWorld
 from prism_megatron.sim import reference
 from prism_megatron.sim.cost import AlphaBetaCost
 from prism_megatron.sim.engine import native_core
-from prism_megatron.sim.problem import WhatIf, build_problem
+from prism_megatron.sim.problem import build_problem
 from prism_megatron.sim.synthetic import PipelineSpec, pipeline_graph
+from prism_megatron.sim.whatif import WhatIf
 
 
 def _random_job(rng: random.Random):
