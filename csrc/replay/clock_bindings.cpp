@@ -64,10 +64,18 @@ void bind_cpu(py::module_& m) {
 
 #ifdef PRISM_WITH_CUDA
 
+// Argument errors are the caller's: ValueError naming the argument and what is valid.
+void require(bool ok, const std::string& message) {
+  if (!ok) {
+    throw py::value_error(message);
+  }
+}
+
 void check_int64_cuda(const at::Tensor& t, const char* name) {
-  TORCH_CHECK(t.is_cuda(), name, " must be a CUDA tensor, got device ", t.device());
-  TORCH_CHECK(t.scalar_type() == at::kLong, name, " must be int64 (torch.long), got ", t.scalar_type());
-  TORCH_CHECK(t.numel() >= 1, name, " must have at least one element");
+  require(t.is_cuda(), std::string(name) + " must be a CUDA tensor, got device " + t.device().str());
+  require(t.scalar_type() == at::kLong,
+          std::string(name) + " must be int64 (torch.long), got " + c10::toString(t.scalar_type()));
+  require(t.numel() >= 1, std::string(name) + " must have at least one element");
 }
 
 void cuda_stamp(const at::Tensor& dst) {
@@ -78,22 +86,22 @@ void cuda_stamp(const at::Tensor& dst) {
 
 void cuda_wait_until(const at::Tensor& iteration_start, int64_t arrival_offset_ns, int64_t cost_ns) {
   check_int64_cuda(iteration_start, "iteration_start");
-  TORCH_CHECK(cost_ns >= 0, "cost_ns must be >= 0, got ", cost_ns);
+  require(cost_ns >= 0, "cost_ns must be >= 0, got " + std::to_string(cost_ns));
   const c10::cuda::CUDAGuard guard(iteration_start.device());
   prism::cuda_clock::enqueue_wait_until(c10::cuda::getCurrentCUDAStream().stream(),
                                         iteration_start.data_ptr<int64_t>(), arrival_offset_ns, cost_ns);
 }
 
 std::vector<int64_t> cuda_measure_wait_errors_ns(int64_t duration_ns, int num_waits) {
-  TORCH_CHECK(duration_ns >= 0, "duration_ns must be >= 0, got ", duration_ns);
-  TORCH_CHECK(num_waits >= 1, "num_waits must be >= 1, got ", num_waits);
+  require(duration_ns >= 0, "duration_ns must be >= 0, got " + std::to_string(duration_ns));
+  require(num_waits >= 1, "num_waits must be >= 1, got " + std::to_string(num_waits));
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
   py::gil_scoped_release release;
   return prism::cuda_clock::measure_wait_errors_ns(stream, duration_ns, num_waits);
 }
 
 std::vector<int64_t> cuda_sample_timer_steps_ns(int num_steps) {
-  TORCH_CHECK(num_steps >= 1, "num_steps must be >= 1, got ", num_steps);
+  require(num_steps >= 1, "num_steps must be >= 1, got " + std::to_string(num_steps));
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
   py::gil_scoped_release release;
   return prism::cuda_clock::sample_timer_steps_ns(stream, num_steps);

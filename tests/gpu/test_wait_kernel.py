@@ -138,10 +138,14 @@ def test_compute_on_another_stream_overlaps_the_wait():
     assert both_ns < 1.3 * max(compute_ns, wait_alone_ns)
 
 
-def test_bad_tensors_are_rejected_by_name():
-    with pytest.raises(RuntimeError, match="CUDA tensor"):
+def test_bad_arguments_are_rejected_by_name():
+    with pytest.raises(ValueError, match="dst must be a CUDA tensor"):
         clock.cuda_stamp(torch.zeros(1, dtype=torch.int64))
-    with pytest.raises(RuntimeError, match="int64"):
+    with pytest.raises(ValueError, match="must be int64"):
         clock.cuda_stamp(torch.zeros(1, dtype=torch.int32, device="cuda"))
-    with pytest.raises(RuntimeError, match="cost_ns"):
+    with pytest.raises(ValueError, match="at least one element"):
+        clock.cuda_stamp(torch.zeros(0, dtype=torch.int64, device="cuda"))
+    with pytest.raises(ValueError, match="cost_ns"):
         clock.cuda_wait_until(torch.zeros(1, dtype=torch.int64, device="cuda"), 0, -1)
+    with pytest.raises(ValueError, match="duration_ns"):
+        clock.cuda_measure_wait_errors_ns(-1, 1)
