@@ -67,6 +67,7 @@ c10::intrusive_ptr<c10d::Work> PrismBackend::alltoall_base(at::Tensor& output, a
   plan.kind = replay::OpKind::kAllToAll;
   plan.op_type = c10d::OpType::ALLTOALL_BASE;
   plan.size_bytes = static_cast<int64_t>(input.nbytes());
+  plan.size_varies = !input_split_sizes.empty() || !output_split_sizes.empty();
   plan.dtype = input.scalar_type();
   plan.async_op = opts.asyncOp;
   plan.outputs = {output};
@@ -131,6 +132,7 @@ c10::intrusive_ptr<c10d::Work> PrismBackend::alltoall(std::vector<at::Tensor>& o
   plan.kind = replay::OpKind::kAllToAll;
   plan.op_type = c10d::OpType::ALLTOALL;
   plan.size_bytes = total_bytes(inputs);
+  plan.size_varies = true;  // the list form allows a different size per peer
   plan.dtype = inputs[0].scalar_type();
   plan.async_op = opts.asyncOp;
   plan.outputs = outputs;

@@ -26,8 +26,11 @@ std::string ranks_note(const GroupLayout& layout, const BackendContext& ctx) {
 std::string describe_signature(const int64_t* row) {
   std::ostringstream out;
   const auto kind = static_cast<int32_t>(row[0]);
-  out << (replay::is_valid_op_kind(kind) ? replay::op_kind_name(static_cast<replay::OpKind>(kind)) : "UNKNOWN")
-      << " of " << row[1] << " bytes " << c10::toString(static_cast<at::ScalarType>(row[2]));
+  out << (replay::is_valid_op_kind(kind) ? replay::op_kind_name(static_cast<replay::OpKind>(kind)) : "UNKNOWN");
+  if (row[1] >= 0) {
+    out << " of " << row[1] << " bytes";
+  }
+  out << " " << c10::toString(static_cast<at::ScalarType>(row[2]));
   return out.str();
 }
 
@@ -95,7 +98,7 @@ RealStep PrismBackend::consistency_step(const OpPlan& plan, int64_t seq) {
   auto mine = at::empty({4}, at::kLong);
   auto* row = mine.data_ptr<int64_t>();
   row[0] = static_cast<int64_t>(plan.kind);
-  row[1] = plan.size_bytes;
+  row[1] = plan.size_varies ? -1 : plan.size_bytes;  // -1: not compared
   row[2] = static_cast<int64_t>(plan.dtype);
   row[3] = seq;
   const int64_t k = layout_.num_real();

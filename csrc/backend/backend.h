@@ -46,6 +46,7 @@ struct OpPlan {
   at::ScalarType dtype = at::kFloat;
   bool async_op = false;
   int64_t peer_index = -1;  // p2p: the peer's group rank
+  bool size_varies = false; // sizes may legitimately differ across members (all-to-all-v)
   std::vector<at::Tensor> outputs;
   // Issues the real part on the real sub-communicator (only called when the op needs one); may
   // prepare inputs first (pre-scaling, packing).

@@ -1,0 +1,94 @@
+"""Faults across real processes raise from wait() with the promised text instead of hanging.
+
+- Real members that issue different collectives at the same sequence number of a group: an error
+  naming the group, the sequence number, both ranks and both ops.
+- A wait longer than the timeout: an error naming the op, group and real ranks, with the flight
+  recorder's dump.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from prism_megatron import backend
+
+GROUP = [0, 1, 2, 3]  # real 0 and 1, virtual 2 and 3
+
+
+def _store(physical_rank: int, num_processes: int) -> dist.Store:
+    return dist.TCPStore(
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        world_size=num_processes,
+        is_master=physical_rank == 0,
+        timeout=datetime.timedelta(seconds=60),
+        wait_for_workers=False,
+    )
+
+
+def _mismatched_collectives(physical_rank: int, num_processes: int) -> None:
+    store = _store(physical_rank, num_processes)
+    backend.activate(
+        world_size=16,
+        virtual_rank=physical_rank,
+        real_ranks=[0, 1],
+        real_store=dist.PrefixStore("prism/", store),
+        timeout_s=3.0,  # the real ops left pending by the mismatch time out at deactivation
+    )
+    try:
+        group = dist.new_group(GROUP)
+        with pytest.raises(dist.DistBackendError) as raised:
+            if physical_rank == 0:
+                dist.all_reduce(torch.ones(4), group=group)
+            else:
+                dist.broadcast(torch.zeros(2, dtype=torch.int64), src=0, group=group)
+        text = str(raised.value)
+        assert "collective mismatch on group" in text and "[0, 1, 2, 3]" in text
+        assert "at sequence number 0" in text
+        assert "virtual rank 0" in text and "virtual rank 1" in text
+        assert "ALL_REDUCE of 16 bytes Float" in text and "BROADCAST of 16 bytes Long" in text
+        assert "flight recorder" in text
+    finally:
+        store.set(f"checked/{physical_rank}", "1")
+        store.wait([f"checked/{r}" for r in range(num_processes)])
+        backend.deactivate()
+
+
+def test_real_members_issuing_different_ops_get_an_error_naming_both(run_processes):
+    run_processes(_mismatched_collectives, 2)
+
+
+def _one_member_never_arrives(physical_rank: int, num_processes: int) -> None:
+    store = _store(physical_rank, num_processes)
+    backend.activate(
+        world_size=16,
+        virtual_rank=physical_rank,
+        real_ranks=[0, 1],
+        real_store=dist.PrefixStore("prism/", store),
+        timeout_s=2.0,
+    )
+    try:
+        group = dist.new_group(GROUP)
+        if physical_rank == 0:
+            work = dist.all_reduce(torch.ones(4), group=group, async_op=True)
+            with pytest.raises(dist.DistBackendError) as raised:
+                work.wait()
+            text = str(raised.value)
+            assert "prism: timeout: ALL_REDUCE seq 0 on group" in text
+            assert "did not complete within 2.000 s" in text
+            assert "real members: virtual ranks [0, 1]" in text
+            assert "flight recorder of virtual rank 0" in text and "ALL_REDUCE on group" in text
+            assert not work.is_success()
+        store.set(f"checked/{physical_rank}", "1")
+        store.wait([f"checked/{r}" for r in range(num_processes)])
+    finally:
+        backend.deactivate()
+
+
+def test_a_wait_longer_than_the_timeout_raises_with_the_flight_recorder(run_processes):
+    run_processes(_one_member_never_arrives, 2)
