@@ -203,6 +203,7 @@ def environment() -> dict[str, object]:
         "numpy": np.__version__,
         "platform": platform.platform(),
         "cpu_count": os.cpu_count(),
+        "load_average_1min": os.getloadavg()[0],  # the machine is shared: timings depend on it
     }
 
 
@@ -214,14 +215,22 @@ def _size(size_bytes: int) -> str:
 
 
 def markdown(record: dict) -> str:
-    env, q = record["environment"], record["query_time"]
+    env = record["environment"]
     lines = [
         f"# Network cost model vs published nccl-tests results ({record['date']})",
         "",
-        f"{env['platform']}, {env['cpu_count']} CPUs, python {env['python']}, numpy {env['numpy']}, "
+        f"{env['platform']}, {env['cpu_count']} CPUs (1-min load {env['load_average_1min']:.1f} at start), "
+        f"python {env['python']}, numpy {env['numpy']}, "
         f"prism_megatron {env['prism_megatron']}. Presets use datasheet line rates and NCCL's own efficiency "
         "constants; no parameter was fitted to these rows (\\* marks rows whose source also set a parameter).",
         "",
+    ]
+    lines += _comparison_markdown(record) + _calibration_markdown(record) + _query_markdown(record)
+    return "\n".join(lines)
+
+
+def _comparison_markdown(record: dict) -> list[str]:
+    lines = [
         "| system | op | GPUs (per node) | size | algorithm | predicted busbw (GB/s) | published (GB/s) | error | source |",
         "|---|---|---|---:|---|---:|---:|---:|---|",
     ]
@@ -237,7 +246,8 @@ def markdown(record: dict) -> str:
             f"{r['source']}{note} |"
         )
     s = record["summary"]
-    lines += [
+    return [
+        *lines,
         "",
         f"Large messages (>= {_size(LARGE_BYTES)}), independent rows: median |error| {s['large_median_abs_error']:.1%}, "
         f"{s['large_within_goal']} of {s['large_rows']} within {GOAL_ERROR:.0%}. Small and medium messages: "
@@ -250,6 +260,11 @@ def markdown(record: dict) -> str:
         "optimistic there until it is calibrated on the system's own nccl-tests logs (next table). No "
         "published multi-node all-gather result was found to compare against.",
         "",
+    ]
+
+
+def _calibration_markdown(record: dict) -> list[str]:
+    lines = [
         "## Calibration on a published curve (in-sample)",
         "",
         "Each whole all_reduce curve (8 GPUs, 1 KiB to 8 GiB) written as an nccl-tests log and fitted by "
@@ -267,8 +282,12 @@ def markdown(record: dict) -> str:
         )
     for c in record["calibration"]:
         lines += [f"- {c['system']}: calibration warning: {w}" for w in c["warnings"]]
-    lines += [
-        "",
+    return [*lines, ""]
+
+
+def _query_markdown(record: dict) -> list[str]:
+    q = record["query_time"]
+    lines = [
         "## Query time",
         "",
         "| what | median |",
@@ -285,14 +304,14 @@ def markdown(record: dict) -> str:
             "| replay engine's C++ `cost_ns` called from Python (pybind11 call and member-list conversion "
             f"included; equals the Python reference) | {q['engine_cost_ns_from_python_ns']:.0f} ns/call |"
         )
-    lines += [
+    verdict = "met" if q["numpy_min_over_lines_ns"] < GOAL_QUERY_NS else "NOT met"
+    return [
+        *lines,
         "",
-        f"Goal (engine path under {GOAL_QUERY_NS:.0f} ns per query): "
-        f"**{'met' if q['numpy_min_over_lines_ns'] < GOAL_QUERY_NS else 'NOT met'}** (numpy proxy; the "
-        "engine evaluates the same lines in C++ without Python).",
+        f"Goal (engine path under {GOAL_QUERY_NS:.0f} ns per query): **{verdict}** (numpy proxy; the engine "
+        "evaluates the same lines in C++ without Python).",
         "",
     ]
-    return "\n".join(lines)
 
 
 def summarize(rows: list[dict]) -> dict[str, object]:
