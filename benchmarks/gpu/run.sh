@@ -46,6 +46,12 @@ record() {  # name status seconds note
   say "--- $1: $2 (${3} s) $4"
 }
 
+first_error() {  # the first compiler or Python error line of a step's output, for the summary table
+  local line
+  line=$(grep -m1 -E '\b(error|ERROR|[A-Za-z]*Error):' "$1" | tr -d '|\t' | cut -c1-200)
+  [[ -n "$line" ]] && echo ": $line"
+}
+
 # run_step NAME LIMIT_S PREREQ -- COMMAND...: PREREQ is a function printing why it is unmet (or
 # ":" for none); the command's output goes to the console and the log; {out} in it becomes WORK/NAME.
 run_step() {
@@ -66,7 +72,7 @@ run_step() {
   local cmd=("${@//\{out\}/$WORK/$name}")
   say "=== $name (limit ${limit_s} s): ${cmd[*]}"
   local t0=$SECONDS rc
-  timeout -k 10 "$limit_s" "${cmd[@]}" 2>&1 | tee -a "$LOG"
+  timeout -k 10 "$limit_s" "${cmd[@]}" 2>&1 | tee -a "$LOG" "$WORK/$name.out"
   rc=${PIPESTATUS[0]}
   if ((rc == 0)); then
     record "$name" ok $((SECONDS - t0)) ""
@@ -74,7 +80,7 @@ run_step() {
     record "$name" timeout $((SECONDS - t0)) "killed at ${limit_s} s"
     failed=1
   else
-    record "$name" failed $((SECONDS - t0)) "exit status $rc"
+    record "$name" failed $((SECONDS - t0)) "exit status $rc$(first_error "$WORK/$name.out")"
     failed=1
   fi
 }
