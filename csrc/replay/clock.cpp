@@ -9,7 +9,6 @@
 #include "replay/clock.h"
 
 #include <algorithm>
-#include <cerrno>
 #include <ctime>
 
 #if defined(__linux__)
@@ -30,7 +29,9 @@ constexpr int64_t kNsPerSecond = 1'000'000'000;
 // (benchmarks/clock/run.py): a sleep of <= 1 ms wakes 25-45 us late at the median and 50-100 us at
 // p99, so a 100 us window makes the completion error ~0.1 us at the median and < 1 us at p99 on an
 // idle core, while a 60 us window still let ~1-2 % of waits finish 30-100 us late. The price is up
-// to 100 us of spinning per wait.
+// to 100 us of spinning per wait. On a loaded machine (more runnable threads than cores) a spinning
+// thread can lose its core for a scheduler slice (~4 ms): no window helps there, so the goal holds
+// only on an idle core.
 constexpr int64_t kDefaultSpinWindowNs = 100'000;
 
 // Longest single sleep step. Long sleeps wake later than short ones (there a single 10 ms sleep woke
