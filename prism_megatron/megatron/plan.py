@@ -58,6 +58,8 @@ class RankPlan:
     megatron: plan_theory.MegatronEstimate
     differences: list[str]
     seconds: float
+    built_as: int
+    """The rank of the same stage whose build this plan uses (itself when it was built as itself)."""
 
     @property
     def optimizer_bytes(self) -> int:
@@ -135,40 +137,85 @@ def _static_quantities(job: Job, buffers: list[plan_build.BufferPlan]) -> dict[s
     }
 
 
-def plan_rank(job: Job, virtual_rank: int) -> RankPlan:
-    """Plan one virtual rank (a few seconds at any world size)."""
+@dataclasses.dataclass(frozen=True)
+class StageBuild:
+    """One pipeline stage's model chunks and DDP wrappers, built on meta as one of its ranks."""
+
+    virtual_rank: int
+    pipeline_rank: int
+    ddp_chunks: list
+    chunks: list[plan_activations.ChunkShape]
+    num_params: int
+    seconds: float
+
+
+def build_stage(job: Job, virtual_rank: int) -> StageBuild:
+    """Build `virtual_rank`'s chunks and DDP buffers in its virtual world (a few seconds at any size).
+
+    Every rank of a pipeline stage holds tensors of the same shapes (megatron-core splits TP, CP and
+    EP evenly and pads the vocabulary to a multiple of TP), so the build serves the whole stage; only
+    the distributed optimizer's shard depends on the rank, and `rank_plan` computes it per rank.
+    """
     started = time.perf_counter()
     config = plan_build.build_config(transformer_config(job))
     with plan_build.virtual_world(job, virtual_rank):
         pp_rank = parallel_state.get_pipeline_model_parallel_rank()
         chunks = plan_build.build_model_chunks(job, config, "meta")
-        shapes = [_chunk_shape(chunk) for chunk in chunks]
         ddp = plan_build.wrap_in_ddp(job, config, chunks, "meta")
-        buffers = plan_build.buffer_plans(ddp, job.args.use_distributed_optimizer)
-        num_params = sum(p.numel() for chunk in chunks for p in chunk.parameters())
-    activation = plan_activations.estimate(job, pp_rank, shapes)
-    has_output = any(shape.has_output_layer for shape in shapes)
-    differences = plan_theory.differences(job, pp_rank, has_output)
-    padding = sum(b.numel_padded - b.num_params for b in buffers if b.has_param_buffer)
-    if padding:
-        differences.append(
-            f"padding: Megatron's buckets and 64-element alignment add {padding} elements per buffer set; the formula has none"
-        )
-    return RankPlan(
+    return StageBuild(
         virtual_rank=virtual_rank,
-        coords=layout_of(job).coords(virtual_rank).as_dict(),
-        num_params=num_params,
-        **_static_quantities(job, buffers),
-        activations=Quantity(bytes=activation.bytes, source=activation.formula),
-        buffers=buffers,
-        chunks=shapes,
-        megatron=plan_theory.estimate(job, pp_rank),
-        differences=differences,
+        pipeline_rank=pp_rank,
+        ddp_chunks=ddp,
+        chunks=[_chunk_shape(chunk) for chunk in chunks],
+        num_params=sum(p.numel() for chunk in chunks for p in chunk.parameters()),
         seconds=time.perf_counter() - started,
     )
 
 
+def rank_plan(job: Job, layout: Layout, stage: StageBuild, virtual_rank: int) -> RankPlan:
+    """The plan of `virtual_rank`, from its stage's build and its own data-parallel positions."""
+    started = time.perf_counter()
+    assert layout.coords(virtual_rank).pp == stage.pipeline_rank, "rank planned with another stage's build"
+    buffers = plan_build.buffer_plans(
+        stage.ddp_chunks,
+        job.args.use_distributed_optimizer,
+        data_parallel_rank=layout.rank_in_group("dp_cp", virtual_rank),
+        expert_data_parallel_rank=layout.rank_in_group("expt_dp", virtual_rank),
+    )
+    activation = plan_activations.estimate(job, stage.pipeline_rank, stage.chunks)
+    has_output = any(shape.has_output_layer for shape in stage.chunks)
+    differences = plan_theory.differences(job, stage.pipeline_rank, has_output)
+    padding = sum(b.numel_padded - b.num_params for b in buffers if b.has_param_buffer)
+    if padding:
+        differences.append(
+            f"padding: Megatron's buckets and 64-element alignment add {padding} elements to this "
+            "rank's buffers; the formula has none"
+        )
+    built_here = virtual_rank == stage.virtual_rank
+    return RankPlan(
+        virtual_rank=virtual_rank,
+        coords=layout.coords(virtual_rank).as_dict(),
+        num_params=stage.num_params,
+        **_static_quantities(job, buffers),
+        activations=Quantity(bytes=activation.bytes, source=activation.formula),
+        buffers=buffers,
+        chunks=stage.chunks,
+        megatron=plan_theory.estimate(job, stage.pipeline_rank),
+        differences=differences,
+        seconds=time.perf_counter() - started + (stage.seconds if built_here else 0.0),
+        built_as=stage.virtual_rank,
+    )
+
+
 def plan_ranks(job: Job, virtual_ranks: list[int]) -> list[RankPlan]:
-    """Plan every rank of `virtual_ranks` in turn (each builds and tears down its own virtual world)."""
+    """Plan every rank of `virtual_ranks`, building each pipeline stage once (as its first selected rank)."""
     transformer_config(job)  # megatron-core's checks, once, before any world is built
-    return [plan_rank(job, rank) for rank in virtual_ranks]
+    layout = layout_of(job)
+    stages: dict[int, StageBuild] = {}
+    plans = []
+    for rank in virtual_ranks:
+        pp_rank = layout.coords(rank).pp
+        if pp_rank not in stages:
+            stages[pp_rank] = build_stage(job, rank)
+        plans.append(rank_plan(job, layout, stages[pp_rank], rank))
+    return plans

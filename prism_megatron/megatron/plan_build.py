@@ -286,22 +286,54 @@ class BufferPlan:
     """True when parameters live in the buffer (distributed optimizer), False when they stay apart."""
 
 
-def buffer_plans(ddp_chunks: list, use_distributed_optimizer: bool) -> list[BufferPlan]:
-    """Describe every DDP buffer of this rank, with the optimizer ownership megatron-core computes."""
+class _GroupPosition:
+    """Answers `rank()` and `size()` like a process group, for a position the build did not take."""
+
+    def __init__(self, rank: int, size: int) -> None:
+        self._rank, self._size = rank, size
+
+    def rank(self) -> int:
+        return self._rank
+
+    def size(self) -> int:
+        return self._size
+
+
+def owned_numel(buffer, data_parallel_rank: int) -> int:
+    """Parameter elements of `buffer` whose optimizer state data-parallel rank `data_parallel_rank` owns.
+
+    Asks megatron-core's own `DistributedOptimizer._build_gbuf_range_map`, which reads only the
+    buffer's buckets, its parameter index map and its group's rank and size; the group is replaced
+    for the call by one that answers `data_parallel_rank`, so one build serves every rank of a stage.
+    """
+    original = buffer.data_parallel_group
+    buffer.data_parallel_group = _GroupPosition(data_parallel_rank, original.size())
+    try:
+        ranges = DistributedOptimizer._build_gbuf_range_map(buffer)
+    finally:
+        buffer.data_parallel_group = original
+    return sum(
+        item["param"].size
+        for per_bucket in ranges.values()
+        for bucket in per_bucket
+        for item in bucket["param_map"].values()
+    )
+
+
+def buffer_plans(
+    ddp_chunks: list,
+    use_distributed_optimizer: bool,
+    data_parallel_rank: int,
+    expert_data_parallel_rank: int,
+) -> list[BufferPlan]:
+    """Describe every DDP buffer of a stage as seen by a rank at the given data-parallel positions
+    (its rank in the DP x CP group, which shards dense buffers, and in the expert-DP group)."""
     plans = []
     for index, ddp in enumerate(ddp_chunks):
         for expert, buffers in ((False, ddp.buffers), (True, ddp.expert_parallel_buffers)):
             for buffer in buffers:
-                if use_distributed_optimizer:
-                    ranges = DistributedOptimizer._build_gbuf_range_map(buffer)
-                    owned = sum(
-                        item["param"].size
-                        for per_bucket in ranges.values()
-                        for bucket in per_bucket
-                        for item in bucket["param_map"].values()
-                    )
-                else:
-                    owned = buffer.numel_unpadded
+                position = expert_data_parallel_rank if expert else data_parallel_rank
+                owned = owned_numel(buffer, position) if use_distributed_optimizer else buffer.numel_unpadded
                 plans.append(
                     BufferPlan(
                         chunk=index,

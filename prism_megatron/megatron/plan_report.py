@@ -7,6 +7,7 @@ from typing import Any
 
 from prism_megatron.megatron.plan import RankPlan
 from prism_megatron.megatron.plan_args import Job
+from prism_megatron.topology import format_ranks
 
 _CATEGORIES = (
     ("parameters", "parameters"),
@@ -66,7 +67,18 @@ def rank_dict(plan: RankPlan) -> dict[str, Any]:
         "megatron_estimate": {**dataclasses.asdict(plan.megatron), "total_bytes": _megatron_total(plan)},
         "differences": plan.differences,
         "seconds": round(plan.seconds, 3),
+        "built_as": plan.built_as,
     }
+
+
+def _numbers(plan: RankPlan) -> tuple:
+    """Everything the text report prints for a rank, except its identity."""
+    return (
+        plan.coords["pp"],
+        plan.num_params,
+        tuple(getattr(plan, name).bytes for name, _ in _CATEGORIES),
+        tuple(plan.differences),
+    )
 
 
 def _megatron_total(plan: RankPlan) -> int:
@@ -87,7 +99,11 @@ def format_text(job: Job, plans: list[RankPlan]) -> str:
         lines.append(
             f"warning: flags not recognised (misspelt, or not modelled): {' '.join(s['unrecognised_flags'])}"
         )
+    alike: dict[tuple, list[RankPlan]] = {}
     for plan in plans:
+        alike.setdefault(_numbers(plan), []).append(plan)
+    for group in alike.values():
+        plan = group[0]
         coords = " ".join(f"{k}={v}" for k, v in plan.coords.items())
         lines.append("")
         lines.append(f"rank {plan.virtual_rank} ({coords}): {plan.num_params / 1e9:.3f} B parameters")
@@ -103,4 +119,7 @@ def format_text(job: Job, plans: list[RankPlan]) -> str:
             f"{gib(plan.activations.bytes)}"
         )
         lines.extend(f"    - {note}" for note in plan.differences)
+        if len(group) > 1:
+            others = format_ranks([p.virtual_rank for p in group[1:]])
+            lines.append(f"  the same for rank(s) {others}")
     return "\n".join(lines)
