@@ -9,14 +9,17 @@
 namespace prism::sim {
 namespace {
 
+// 16 bytes: the time, then (push order, node, stream) packed so that comparing the pair orders
+// events by time and, at equal times, by push order (first pushed, first processed).
 struct Event {
   int64_t time_ns;
-  uint64_t order;  // push order: ties at one time are processed first-pushed-first, deterministically
-  int32_t node;
-  int32_t stream;
+  uint64_t order_node_stream;  // push order << 28 | node << 8 | stream
   bool operator>(const Event& other) const {
-    return time_ns != other.time_ns ? time_ns > other.time_ns : order > other.order;
+    return time_ns != other.time_ns ? time_ns > other.time_ns : order_node_stream > other.order_node_stream;
   }
+  int32_t node() const { return static_cast<int32_t>((order_node_stream >> 8) & kNodeMask); }
+  int32_t stream() const { return static_cast<int32_t>(order_node_stream & 0xff); }
+  static constexpr uint64_t kNodeMask = (1u << 20) - 1;
 };
 
 // One posted batch per (node, stream) at a time.
@@ -34,6 +37,7 @@ struct Waiter {
 };
 
 struct PendingCollective {
+  int32_t seq = -1;  // -1: the slot is free
   int64_t last_arrival_ns = 0;
   int64_t cost_ns = 0;
   double nic_factor = 1.0;
@@ -48,17 +52,18 @@ class Simulator {
   Result run() {
     layout_timeline();
     index_p2p();
+    open_.assign(p_.instance_size.size, PendingCollective{});
     streams_.assign(static_cast<size_t>(p_.num_nodes) * S_, StreamState{});
     for (int32_t node = 0; node < p_.num_nodes; ++node)
       for (int32_t s = 0; s < S_; ++s) try_post(node, s, 0);
     while (!heap_.empty() && result_.fault.kind.empty()) {
-      Event e = heap_.top();
+      const Event e = heap_.top();
       heap_.pop();
       ++result_.num_events;
-      finish_batch(e.node, e.stream, e.time_ns);
+      finish_batch(e.node(), e.stream(), e.time_ns);
     }
     if (result_.fault.kind.empty()) collect_stuck();
-    for (int64_t t : result_.end_ns) result_.makespan_ns = std::max(result_.makespan_ns, t);
+    for (const OpTimes& t : result_.timeline) result_.makespan_ns = std::max(result_.makespan_ns, t.end_ns);
     return std::move(result_);
   }
 
@@ -69,7 +74,10 @@ class Simulator {
   std::vector<StreamState> streams_;
   std::priority_queue<Event, std::vector<Event>, std::greater<Event>> heap_;
   uint64_t pushes_ = 0;
-  std::unordered_map<uint64_t, PendingCollective> collectives_;
+  // Open collectives: one slot per group instance (an instance rarely has two sequence numbers
+  // open at once), and a map for the rare second one.
+  std::vector<PendingCollective> open_;
+  std::unordered_map<uint64_t, PendingCollective> overflow_;
   // Per role: (type, spec, seq) of each p2p op -> its role-local index, to find a partner op.
   std::vector<std::unordered_map<uint64_t, int32_t>> p2p_index_;
   // Timeline slot of a p2p op not yet posted -> first of the ops waiting to observe it.
@@ -96,12 +104,12 @@ class Simulator {
       total += p_.stream_begin[(r + 1) * S_] - p_.stream_begin[r * S_];
     }
     result_.node_op_base[p_.num_nodes] = total;
-    result_.start_ns.assign(total, -1);
-    result_.ready_ns.assign(total, -1);
-    result_.end_ns.assign(total, -1);
+    result_.timeline.assign(total, OpTimes{});
   }
 
-  void push(int32_t node, int32_t s, int64_t time_ns) { heap_.push(Event{time_ns, pushes_++, node, s}); }
+  void push(int32_t node, int32_t s, int64_t time_ns) {
+    heap_.push(Event{time_ns, (pushes_++ << 28) | (static_cast<uint64_t>(node) << 8) | static_cast<uint64_t>(s)});
+  }
 
   bool deps_met(int32_t node, int64_t op) const {
     for (int32_t d = p_.op_dep_begin[op]; d < p_.op_dep_begin[op + 1]; ++d) {
@@ -125,7 +133,7 @@ class Simulator {
         st.blocked = true;
         // A wait's span starts where the stream reached it: that is the time the stream lost.
         const int64_t at = slot(node, base + st.done - role_base(node));
-        if (p_.op_type[base + st.done] == kWait && result_.start_ns[at] < 0) result_.start_ns[at] = now;
+        if (p_.op_type[base + st.done] == kWait && result_.timeline[at].start_ns < 0) result_.timeline[at].start_ns = now;
         return;
       }
     }
@@ -140,18 +148,18 @@ class Simulator {
   void post(int32_t node, int32_t s, int64_t op, int64_t now) {
     const int64_t local = op - role_base(node);
     const int64_t at = slot(node, local);
-    if (p_.op_type[op] != kWait || result_.start_ns[at] < 0) result_.start_ns[at] = now;
+    if (p_.op_type[op] != kWait || result_.timeline[at].start_ns < 0) result_.timeline[at].start_ns = now;
     StreamState& st = state(node, s);
     switch (p_.op_type[op]) {
       case kCompute: {
         int64_t end = now + std::llround(p_.op_duration_ns[op] * p_.compute_factor[node]);
-        result_.ready_ns[at] = now;
-        result_.end_ns[at] = end;
+        result_.timeline[at].ready_ns = now;
+        result_.timeline[at].end_ns = end;
         st.batch_done_ns = std::max(st.batch_done_ns, end);
         break;
       }
       case kWait:
-        result_.ready_ns[at] = result_.end_ns[at] = now;
+        result_.timeline[at].ready_ns = result_.timeline[at].end_ns = now;
         break;
       case kCollective:
         ++st.outstanding;
@@ -180,8 +188,8 @@ class Simulator {
 
   void finish_op(const Waiter& w, int64_t ready_ns, int64_t end_ns) {
     const int64_t at = slot(w.node, w.op);
-    result_.ready_ns[at] = ready_ns;
-    result_.end_ns[at] = end_ns;
+    result_.timeline[at].ready_ns = ready_ns;
+    result_.timeline[at].end_ns = end_ns;
     complete_one(w.node, w.stream, end_ns);
   }
 
@@ -209,8 +217,19 @@ class Simulator {
       result_.fault = Fault{"no_group", node, local, -1, -1};
       return;
     }
-    const uint64_t key = (static_cast<uint64_t>(instance) << 32) | static_cast<uint32_t>(p_.op_seq[op]);
-    PendingCollective& pending = collectives_[key];
+    const int32_t seq = p_.op_seq[op];
+    const uint64_t key = (static_cast<uint64_t>(instance) << 32) | static_cast<uint32_t>(seq);
+    PendingCollective* slot = &open_[instance];
+    bool inline_slot = true;  // a key lives in the inline slot or in the overflow map, never both
+    if (slot->seq != seq) {
+      auto found = overflow_.find(key);
+      if (found != overflow_.end() || slot->seq >= 0) {
+        slot = found != overflow_.end() ? &found->second : &overflow_[key];
+        inline_slot = false;
+      }
+    }
+    slot->seq = seq;
+    PendingCollective& pending = *slot;
     if (pending.first_waiter >= 0) {
       const Waiter& first = waiters_[pending.first_waiter];
       if (!same_message(first.node, first.op, node, local)) return;
@@ -222,7 +241,11 @@ class Simulator {
     pending.first_waiter = new_waiter(Waiter{node, s, local, pending.first_waiter});
     if (pending.arrived < p_.instance_size[instance]) return;
     const PendingCollective done = pending;
-    collectives_.erase(key);
+    if (inline_slot) {
+      open_[instance] = PendingCollective{};
+    } else {
+      overflow_.erase(key);
+    }
     const int64_t end = done.last_arrival_ns + std::llround(done.cost_ns * done.nic_factor);
     for (int32_t id = done.first_waiter; id >= 0;) {
       const Waiter w = waiters_[id];
@@ -277,7 +300,7 @@ class Simulator {
     auto partner = index.find(p2p_key(partner_type, p_.p2p_partner[spec], p_.op_seq[op]));
     if (partner == index.end()) return;  // never completes: reported as stuck
     const Waiter other{peer, -1, partner->second, -1};
-    if (result_.start_ns[slot(peer, other.op)] >= 0) {
+    if (result_.timeline[slot(peer, other.op)].start_ns >= 0) {
       meet(self, other);
     } else {
       auto& head = p2p_waiting_.emplace(slot(peer, other.op), -1).first->second;
@@ -288,7 +311,7 @@ class Simulator {
   // `w` observes its posted partner `other`: both there at the later post, done after the transfer.
   void meet(const Waiter& w, const Waiter& other) {
     if (!same_message(other.node, other.op, w.node, w.op)) return;
-    const int64_t ready = std::max(result_.start_ns[slot(w.node, w.op)], result_.start_ns[slot(other.node, other.op)]);
+    const int64_t ready = std::max(result_.timeline[slot(w.node, w.op)].start_ns, result_.timeline[slot(other.node, other.op)].start_ns);
     const int64_t cost = std::max(p_.op_cost_ns[role_base(w.node) + w.op], p_.op_cost_ns[role_base(other.node) + other.op]);
     const double nic = std::max(p_.nic_factor[w.node], p_.nic_factor[other.node]);
     finish_op(w, ready, ready + std::llround(cost * nic));
@@ -305,7 +328,7 @@ class Simulator {
         if (!st.blocked) {
           // In flight: report the first op of the batch that never completed.
           for (int32_t i = st.done; i < st.batch_end; ++i) {
-            if (result_.end_ns[slot(node, first_op(node, s) + i - role_base(node))] < 0) {
+            if (result_.timeline[slot(node, first_op(node, s) + i - role_base(node))].end_ns < 0) {
               waiting = i;
               break;
             }

@@ -75,9 +75,17 @@ struct Stuck {
   std::string waiting_for;  // "deps", "collective" or "p2p"
 };
 
+// When one op of one node was posted, had every participant, and completed; -1 where never
+// reached. One struct per op: the loop touches all three at once, scattered over the timeline.
+struct OpTimes {
+  int64_t start_ns = -1;
+  int64_t ready_ns = -1;
+  int64_t end_ns = -1;
+};
+
 struct Result {
   std::vector<int64_t> node_op_base;  // timeline of node n: [node_op_base[n], node_op_base[n+1])
-  std::vector<int64_t> start_ns, ready_ns, end_ns;  // per node op; -1 where never reached
+  std::vector<OpTimes> timeline;
   int64_t makespan_ns = 0;
   int64_t num_events = 0;
   Fault fault;

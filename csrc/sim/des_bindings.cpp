@@ -51,6 +51,17 @@ py::array_t<int64_t> to_numpy(std::vector<int64_t>&& values) {
   return py::array_t<int64_t>({static_cast<py::ssize_t>(raw->size())}, {sizeof(int64_t)}, raw->data(), free_when_done);
 }
 
+// The timeline as an (ops, 3) int64 array of (start, ready, end), owning the buffer.
+py::array_t<int64_t> to_numpy(std::vector<prism::sim::OpTimes>&& values) {
+  static_assert(sizeof(prism::sim::OpTimes) == 3 * sizeof(int64_t), "OpTimes must be three packed int64");
+  auto owner = std::make_unique<std::vector<prism::sim::OpTimes>>(std::move(values));
+  auto* raw = owner.get();
+  py::capsule free_when_done(owner.release(), [](void* p) { delete static_cast<std::vector<prism::sim::OpTimes>*>(p); });
+  const auto rows = static_cast<py::ssize_t>(raw->size());
+  return py::array_t<int64_t>({rows, py::ssize_t{3}}, {py::ssize_t{3 * sizeof(int64_t)}, py::ssize_t{sizeof(int64_t)}},
+                              reinterpret_cast<int64_t*>(raw->data()), free_when_done);
+}
+
 // Index ranges the core relies on; per-node group and peer lookups are checked as they happen.
 void check(const prism::sim::Problem& p) {
   auto fail = [](const std::string& what, int64_t i) {
@@ -84,7 +95,10 @@ void check(const prism::sim::Problem& p) {
 }
 
 py::dict run(py::dict arrays, int32_t num_nodes, int32_t num_roles, int32_t num_streams) {
-  if (num_nodes < 0 || num_roles < 0 || num_streams < 1) throw py::value_error("sim.run: bad sizes");
+  // Events pack the node in 20 bits and the stream in 8 (see des.cpp).
+  if (num_nodes < 0 || num_nodes >= (1 << 20) || num_roles < 0 || num_streams < 1 || num_streams > 255) {
+    throw py::value_error("sim.run: sizes out of range (at most 2^20 - 1 nodes and 255 streams)");
+  }
   Inputs in(std::move(arrays));
   prism::sim::Problem p;
   p.num_nodes = num_nodes;
@@ -122,9 +136,7 @@ py::dict run(py::dict arrays, int32_t num_nodes, int32_t num_roles, int32_t num_
   out["makespan_ns"] = r.makespan_ns;
   out["num_events"] = r.num_events;
   out["node_op_base"] = to_numpy(std::move(r.node_op_base));
-  out["start_ns"] = to_numpy(std::move(r.start_ns));
-  out["ready_ns"] = to_numpy(std::move(r.ready_ns));
-  out["end_ns"] = to_numpy(std::move(r.end_ns));
+  out["timeline"] = to_numpy(std::move(r.timeline));
   out["fault"] = py::make_tuple(r.fault.kind, r.fault.node_a, r.fault.op_a, r.fault.node_b, r.fault.op_b);
   py::list stuck;
   for (const auto& s : r.stuck) stuck.append(py::make_tuple(s.node, s.stream, s.op, s.waiting_for));

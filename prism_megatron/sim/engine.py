@@ -110,15 +110,17 @@ def run_problem(problem: Problem, core: Core | None = None) -> SimResult:
     out = core(problem.arrays, problem.num_nodes, len(problem.role_names), problem.num_streams)
     if out["fault"][0]:
         raise faults.fault_error(problem, out["fault"])
+    timeline = np.asarray(out["timeline"])
+    start, ready, end = timeline[:, 0], timeline[:, 1], timeline[:, 2]
     if out["stuck"]:
-        raise faults.deadlock_error(problem, out["start_ns"], out["node_op_base"], out["stuck"])
+        raise faults.deadlock_error(problem, start, out["node_op_base"], out["stuck"])
     return SimResult(
         problem=problem,
         iteration_time_ns=int(out["makespan_ns"]),
         node_op_base=np.asarray(out["node_op_base"]),
-        start_ns=np.asarray(out["start_ns"]),
-        ready_ns=np.asarray(out["ready_ns"]),
-        end_ns=np.asarray(out["end_ns"]),
+        start_ns=start,
+        ready_ns=ready,
+        end_ns=end,
         num_events=int(out["num_events"]),
     )
 

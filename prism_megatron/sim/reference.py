@@ -73,9 +73,7 @@ class _Reference:
             "makespan_ns": int(self.end.max(initial=0)),
             "num_events": self.events,
             "node_op_base": self.base,
-            "start_ns": self.start,
-            "ready_ns": self.ready,
-            "end_ns": self.end,
+            "timeline": np.stack([self.start, self.ready, self.end], axis=1),
             "fault": self.fault,
             "stuck": stuck,
         }

@@ -9,7 +9,7 @@ schedule (VPP model chunks per stage) warms up with 2(PP-s-1) + (VPP-1)PP forwar
 k-th forward to chunk (k // PP) % VPP, microbatch (k // (PP VPP)) PP + k % PP (backwards mirror the
 chunks). Data flows as it must: a stage receives its input on the compute stream right before the
 compute that needs it and sends outputs on a send stream (per direction), so a send never holds
-up compute. Per compute chunk, optional tensor-parallel all-reduces follow on the compute stream;
+up compute. Optional tensor-parallel all-reduces split each chunk's compute on the compute stream;
 after the last microbatch, optional data-parallel gradient reduce-scatter, grad-norm all-reduce
 over the world, optimizer step and parameter all-gather.
 """
@@ -48,7 +48,8 @@ class PipelineSpec:
     tp_allreduce_bytes: int = 0
     """Size of each tensor-parallel all-reduce; 0 for none."""
     tp_allreduces_per_chunk: int = 1
-    """All-reduces after each forward and each backward compute of one model chunk."""
+    """All-reduces in each forward and each backward of one model chunk (for example two per
+    layer); the chunk's compute is split evenly between them, each piece followed by one."""
     dp_grad_bytes: int = 0
     """Gradient bytes reduce-scattered (and parameters all-gathered) over DP; 0 for no DP phase."""
     optimizer_ns: int = 0
@@ -135,17 +136,18 @@ class _StageBuilder:
         if receives:
             self.compute.append(self.p2p(NodeType.RECV, -toward, microbatch))
         duration = (spec.fwd_ns if kind == "F" else spec.bwd_ns) // spec.vpp
-        self.compute.append(
-            Op(
-                type=NodeType.COMPUTE,
-                name="fwd" if kind == "F" else "bwd",
-                duration_ns=duration,
-                microbatch=microbatch,
+        # Compute in as many pieces as there are all-reduces, each piece followed by its
+        # all-reduce (a row-parallel layer's output); the chunk's output is the last op.
+        pieces = spec.tp_allreduces_per_chunk if spec.tp_allreduce_bytes else 1
+        for piece in range(pieces):
+            share = duration // pieces + (duration % pieces if piece == pieces - 1 else 0)
+            name = "fwd" if kind == "F" else "bwd"
+            self.compute.append(
+                Op(type=NodeType.COMPUTE, name=name, duration_ns=share, microbatch=microbatch)
             )
-        )
+            if spec.tp_allreduce_bytes:
+                self.compute.append(self.collective(OpKind.ALL_REDUCE, "tp", spec.tp_allreduce_bytes, "tp"))
         produced = len(self.compute) - 1
-        for _ in range(spec.tp_allreduces_per_chunk if spec.tp_allreduce_bytes else 0):
-            self.compute.append(self.collective(OpKind.ALL_REDUCE, "tp", spec.tp_allreduce_bytes, "tp"))
         if sends:
             stream = "send" if pp == 2 else ("send_next" if toward == 1 else "send_prev")
             send = self.p2p(NodeType.SEND, toward, microbatch)

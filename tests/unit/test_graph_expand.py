@@ -95,7 +95,10 @@ def test_chakra_export_has_one_node_per_op_with_stream_and_cross_stream_dependen
     sends = [(n, a) for n, a in zip(nodes, attrs, strict=True) if n["type"] == "COMM_SEND_NODE"]
     assert layout.group("pp", 2)[0] == 2  # stage 0: it sends forward only
     assert all(a["comm_src"] == 2 and a["comm_dst"] == layout.group("pp", 2)[1] for _, a in sends)
-    assert all(len(n["data_deps"]) == 1 and nodes[n["data_deps"][0]]["type"] == "COMP_NODE" for n, _ in sends)
+    # each send waits for the op that ends its forward chunk: the chunk's last TP all-reduce
+    assert all(
+        len(n["data_deps"]) == 1 and nodes[n["data_deps"][0]]["type"] == "COMM_COLL_NODE" for n, _ in sends
+    )
     first_of_stream = [n for n, a in zip(nodes, attrs, strict=True) if not n["ctrl_deps"]]
     assert len(first_of_stream) == len(streams)
     all_reduces = [a for n, a in zip(nodes, attrs, strict=True) if a.get("comm_type") == 0]
