@@ -22,7 +22,7 @@ import typing
 from typing import Any
 
 DEVICES = ("auto", "cpu", "cuda")
-DATA_POLICIES = ("mirror", "zeros")
+DATA_POLICIES = ("mirror",)  # what prism_megatron.backend offers
 FLAG_PREFIX = "--prism-"
 
 
@@ -44,7 +44,7 @@ class EmulationConfig:
     device: str = dataclasses.field(default="auto", metadata={"choices": DEVICES})
     """Device of the real ranks; auto picks cuda when available, else cpu (with the CPU device shim)."""
     data_policy: str = dataclasses.field(default="mirror", metadata={"choices": DATA_POLICIES})
-    """What virtual peers contribute to collectives: mirror (what this rank contributes) or zeros."""
+    """What virtual peers contribute to collectives: mirror (what the real rank of their role, or this rank, contributes)."""
     timeout_s: float = dataclasses.field(default=300.0, metadata=_flag("timeout"))
     """Seconds a real rank waits for a real peer before failing with the op and group named."""
     straggler: str | None = None

@@ -84,6 +84,7 @@ def init_virtual_world(
     device: str = "cpu",
     data_policy: str = "mirror",
     timeout_s: float = 300.0,
+    roles: list | None = None,
     force_fake: bool = False,
 ) -> VirtualWorld:
     """Initialise torch.distributed as virtual rank `real_ranks[physical_rank]` of a W-rank world.
@@ -115,6 +116,7 @@ def init_virtual_world(
             device=device,
             data_policy=data_policy,
             timeout_s=timeout_s,
+            roles=roles,
         )
     else:
         import torch.testing._internal.distributed.fake_pg as fake_pg  # registers the 'fake' backend

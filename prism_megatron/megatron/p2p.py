@@ -19,17 +19,16 @@ handle's `wait()` is where the replay wait happens, as NCCL would wait there.
 
 from __future__ import annotations
 
-import dataclasses
-import math
-from collections.abc import Callable
+import collections
 from typing import Any
 
 import torch
 from megatron.core.pipeline_parallel.p2p_communication import P2PCommunicator
 
-import prism_megatron.replay as replay
 from prism_megatron.megatron.distributed import VirtualWorld
+from prism_megatron.megatron.p2p_ops import PlausibleValues, RealPeerOp, Transfer, VirtualPeerOp
 from prism_megatron.megatron.patches import Patch
+from prism_megatron.replay import OpKind
 
 VERIFIED_ON = ("0.16.1",)
 
@@ -45,116 +44,34 @@ def _device() -> torch.device:
     )
 
 
-@dataclasses.dataclass
-class PlausibleValues:
-    """What a virtual stage sends: the mirror of what this rank sends in the same direction.
-
-    A virtual previous stage sends activations like the ones this rank sends to its next stage, and a
-    virtual next stage sends gradients like the ones this rank sends back; until this rank has sent
-    one, deterministic normal values stand in (unit variance for activations, a gradient of total
-    norm about one). Never uninitialised memory: garbage there made grad norms 1e19 or NaN.
-    """
-
-    seed: int
-    last_activation: torch.Tensor | None = None
-    last_gradient: torch.Tensor | None = None
-    num_generated: int = 0
-
-    def fill(self, buffer: torch.Tensor, *, gradient: bool) -> None:
-        template = self.last_gradient if gradient else self.last_activation
-        with torch.no_grad():
-            if template is not None and template.shape == buffer.shape:
-                buffer.copy_(template)
-                return
-            generator = torch.Generator().manual_seed(self.seed * 7919 + self.num_generated)
-            self.num_generated += 1
-            values = torch.randn(buffer.shape, generator=generator, dtype=torch.float32)
-            if gradient:
-                values /= math.sqrt(max(buffer.numel(), 1))
-            buffer.copy_(values.to(buffer.dtype))
-
-    def remember(self, tensor: torch.Tensor | None, *, gradient: bool) -> None:
-        if tensor is None:
-            return
-        snapshot = tensor.detach().clone()
-        if gradient:
-            self.last_gradient = snapshot
-        else:
-            self.last_activation = snapshot
-
-
-class PinnedSend:
-    """A send request that keeps the sent storage alive until waited on.
-
-    The schedules free a stage's output right after issuing its send (`deallocate_output_tensor`
-    swaps `out.data` for a 1-element tensor). On CUDA the caching allocator cannot hand that memory
-    out before the communication stream is done with it; gloo on the CPU reads the buffer from its own
-    thread later, so without a pin it reads freed memory (NaN losses were seen with the interleaved
-    schedule). Holding a reference until `wait()` restores the CUDA lifetime.
-    """
-
-    def __init__(self, work: Any, tensor: torch.Tensor) -> None:
-        self._work = work
-        self._pinned: torch.Tensor | None = tensor.data
-
-    def wait(self, *args: Any, **kwargs: Any) -> Any:
-        result = self._work.wait(*args, **kwargs)
-        self._pinned = None
-        return result
-
-    def is_completed(self) -> bool:
-        return self._work.is_completed()
-
-
-class _Completed:
-    """Wait handle of an op with a virtual peer: waiting is the replay engine's wait."""
-
-    def __init__(self, complete: Callable[[], None]) -> None:
-        self._complete = complete
-        self._done = False
-
-    def wait(self) -> bool:
-        if not self._done:
-            self._done = True
-            self._complete()
-        return True
-
-    def is_completed(self) -> bool:
-        return self._done
-
-
-def _virtual_p2p(peer: int, direction: str, size_bytes: int) -> Callable[[], None]:
-    """When the replay engine is there: completion at its time for this message, else at once."""
-
-    def complete() -> None:
-        if hasattr(replay, "record_p2p"):
-            replay.record_p2p(peer=peer, direction=direction, size_bytes=size_bytes)
-        if hasattr(replay, "p2p_completion_ns") and hasattr(replay, "wait_until_ns"):
-            replay.wait_until_ns(replay.p2p_completion_ns(peer, direction, size_bytes))
-
-    return complete
-
-
-def _nbytes(tensor: torch.Tensor) -> int:
-    return tensor.numel() * tensor.element_size()
-
-
 class PrismP2PCommunicator(P2PCommunicator):
     """`P2PCommunicator` for a real rank among virtual stages (bound to a world by `bind`)."""
 
     world: VirtualWorld
     values: PlausibleValues
     counts: dict[str, int]
+    """Transfers per key (`recv_prev`, ...) and per key and kind of peer (`recv_prev.real`, ...)."""
+    checksums: dict[str, float]
+    """Sum of the data of every completed transfer with a real peer, per key."""
+    forward_shapes: collections.deque
+    """Shapes sent forward whose gradients have not come back (variable sequence lengths only)."""
 
     @classmethod
     def bind(cls, world: VirtualWorld) -> type[PrismP2PCommunicator]:
         """A subclass bound to one virtual world (the schedules construct it with two arguments)."""
         values = PlausibleValues(seed=world.virtual_rank)
-        counts: dict[str, int] = {}
-        return type(cls.__name__, (cls,), {"world": world, "values": values, "counts": counts})
+        state = {
+            "world": world,
+            "values": values,
+            "counts": {},
+            "checksums": {},
+            "forward_shapes": collections.deque(),
+        }
+        return type(cls.__name__, (cls,), state)
 
-    def _count(self, key: str) -> None:
-        self.counts[key] = self.counts.get(key, 0) + 1
+    def _count(self, key: str, peer: int) -> None:
+        for name in (key, f"{key}.{'real' if self.world.is_real(peer) else 'virtual'}"):
+            self.counts[name] = self.counts.get(name, 0) + 1
 
     def _communicate(
         self,
@@ -188,9 +105,9 @@ class PrismP2PCommunicator(P2PCommunicator):
             else None
         )
         if tensor_send_next is not None:
-            self._send(self.next_rank, tensor_send_next, "send_next", TAG_ACTIVATION, False, handles)
+            self._send(self.next_rank, tensor_send_next, "send_next", TAG_ACTIVATION, handles)
         if tensor_send_prev is not None:
-            self._send(self.prev_rank, tensor_send_prev, "send_prev", TAG_GRADIENT, True, handles)
+            self._send(self.prev_rank, tensor_send_prev, "send_prev", TAG_GRADIENT, handles)
         if config.batch_p2p_comm or wait_on_reqs:
             for handle in handles.values():
                 handle.wait()
@@ -201,32 +118,39 @@ class PrismP2PCommunicator(P2PCommunicator):
             reqs = handles
         return recv_prev_tensor, recv_next_tensor, reqs
 
+    def _transfer(self, kind: OpKind, peer: int, tensor: torch.Tensor) -> Transfer:
+        async_op = not self.config.batch_p2p_comm
+        return Transfer(
+            kind=kind, self_rank=self.world.virtual_rank, peer=peer, tensor=tensor, async_op=async_op
+        )
+
     def _recv(self, peer: int, shape, key: str, tag: int, gradient: bool, handles: dict) -> torch.Tensor:
         buffer = torch.empty(shape, requires_grad=True, device=_device(), dtype=self.config.pipeline_dtype)
-        self._count(key)
+        self._count(key, peer)
+        transfer = self._transfer(OpKind.RECV, peer, buffer)
         if self.world.is_real(peer):
-            handles[key] = self.world.real_group.recv([buffer], self.world.physical_rank_of(peer), tag)
+            work = self.world.real_group.recv([buffer], self.world.physical_rank_of(peer), tag)
+            handles[key] = RealPeerOp(work, transfer, self.checksums, key)
         else:
             self.values.fill(buffer, gradient=gradient)
-            handles[key] = _Completed(_virtual_p2p(peer, "recv", _nbytes(buffer)))
+            handles[key] = VirtualPeerOp(transfer)
         return buffer
 
-    def _send(
-        self, peer: int, tensor: torch.Tensor, key: str, tag: int, gradient: bool, handles: dict
-    ) -> None:
-        self._count(key)
-        self.values.remember(tensor, gradient=gradient)
+    def _send(self, peer: int, tensor: torch.Tensor, key: str, tag: int, handles: dict) -> None:
+        self._count(key, peer)
+        transfer = self._transfer(OpKind.SEND, peer, tensor)
         if self.world.is_real(peer):
             work = self.world.real_group.send([tensor], self.world.physical_rank_of(peer), tag)
-            handles[key] = PinnedSend(work, tensor)
+            handles[key] = RealPeerOp(work, transfer, self.checksums, key)
         else:
-            handles[key] = _Completed(_virtual_p2p(peer, "send", _nbytes(tensor)))
+            handles[key] = VirtualPeerOp(transfer)
 
     def _exchange_shapes(self, send_next, send_prev, recv_prev, recv_next, tensor_shape):
         """Variable sequence lengths: real neighbours exchange int64[3] shapes; a virtual one mirrors.
 
-        A virtual previous stage is taken to send the shape this rank sends forward (or
-        `tensor_shape`); a virtual next stage returns gradients shaped like this rank's last activation.
+        A virtual previous stage sends `tensor_shape` (or the shape this rank sends forward); a virtual
+        next stage returns each gradient shaped like the activation this rank sent it, first in first
+        out, as the schedules consume them.
         """
         works, buffers = [], {}
         for wanted, peer, key, tag in (
@@ -247,13 +171,19 @@ class PrismP2PCommunicator(P2PCommunicator):
                 works.append(self.world.real_group.send([shape], self.world.physical_rank_of(peer), tag))
         for work in works:
             work.wait()
-        mirror_next = (
-            self.values.last_activation.shape if self.values.last_activation is not None else tensor_shape
-        )
-        mirror_prev = send_next.shape if send_next is not None else tensor_shape
-        prev_shape = buffers["prev"].tolist() if "prev" in buffers else mirror_prev
-        next_shape = buffers["next"].tolist() if "next" in buffers else mirror_next
+        if send_next is not None:
+            self.forward_shapes.append(list(send_next.shape))
+        virtual_prev_shape = tensor_shape if tensor_shape is not None else self._last_forward_shape(send_next)
+        prev_shape = buffers["prev"].tolist() if "prev" in buffers else virtual_prev_shape
+        next_shape = buffers["next"].tolist() if "next" in buffers else None
+        if recv_next and next_shape is None:
+            next_shape = self.forward_shapes.popleft() if self.forward_shapes else tensor_shape
         return prev_shape, next_shape
+
+    def _last_forward_shape(self, send_next):
+        if send_next is not None:
+            return list(send_next.shape)
+        return self.forward_shapes[-1] if self.forward_shapes else None
 
 
 def p2p_patch(world: VirtualWorld) -> Patch:

@@ -27,7 +27,7 @@ from megatron.core.utils import get_attr_wrapped_model
 
 import prism_megatron.replay as replay
 from prism_megatron.config import PrismConfig
-from prism_megatron.megatron import catalog, data, memory, model, pretrain_args, results, runtime
+from prism_megatron.megatron import catalog, collectives, data, memory, model, pretrain_args, results, runtime
 
 
 def sizes_from_args(args: argparse.Namespace) -> runtime.ParallelSizes:
@@ -39,6 +39,7 @@ def sizes_from_args(args: argparse.Namespace) -> runtime.ParallelSizes:
         ep=args.expert_model_parallel_size,
         etp=args.expert_tensor_parallel_size,
         order="tp-cp-ep-pp-dp" if args.use_tp_pp_dp_mapping else "tp-cp-ep-dp-pp",
+        untie_embeddings=args.untie_embeddings_and_output_weights,
     )
 
 
@@ -187,7 +188,10 @@ def run(argv: list[str]) -> dict[str, Any]:
         pretrain_args.derive_world(args, dist.get_world_size())
         initialize_model_parallel(args, sizes)
         runtime.before_model(rt)
-        out = train(args, rt)
+        results.check_writable(config, rt.virtual_rank)
+        with collectives.CollectiveRecorder() as recorder:
+            out = train(args, rt)
+        out["collectives"] = recorder.as_dict()
         results.write(config, rt.virtual_rank, out)
         return out
     finally:

@@ -102,9 +102,8 @@ def collect(*, args, rt, ddp_model, optimizer, iterations, memory_report) -> dic
         "grad_buffers": grad_buffers(ddp_model),
         "optimizer_shard_numel": optimizer_shard_numel(optimizer),
         "patches_used": rt.patch_calls(),
-        "p2p": dict(rt.p2p_class.counts)
-        if rt.p2p_class is not None and hasattr(rt.p2p_class, "counts")
-        else {},
+        "p2p": dict(getattr(rt.p2p_class, "counts", {})),
+        "p2p_real_checksums": dict(getattr(rt.p2p_class, "checksums", {})),
         "num_groups_created": len(rt.group_log.records),
         "num_groups_member": len(rt.group_log.member_groups()),
         "environment": environment(),

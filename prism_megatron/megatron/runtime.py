@@ -31,27 +31,31 @@ class ParallelSizes:
     ep: int = 1
     etp: int | None = None
     order: str = "tp-cp-ep-dp-pp"
+    untie_embeddings: bool = False
 
 
-def select_real_ranks(config: PrismConfig, sizes: ParallelSizes) -> tuple[int, ...]:
+def target_layout(config: PrismConfig, sizes: ParallelSizes) -> topology.Layout:
+    """The target job's topology (raises ValueError for a job Megatron would refuse)."""
+    return topology.Layout(
+        world_size=config.emulation.world_size,
+        tp=sizes.tp,
+        pp=sizes.pp,
+        cp=sizes.cp,
+        ep=sizes.ep,
+        etp=sizes.etp or sizes.tp,
+        vpp=sizes.vpp,
+        order=sizes.order,
+        untie_embeddings=sizes.untie_embeddings,
+    )
+
+
+def select_real_ranks(config: PrismConfig, layout: topology.Layout) -> tuple[int, ...]:
     """Virtual ranks run by real processes, from --prism-ranks (default: one rank per role)."""
-    world_size = config.emulation.world_size
     spec = config.emulation.ranks
-    if hasattr(topology, "Layout") and hasattr(topology, "select_ranks"):
-        layout = topology.Layout(
-            world_size=world_size, tp=sizes.tp, pp=sizes.pp, cp=sizes.cp, ep=sizes.ep,
-            etp=sizes.etp or sizes.tp, vpp=sizes.vpp, order=sizes.order,
-        )  # fmt: skip
-        return tuple(layout.default_slice() if spec is None else topology.select_ranks(layout, spec))
-    # Until the topology package offers the selection language: a plain list of virtual ranks.
-    if spec is None:
-        return (0,)
     try:
-        return tuple(int(part) for part in spec.split(","))
-    except ValueError:
-        raise ValueError(
-            f"--prism-ranks {spec!r}: expected a comma-separated list of virtual ranks such as '0,5'"
-        ) from None
+        return tuple(layout.default_slice() if spec is None else topology.select_ranks(layout, spec))
+    except ValueError as exc:
+        raise ValueError(f"--prism-ranks: {exc}") from None
 
 
 def num_real_processes() -> int:
@@ -114,7 +118,8 @@ def bring_up(runtime: Runtime, sizes: ParallelSizes) -> None:
     """Initialise torch.distributed (virtual world when emulating) and wrap `create_group`."""
     config = runtime.config
     if config.emulation.emulate:
-        real_ranks = select_real_ranks(config, sizes)
+        layout = target_layout(config, sizes)
+        real_ranks = select_real_ranks(config, layout)
         if len(real_ranks) != num_real_processes():
             raise ValueError(
                 f"--prism-ranks selects {len(real_ranks)} real ranks {list(real_ranks)} but "
@@ -130,6 +135,7 @@ def bring_up(runtime: Runtime, sizes: ParallelSizes) -> None:
             device=runtime.device,
             data_policy=config.emulation.data_policy,
             timeout_s=config.emulation.timeout_s,
+            roles=[layout.role_of(r) for r in range(layout.world_size)],
         )
         virtual_backend = runtime.world.backend
     else:

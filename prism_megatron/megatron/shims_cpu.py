@@ -23,7 +23,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from prism_megatron.megatron import memory
-from prism_megatron.megatron.p2p import PinnedSend
+from prism_megatron.megatron.p2p_ops import PinnedSend
 from prism_megatron.megatron.patches import ModePatch, Patch
 
 VERIFIED_ON = ("0.16.1",)

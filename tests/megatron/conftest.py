@@ -1,6 +1,12 @@
-"""megatron-core on CPU: quiet the import-time notes about the missing Transformer Engine and apex."""
+"""megatron-core on CPU: quiet the import-time notes and deprecations that say nothing about prism."""
 
 
 def pytest_configure(config):
-    config.addinivalue_line("filterwarnings", "ignore:Transformer Engine and Apex are not installed")
-    config.addinivalue_line("filterwarnings", "ignore:Apex is not installed")
+    for line in (
+        "ignore:Transformer Engine and Apex are not installed",
+        "ignore:Apex is not installed",
+        "ignore::DeprecationWarning:megatron",
+        "ignore::FutureWarning:torch.distributed",
+        "ignore:full scope is deprecated",
+    ):
+        config.addinivalue_line("filterwarnings", line)

@@ -1,0 +1,166 @@
+"""The pipeline interceptor's ops: what a virtual stage sends, and the wait handles of each transfer.
+
+Kept apart from the communicator so the communicator reads as routing only. Every transfer the
+interceptor serves is logged to the replay engine's op log (`replay.record_p2p`), since it never
+passes through the backend: the capture pass needs them to build the execution graph.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from typing import Any
+
+import torch
+
+import prism_megatron.replay as replay
+from prism_megatron.replay import OpKind
+
+# c10's scalar type names, as the backend's op log writes them.
+_C10_DTYPE_NAMES = {
+    torch.float32: "Float",
+    torch.float16: "Half",
+    torch.bfloat16: "BFloat16",
+    torch.float64: "Double",
+    torch.int64: "Long",
+    torch.int32: "Int",
+    torch.uint8: "Byte",
+}
+
+
+def nbytes(tensor: torch.Tensor) -> int:
+    return tensor.numel() * tensor.element_size()
+
+
+@dataclasses.dataclass
+class PlausibleValues:
+    """What a virtual stage sends: deterministic values of a plausible scale, never garbage.
+
+    Activations from a virtual previous stage are standard normal (the scale of a transformer's
+    residual stream); gradients from a virtual next stage are normal with a total norm of about one.
+    Values are drawn in place into the receive buffer from a generator reseeded per (rank, kind), so
+    each receive gets the same values and nothing is allocated that the real rank would not hold.
+
+    Why not mirror what this rank sends: a stage fed its own output (or its own outgoing gradient)
+    is a feedback loop through the layers; at W=8192 it grew the grad norm a hundredfold per
+    iteration. Uninitialised memory is worse: it gave grad norms of 1e19 or NaN.
+    """
+
+    seed: int
+    generators: dict[torch.device, torch.Generator] = dataclasses.field(default_factory=dict)
+
+    def fill(self, buffer: torch.Tensor, *, gradient: bool) -> None:
+        generator = self.generators.get(buffer.device)
+        if generator is None:
+            generator = self.generators[buffer.device] = torch.Generator(device=buffer.device)
+        generator.manual_seed(self.seed * 2 + int(gradient))
+        std = 1.0 / math.sqrt(max(buffer.numel(), 1)) if gradient else 1.0
+        with torch.no_grad():
+            buffer.normal_(0.0, std, generator=generator)
+
+
+class PinnedSend:
+    """A send request that keeps the sent storage alive until waited on.
+
+    The schedules free a stage's output right after issuing its send (`deallocate_output_tensor`
+    swaps `out.data` for a 1-element tensor). On CUDA the caching allocator cannot hand that memory
+    out before the communication stream is done with it; gloo on the CPU reads the buffer from its own
+    thread later, so without a pin it reads freed memory (NaN losses were seen with the interleaved
+    schedule). Holding a reference until `wait()` restores the CUDA lifetime.
+    """
+
+    def __init__(self, work: Any, tensor: torch.Tensor) -> None:
+        self._work = work
+        self._pinned: torch.Tensor | None = tensor.data
+
+    def wait(self, *args: Any, **kwargs: Any) -> Any:
+        result = self._work.wait(*args, **kwargs)
+        self._pinned = None
+        return result
+
+    def is_completed(self) -> bool:
+        return self._work.is_completed()
+
+
+@dataclasses.dataclass
+class Transfer:
+    """One send or recv of this rank with a pipeline neighbour, as the op log records it."""
+
+    kind: OpKind
+    self_rank: int
+    peer: int
+    tensor: torch.Tensor
+    async_op: bool
+    issue_ns: int = dataclasses.field(default_factory=time.monotonic_ns)
+
+    @property
+    def direction(self) -> str:
+        return "send" if self.kind == OpKind.SEND else "recv"
+
+    def log(self, *, complete_ns: int, has_virtual: bool) -> None:
+        replay.record_p2p(
+            kind=self.kind,
+            self_rank=self.self_rank,
+            peer=self.peer,
+            size_bytes=nbytes(self.tensor),
+            dtype=_C10_DTYPE_NAMES.get(self.tensor.dtype, str(self.tensor.dtype)),
+            issue_ns=self.issue_ns,
+            start_ns=self.issue_ns,
+            complete_ns=complete_ns,
+            async_op=self.async_op,
+            has_virtual=has_virtual,
+        )
+
+
+class VirtualPeerOp:
+    """A transfer with a virtual stage: it completes when the replay engine says, and `wait()` waits.
+
+    The completion time is asked at issue (that also advances the engine's op index for the
+    (peer, direction)); waiting happens where the schedule waits, as it would on NCCL.
+    """
+
+    def __init__(self, transfer: Transfer) -> None:
+        self._transfer = transfer
+        self._complete_ns = replay.p2p_completion_ns(
+            transfer.peer, transfer.direction, nbytes(transfer.tensor)
+        )
+        self._done = False
+
+    def wait(self, *args: Any, **kwargs: Any) -> bool:
+        if not self._done:
+            self._done = True
+            replay.wait_until_ns(self._complete_ns)
+            self._transfer.log(complete_ns=self._complete_ns, has_virtual=True)
+        return True
+
+    def is_completed(self) -> bool:
+        return self._done
+
+
+class RealPeerOp:
+    """A transfer with a real stage over the real gloo group; logged and summed when it completes.
+
+    Pins the tensor's storage until waited on (see `PinnedSend`). The sum of every completed transfer
+    is kept per direction so two real stages can show they exchanged the same data.
+    """
+
+    def __init__(self, work: Any, transfer: Transfer, checksums: dict[str, float], key: str) -> None:
+        self._work = work
+        self._transfer = transfer
+        self._data: torch.Tensor | None = transfer.tensor.data
+        self._checksums = checksums
+        self._key = key
+
+    def wait(self, *args: Any, **kwargs: Any) -> Any:
+        result = self._work.wait(*args, **kwargs)
+        if self._data is not None:
+            self._checksums[self._key] = self._checksums.get(self._key, 0.0) + float(
+                self._data.double().sum()
+            )
+            self._data = None
+            self._transfer.log(complete_ns=time.monotonic_ns(), has_virtual=False)
+        return result
+
+    def is_completed(self) -> bool:
+        return self._work.is_completed()
