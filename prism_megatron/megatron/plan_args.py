@@ -61,6 +61,8 @@ def _derive_parallelism(a: argparse.Namespace) -> None:
         f"--prism-world-size {a.world_size} is not divisible by TP*PP*CP = {tp}*{pp}*{cp}",
     )
     a.data_parallel_size = a.world_size // (tp * pp * cp)
+    if tp == 1:
+        a.sequence_parallel = False  # arguments.py: "Disabling sequence parallelism because TP is 1"
     if a.expert_tensor_parallel_size is None:
         a.expert_tensor_parallel_size = tp
     if a.num_experts is not None:

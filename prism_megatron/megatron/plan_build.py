@@ -43,6 +43,22 @@ from megatron.core.transformer.module import Float16Module, MegatronModule
 from prism_megatron.megatron.plan_args import Job, ddp_config
 
 
+def initialize_groups(job: Job) -> None:
+    """megatron-core's `initialize_model_parallel` for the job, over the current default process group
+    (Megatron-LM's arguments; no gloo groups, which the plan never uses and a fake store cannot hold)."""
+    a = job.args
+    parallel_state.initialize_model_parallel(
+        tensor_model_parallel_size=a.tensor_model_parallel_size,
+        pipeline_model_parallel_size=a.pipeline_model_parallel_size,
+        virtual_pipeline_model_parallel_size=a.virtual_pipeline_model_parallel_size,
+        context_parallel_size=a.context_parallel_size,
+        expert_model_parallel_size=a.expert_model_parallel_size,
+        expert_tensor_parallel_size=a.expert_tensor_parallel_size,
+        order=job.order,
+        create_gloo_process_groups=False,
+    )
+
+
 @contextlib.contextmanager
 def virtual_world(job: Job, virtual_rank: int) -> Iterator[None]:
     """Be `virtual_rank` of the target job in this process: a fake default group and Megatron's groups.
@@ -58,19 +74,9 @@ def virtual_world(job: Job, virtual_rank: int) -> Iterator[None]:
         raise ValueError(f"virtual rank {virtual_rank} is outside the job's world of {job.world_size} ranks")
     if dist.is_initialized():
         raise RuntimeError("a default process group already exists; the plan needs its own virtual world")
-    a = job.args
     dist.init_process_group("fake", store=FakeStore(), rank=virtual_rank, world_size=job.world_size)
     try:
-        parallel_state.initialize_model_parallel(
-            tensor_model_parallel_size=a.tensor_model_parallel_size,
-            pipeline_model_parallel_size=a.pipeline_model_parallel_size,
-            virtual_pipeline_model_parallel_size=a.virtual_pipeline_model_parallel_size,
-            context_parallel_size=a.context_parallel_size,
-            expert_model_parallel_size=a.expert_model_parallel_size,
-            expert_tensor_parallel_size=a.expert_tensor_parallel_size,
-            order=job.order,
-            create_gloo_process_groups=False,
-        )
+        initialize_groups(job)
         yield
     finally:
         parallel_state.destroy_model_parallel()
