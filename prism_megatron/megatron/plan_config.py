@@ -74,14 +74,20 @@ def header(path: str | Path) -> list[str]:
     return lines
 
 
-def world_size_of(argv: list[str]) -> int | None:
-    """The value of the last `--prism-world-size` in `argv` (as argparse would take it), or None."""
+def flag_value(argv: list[str], flag: str) -> str | None:
+    """The value the last `flag` in `argv` gives (`--flag VALUE` or `--flag=VALUE`), as argparse would take it."""
     value = None
     for index, word in enumerate(argv):
-        if word == WORLD_SIZE_FLAG and index + 1 < len(argv):
+        if word == flag and index + 1 < len(argv):
             value = argv[index + 1]
-        elif word.startswith(WORLD_SIZE_FLAG + "="):
+        elif word.startswith(flag + "="):
             value = word.split("=", 1)[1]
+    return value
+
+
+def world_size_of(argv: list[str]) -> int | None:
+    """The target job's number of GPUs (`--prism-world-size`), or None when `argv` does not say."""
+    value = flag_value(argv, WORLD_SIZE_FLAG)
     if value is None:
         return None
     try:
