@@ -152,7 +152,9 @@ class Simulator {
     StreamState& st = state(node, s);
     switch (p_.op_type[op]) {
       case kCompute: {
-        int64_t end = now + std::llround(p_.op_duration_ns[op] * p_.compute_factor[node]);
+        double scaled = p_.op_duration_ns[op] * p_.compute_factor[node];
+        if (p_.op_expert[op]) scaled *= p_.expert_factor[node];
+        const int64_t end = now + std::llround(scaled);
         result_.timeline[at].ready_ns = now;
         result_.timeline[at].end_ns = end;
         st.batch_done_ns = std::max(st.batch_done_ns, end);

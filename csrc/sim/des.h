@@ -7,7 +7,8 @@
 // * A node (a virtual rank, or a role's representative in symmetric mode) runs its role's streams
 //   concurrently. A stream posts its next batch (an op plus the ops coalesced after it) once the
 //   previous batch completed and every cross-stream dependency of the batch has completed.
-// * COMPUTE completes after duration * the node's compute factor; WAIT once its dependencies have
+// * COMPUTE completes after duration * the node's compute factor (* its expert factor for expert
+//   compute); WAIT once its dependencies have
 //   (its span starts where the stream reached it, so the time the stream lost shows).
 // * COLLECTIVE: matched across the nodes of its group instance by the op's sequence number; completes
 //   for every member at (last arrival) + cost * (largest NIC factor among the members).
@@ -43,10 +44,12 @@ struct Problem {
   View<int32_t> node_role;
   View<double> compute_factor;
   View<double> nic_factor;
+  View<double> expert_factor;  // on top of compute_factor, for ops flagged in op_expert
   View<int64_t> stream_begin;
   View<int8_t> op_type;
   View<int8_t> op_comm;
   View<uint8_t> op_coalesced;
+  View<uint8_t> op_expert;
   View<int64_t> op_duration_ns;
   View<int64_t> op_cost_ns;
   View<int64_t> op_size_bytes;

@@ -107,11 +107,13 @@ py::dict run(py::dict arrays, int32_t num_nodes, int32_t num_roles, int32_t num_
   p.node_role = in.get<int32_t>("node_role", num_nodes);
   p.compute_factor = in.get<double>("compute_factor", num_nodes);
   p.nic_factor = in.get<double>("nic_factor", num_nodes);
+  p.expert_factor = in.get<double>("expert_factor", num_nodes);
   p.stream_begin = in.get<int64_t>("stream_begin", static_cast<int64_t>(num_roles) * num_streams + 1);
   const int64_t num_ops = p.stream_begin[p.stream_begin.size - 1];
   p.op_type = in.get<int8_t>("op_type", num_ops);
   p.op_comm = in.get<int8_t>("op_comm", num_ops);
   p.op_coalesced = in.get<uint8_t>("op_coalesced", num_ops);
+  p.op_expert = in.get<uint8_t>("op_expert", num_ops);
   p.op_duration_ns = in.get<int64_t>("op_duration_ns", num_ops);
   p.op_cost_ns = in.get<int64_t>("op_cost_ns", num_ops);
   p.op_size_bytes = in.get<int64_t>("op_size_bytes", num_ops);

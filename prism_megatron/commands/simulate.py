@@ -35,6 +35,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="RANK:FACTOR",
         help="slow every communication op a virtual rank takes part in by FACTOR (repeatable)",
     )
+    parser.add_argument(
+        "--expert-imbalance",
+        action="append",
+        default=[],
+        metavar="EP_RANK:FACTOR",
+        help="slow the expert compute of every rank of one expert-parallel rank by FACTOR (a hot expert)",
+    )
     parser.add_argument("--full", action="store_true", help="simulate every rank even without a what-if")
     parser.add_argument(
         "--real-ranks",
@@ -75,6 +82,9 @@ def run(args: argparse.Namespace) -> int:
             parse_rank_factors(args.straggler, "--straggler"), world.world_size, "--straggler"
         ),
         slow_nics=_in_world(parse_rank_factors(args.slow_nic, "--slow-nic"), world.world_size, "--slow-nic"),
+        expert_slowdowns=_expert_ranks(
+            world.layout, parse_rank_factors(args.expert_imbalance, "--expert-imbalance")
+        ),
     )
     real_ranks = select_ranks(world.layout, args.real_ranks)
     cost = NetworkCost(CostModel(load_cluster(args.cluster)))
@@ -93,6 +103,20 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _expert_ranks(layout, factors: dict[int, float]) -> dict[int, float]:
+    """{EP rank: factor} -> {virtual rank: factor} over every rank holding that expert shard."""
+    from prism_megatron.topology import select_ranks
+
+    out = {}
+    for ep_rank, factor in factors.items():
+        if ep_rank >= layout.ep:
+            raise ValueError(
+                f"--expert-imbalance EP rank {ep_rank} is outside 0..{layout.ep - 1} (EP = {layout.ep})"
+            )
+        out.update(dict.fromkeys(select_ranks(layout, f"ep={ep_rank}"), factor))
+    return out
+
+
 def _in_world(table: dict[int, float], world_size: int, flag: str) -> dict[int, float]:
     for rank in table:
         if rank >= world_size:
@@ -107,7 +131,7 @@ def _print_summary(result, what_if) -> None:
     mode = "symmetric (one rank per role)" if result.problem.symmetric else "full (every rank)"
     print(f"simulated {result.problem.num_nodes} nodes, {mode}, {result.num_events} events")
     print(format_table(breakdown(result), result.iteration_time_ns))
-    injected = sorted({*what_if.stragglers, *what_if.slow_nics})
+    injected = sorted({*what_if.stragglers, *what_if.slow_nics})  # expert shards show as their roles
     if injected:
         print("what-if ranks:")
         print(

@@ -2,7 +2,8 @@
 
 `simulate(graph, world, cost_fn)` predicts one iteration of the whole job and returns every
 simulated node's timeline. With no asymmetry it simulates one node per role (symmetric mode), which
-costs the same at any world size; stragglers and slow NICs make it simulate every rank.
+costs the same at any world size; what-ifs that make ranks of one role differ (a straggler, a slow
+NIC) make it simulate every rank.
 """
 
 from __future__ import annotations
@@ -92,8 +93,9 @@ def simulate(
 
     Args:
         cost_fn: communication cost per op (see `prism_megatron.sim.cost`).
-        what_if: stragglers and slow NICs; any makes the run per rank.
-        symmetric: force one node per role (True) or per rank (False); default by `what_if`.
+        what_if: stragglers, slow NICs, expert imbalance (see `prism_megatron.sim.whatif`).
+        symmetric: force one node per role (True) or per rank (False); default: per role unless
+            `what_if` makes ranks of one role differ.
         core: the event loop; default the C++ core, `reference.run` for the Python reference.
 
     Raises:

@@ -4,10 +4,11 @@ Memory is O(roles x ops) for the ops and O(nodes x group kinds) for the groups: 
 per role and every node points at its role. Arrays (all C-contiguous, checked by csrc/sim):
 
     node_role[N] int32          role id of each node
-    compute_factor[N], nic_factor[N] float64   what-if slowdowns (1.0: none)
+    compute_factor[N], nic_factor[N], expert_factor[N] float64   what-if slowdowns (1.0: none)
     stream_begin[R*S+1] int64   ops of role r, stream s: [stream_begin[r*S+s], stream_begin[r*S+s+1])
     op_type, op_comm[O] int8    NodeType; OpKind for communication (-1 otherwise)
     op_coalesced[O] uint8
+    op_expert[O] uint8          expert compute (scaled by expert_factor too)
     op_duration_ns, op_cost_ns, op_size_bytes[O] int64
     op_spec[O] int32            row of coll_instance (collectives) or p2p_peer (SEND/RECV)
     op_seq[O] int32             matching sequence number
@@ -21,14 +22,13 @@ A node is a virtual rank (full mode) or a role (symmetric mode, see groups.py).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
 
 import numpy as np
 
 from prism_megatron.graph.schema import ExecutionGraph, NodeType, Op
 from prism_megatron.graph.world import World, peer_of
 from prism_megatron.replay.schedule import OpKind
-from prism_megatron.sim import groups
+from prism_megatron.sim import groups, whatif
 from prism_megatron.sim.cost import CostFn
 from prism_megatron.sim.whatif import WhatIf
 
@@ -80,17 +80,25 @@ def build_problem(
 
     Args:
         symmetric: one node per role (True) or per rank (False); default: per role unless
-            `what_if` injects an asymmetry.
+            `what_if` makes ranks of one role differ.
 
     Raises:
         ValueError: the graph lacks a role of the world, numbers p2p ops inconsistently, or
             symmetric mode was asked for with an asymmetry.
     """
     what_if = what_if or WhatIf()
-    symmetric = what_if.symmetric if symmetric is None else symmetric
-    if symmetric and not what_if.symmetric:
-        raise ValueError("stragglers and slow NICs break symmetry: simulate every rank (symmetric=False)")
     role_names = world.roles()
+    per_rank = what_if.per_rank(world.world_size)
+    per_role = {
+        key: whatif.per_role(values, world.role_ids(), len(role_names)) for key, values in per_rank.items()
+    }
+    alike = all(values is not None for values in per_role.values())
+    symmetric = alike if symmetric is None else symmetric
+    if symmetric and not alike:
+        raise ValueError(
+            f"the what-if on virtual ranks {what_if.ranks[:8]} makes ranks of one role differ: "
+            f"simulate every rank (symmetric=False)"
+        )
     missing = [name for name in role_names if name not in graph.roles]
     if missing:
         raise ValueError(
@@ -111,8 +119,7 @@ def build_problem(
         coll, sizes = groups.full_instances(world, flat.coll_specs)
         peers = groups.full_peers(world, flat.p2p_specs)
     arrays.update(coll_instance=coll.ravel(), instance_size=sizes, p2p_peer=peers.ravel())
-    arrays["compute_factor"] = _factors(len(node_rank), what_if.stragglers, "straggler", world.world_size)
-    arrays["nic_factor"] = _factors(len(node_rank), what_if.slow_nics, "slow NIC", world.world_size)
+    arrays.update(per_role if symmetric else per_rank)
     return Problem(
         graph=graph,
         world=world,
@@ -126,15 +133,6 @@ def build_problem(
         p2p_specs=flat.p2p_specs,
         arrays=arrays,
     )
-
-
-def _factors(num_nodes: int, table: Mapping[int, float], what: str, world_size: int) -> np.ndarray:
-    factors = np.ones(num_nodes, dtype=np.float64)
-    for rank, factor in table.items():
-        if not 0 <= rank < world_size:
-            raise ValueError(f"{what} virtual rank {rank} is outside the world (0..{world_size - 1})")
-        factors[rank] = factor
-    return factors
 
 
 class _Flattener:
@@ -199,6 +197,10 @@ class _Flattener:
             "op_type": np.asarray([int(op.type) for op in ops], dtype=np.int8),
             "op_comm": np.asarray([-1 if op.comm is None else int(op.comm) for op in ops], dtype=np.int8),
             "op_coalesced": np.asarray([op.coalesced for op in ops], dtype=np.uint8),
+            "op_expert": np.asarray(
+                [op.type == NodeType.COMPUTE and op.name.startswith(whatif.EXPERT_PREFIX) for op in ops],
+                dtype=np.uint8,
+            ),
             "op_duration_ns": np.asarray([op.duration_ns for op in ops], dtype=np.int64),
             "op_size_bytes": np.asarray([op.size_bytes for op in ops], dtype=np.int64),
             "op_spec": np.asarray([self.spec(op) for op in ops], dtype=np.int32),

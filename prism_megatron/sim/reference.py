@@ -121,7 +121,10 @@ class _Reference:
             self.start[at] = now
         if kind == NodeType.COMPUTE:
             self.ready[at] = now
-            self.end[at] = now + llround(float(a["op_duration_ns"][op]) * float(a["compute_factor"][node]))
+            scaled = float(a["op_duration_ns"][op]) * float(a["compute_factor"][node])
+            if a["op_expert"][op]:
+                scaled *= float(a["expert_factor"][node])
+            self.end[at] = now + llround(scaled)
             self.outstanding[node, s][1] = max(self.outstanding[node, s][1], int(self.end[at]))
         elif kind == NodeType.WAIT:
             self.ready[at] = self.end[at] = now

@@ -9,7 +9,8 @@ schedule (VPP model chunks per stage) warms up with 2(PP-s-1) + (VPP-1)PP forwar
 k-th forward to chunk (k // PP) % VPP, microbatch (k // (PP VPP)) PP + k % PP (backwards mirror the
 chunks). Data flows as it must: a stage receives its input on the compute stream right before the
 compute that needs it and sends outputs on a send stream (per direction), so a send never holds
-up compute. Optional tensor-parallel all-reduces split each chunk's compute on the compute stream;
+up compute. Optional tensor-parallel all-reduces split each chunk's compute on the compute stream,
+and an optional MoE block follows (all-to-all dispatch, expert compute, all-to-all combine);
 after the last microbatch, optional data-parallel gradient reduce-scatter, grad-norm all-reduce
 over the world, optimizer step and parameter all-gather.
 """
@@ -50,6 +51,11 @@ class PipelineSpec:
     tp_allreduces_per_chunk: int = 1
     """All-reduces in each forward and each backward of one model chunk (for example two per
     layer); the chunk's compute is split evenly between them, each piece followed by one."""
+    expert_ns: int = 0
+    """MoE: expert compute of one microbatch's forward on one stage (backward: twice), between an
+    all-to-all dispatch and combine over the "ep" group; 0 for a dense model."""
+    all_to_all_bytes: int = 0
+    """Size of each MoE all-to-all."""
     dp_grad_bytes: int = 0
     """Gradient bytes reduce-scattered (and parameters all-gathered) over DP; 0 for no DP phase."""
     optimizer_ns: int = 0
@@ -147,6 +153,8 @@ class _StageBuilder:
             )
             if spec.tp_allreduce_bytes:
                 self.compute.append(self.collective(OpKind.ALL_REDUCE, "tp", spec.tp_allreduce_bytes, "tp"))
+        if spec.expert_ns:
+            self.experts(kind, microbatch)
         produced = len(self.compute) - 1
         if sends:
             stream = "send" if pp == 2 else ("send_next" if toward == 1 else "send_prev")
@@ -154,6 +162,15 @@ class _StageBuilder:
             self.sends.setdefault(stream, []).append(
                 dataclasses.replace(send, deps=(Dep(COMPUTE_STREAM, produced),))
             )
+
+    def experts(self, kind: str, microbatch: int) -> None:
+        spec = self.spec
+        duration = spec.expert_ns // spec.vpp * (1 if kind == "F" else 2)
+        self.compute.append(self.collective(OpKind.ALL_TO_ALL, "ep", spec.all_to_all_bytes, "dispatch"))
+        self.compute.append(
+            Op(type=NodeType.COMPUTE, name="expert", duration_ns=duration, microbatch=microbatch)
+        )
+        self.compute.append(self.collective(OpKind.ALL_TO_ALL, "ep", spec.all_to_all_bytes, "combine"))
 
     def data_parallel(self) -> None:
         spec = self.spec

@@ -75,6 +75,7 @@ def test_a_straggler_simulates_every_rank_and_slows_the_iteration(capsys, graph_
         (["--straggler", "77:-1"], "the factor a positive number"),
         (["--slow-nic", "9999:2"], "--slow-nic rank 9999 is outside the world"),
         (["--cluster", "no-such-cluster"], "no-such-cluster"),
+        (["--expert-imbalance", "1:2"], "--expert-imbalance EP rank 1 is outside 0..0"),
     ],
 )
 def test_bad_flags_are_one_line_naming_the_flag(capsys, graph_dir, tmp_path, argv, message):

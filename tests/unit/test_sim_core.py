@@ -30,6 +30,8 @@ def _random_job(rng: random.Random):
         dp_grad_bytes=rng.choice([0, 1 << 16]),
         optimizer_ns=rng.randint(0, 3000),
         grad_norm=rng.random() < 0.5,
+        expert_ns=rng.choice([0, 0, 3000]),
+        all_to_all_bytes=2048,
     )
     # rank = t + tp * (s + pp * d)
     rank = lambda t, s, d: t + tp * (s + pp * d)  # noqa: E731
@@ -39,6 +41,7 @@ def _random_job(rng: random.Random):
         "pp": [tuple(rank(t, s, d) for s in range(pp)) for d in range(dp) for t in range(tp)],
         "dp": [tuple(rank(t, s, d) for d in range(dp)) for s in range(pp) for t in range(tp)],
     }
+    groups["ep"] = groups["dp"]  # experts sharded across the replicas
     world = ExplicitWorld([f"s{(r // tp) % pp}" for r in range(world_size)], groups)
     graph = pipeline_graph({f"s{s}": s for s in range(pp)}, pp, spec)
     # Make roles differ a little so symmetric and full runs are not trivially alike.
@@ -57,7 +60,11 @@ def _what_if(rng, world_size):
     if rng.random() < 0.4:
         return WhatIf()
     ranks = rng.sample(range(world_size), k=min(2, world_size))
-    return WhatIf(stragglers={ranks[0]: rng.uniform(0.5, 3.0)}, slow_nics={ranks[-1]: rng.uniform(1.0, 4.0)})
+    return WhatIf(
+        stragglers={ranks[0]: rng.uniform(0.5, 3.0)},
+        slow_nics={ranks[-1]: rng.uniform(1.0, 4.0)},
+        expert_slowdowns={ranks[0]: rng.uniform(1.0, 2.0)},
+    )
 
 
 def _both(problem):

@@ -1,0 +1,90 @@
+"""What-ifs: a straggler, a slow NIC, expert imbalance, and when they keep one node per role."""
+
+import pytest
+
+from prism_megatron.graph.world import LayoutWorld
+from prism_megatron.sim import (
+    AlphaBetaCost,
+    PipelineSpec,
+    WhatIf,
+    layout_pipeline_graph,
+    parse_rank_factors,
+    simulate,
+)
+from prism_megatron.topology import Layout
+
+COST = AlphaBetaCost(latency_ns=1000, ns_per_byte=0.01)
+MOE = PipelineSpec(
+    num_microbatches=4,
+    fwd_ns=1_000_000,
+    bwd_ns=2_000_000,
+    expert_ns=500_000,
+    all_to_all_bytes=1 << 20,
+    tp_allreduce_bytes=1 << 20,
+    activation_bytes=1 << 20,
+    dp_grad_bytes=1 << 24,
+)
+
+
+@pytest.fixture(scope="module")
+def moe():
+    layout = Layout(world_size=64, tp=2, pp=2, ep=4)
+    return layout, layout_pipeline_graph(layout, MOE), LayoutWorld(layout)
+
+
+def _same_timelines(a, b, world_size):
+    return all((x == y).all() for r in range(world_size) for x, y in zip(a.times(r), b.times(r), strict=True))
+
+
+def test_expert_imbalance_slows_the_hot_shards_expert_compute_and_keeps_one_node_per_role(moe):
+    layout, graph, world = moe
+    hot = [r for r in range(64) if layout.coords(r).ep == 1]
+    what_if = WhatIf(expert_slowdowns=dict.fromkeys(hot, 2.0))
+    symmetric = simulate(graph, world, COST, what_if)
+    full = simulate(graph, world, COST, what_if, symmetric=False)
+    assert symmetric.problem.symmetric and symmetric.problem.num_nodes == len(world.roles())
+    assert _same_timelines(symmetric, full, 64)
+    expert = [t for t in symmetric.timeline(hot[0]) if t.op.name == "expert"]
+    cold = [t for t in symmetric.timeline(0) if t.op.name == "expert"]
+    assert [t.end_ns - t.start_ns for t in expert] == [2 * (t.end_ns - t.start_ns) for t in cold]
+    assert symmetric.iteration_time_ns > simulate(graph, world, COST).iteration_time_ns
+
+
+def test_a_straggler_role_wide_stays_symmetric_and_one_rank_does_not(moe):
+    layout, graph, world = moe
+    role = layout.role_of(5)
+    whole_role = WhatIf(stragglers=dict.fromkeys(layout.role_members(role), 1.5))
+    assert simulate(graph, world, COST, whole_role).problem.symmetric
+    assert not simulate(graph, world, COST, WhatIf(stragglers={5: 1.5})).problem.symmetric
+    with pytest.raises(ValueError, match=r"makes ranks of one role differ"):
+        simulate(graph, world, COST, WhatIf(stragglers={5: 1.5}), symmetric=True)
+
+
+def test_a_slow_nic_slows_every_op_its_rank_takes_part_in(moe):
+    _, graph, world = moe
+    base = simulate(graph, world, COST, symmetric=False)
+    slow = simulate(graph, world, COST, WhatIf(slow_nics={5: 3.0}))
+    communication = [
+        t for t in zip(slow.timeline(5), base.timeline(5), strict=True) if t[0].op.type.name != "COMPUTE"
+    ]
+    assert len(communication) > 20
+    for with_slow_nic, without in communication:
+        transfer = with_slow_nic.end_ns - with_slow_nic.ready_ns
+        assert transfer == pytest.approx(3 * (without.end_ns - without.ready_ns), abs=1)
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [(["5"], "expected RANK:FACTOR"), (["x:2"], "expected RANK:FACTOR"), (["5:0"], "a positive number")],
+)
+def test_rank_factor_flags_name_themselves_when_malformed(values, message):
+    with pytest.raises(ValueError, match=f"--straggler .*{message}"):
+        parse_rank_factors(values, "--straggler")
+
+
+def test_what_ifs_reject_ranks_outside_the_world_and_bad_factors(moe):
+    _, graph, world = moe
+    with pytest.raises(ValueError, match="outside the world"):
+        simulate(graph, world, COST, WhatIf(stragglers={64: 2.0}))
+    with pytest.raises(ValueError, match="must be > 0"):
+        WhatIf(slow_nics={1: 0.0})
