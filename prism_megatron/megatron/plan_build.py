@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import warnings
 from collections.abc import Iterator
 
 import torch
@@ -131,6 +132,13 @@ def build_config(config: TransformerConfig) -> TransformerConfig:
     experts are built as megatron-core's SequentialMLP: one fc1 and one fc2 weight per expert, the
     shapes Transformer Engine's grouped experts have (the local grouped implementation needs an
     extra package and fuses all experts into one tensor)."""
+    with warnings.catch_warnings():
+        # megatron-core warns that EP with TP wants sequence parallelism; it is off only for the build.
+        warnings.filterwarnings("ignore", message="When using expert parallelism and tensor parallelism")
+        return _replace_for_build(config)
+
+
+def _replace_for_build(config: TransformerConfig) -> TransformerConfig:
     return dataclasses.replace(
         config,
         sequence_parallel=False,
