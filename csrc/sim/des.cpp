@@ -108,7 +108,8 @@ class Simulator {
   }
 
   void push(int32_t node, int32_t s, int64_t time_ns) {
-    heap_.push(Event{time_ns, (pushes_++ << 28) | (static_cast<uint64_t>(node) << 8) | static_cast<uint64_t>(s)});
+    const uint64_t packed = (pushes_++ << 28) | (static_cast<uint64_t>(node) << 8) | static_cast<uint64_t>(s);
+    heap_.push(Event{time_ns, packed});
   }
 
   bool deps_met(int32_t node, int64_t op) const {
@@ -133,7 +134,9 @@ class Simulator {
         st.blocked = true;
         // A wait's span starts where the stream reached it: that is the time the stream lost.
         const int64_t at = slot(node, base + st.done - role_base(node));
-        if (p_.op_type[base + st.done] == kWait && result_.timeline[at].start_ns < 0) result_.timeline[at].start_ns = now;
+        if (p_.op_type[base + st.done] == kWait && result_.timeline[at].start_ns < 0) {
+          result_.timeline[at].start_ns = now;
+        }
         return;
       }
     }
@@ -259,7 +262,8 @@ class Simulator {
   }
 
   static uint64_t p2p_key(int8_t type, int32_t spec, int32_t seq) {
-    return (static_cast<uint64_t>(type) << 60) | (static_cast<uint64_t>(spec) << 32) | static_cast<uint32_t>(seq);
+    const uint64_t high = (static_cast<uint64_t>(type) << 60) | (static_cast<uint64_t>(spec) << 32);
+    return high | static_cast<uint32_t>(seq);
   }
 
   void index_p2p() {
@@ -268,7 +272,8 @@ class Simulator {
       const int64_t base = p_.stream_begin[r * S_], end = p_.stream_begin[(r + 1) * S_];
       for (int64_t op = base; op < end; ++op) {
         if (p_.op_type[op] == kSend || p_.op_type[op] == kRecv) {
-          p2p_index_[r][p2p_key(p_.op_type[op], p_.op_spec[op], p_.op_seq[op])] = static_cast<int32_t>(op - base);
+          const uint64_t key = p2p_key(p_.op_type[op], p_.op_spec[op], p_.op_seq[op]);
+          p2p_index_[r][key] = static_cast<int32_t>(op - base);
         }
       }
     }
@@ -313,8 +318,10 @@ class Simulator {
   // `w` observes its posted partner `other`: both there at the later post, done after the transfer.
   void meet(const Waiter& w, const Waiter& other) {
     if (!same_message(other.node, other.op, w.node, w.op)) return;
-    const int64_t ready = std::max(result_.timeline[slot(w.node, w.op)].start_ns, result_.timeline[slot(other.node, other.op)].start_ns);
-    const int64_t cost = std::max(p_.op_cost_ns[role_base(w.node) + w.op], p_.op_cost_ns[role_base(other.node) + other.op]);
+    const int64_t ready = std::max(result_.timeline[slot(w.node, w.op)].start_ns,
+                                   result_.timeline[slot(other.node, other.op)].start_ns);
+    const int64_t cost =
+        std::max(p_.op_cost_ns[role_base(w.node) + w.op], p_.op_cost_ns[role_base(other.node) + other.op]);
     const double nic = std::max(p_.nic_factor[w.node], p_.nic_factor[other.node]);
     finish_op(w, ready, ready + std::llround(cost * nic));
   }
@@ -324,22 +331,18 @@ class Simulator {
       for (int32_t s = 0; s < S_; ++s) {
         const StreamState& st = streams_[static_cast<size_t>(node) * S_ + s];
         if (st.done >= stream_length(node, s)) continue;
-        const int64_t op = first_op(node, s) + st.done;
+        const int64_t first_local = first_op(node, s) - role_base(node);
         int32_t waiting = st.done;
         std::string why = "deps";
         if (!st.blocked) {
           // In flight: report the first op of the batch that never completed.
-          for (int32_t i = st.done; i < st.batch_end; ++i) {
-            if (result_.timeline[slot(node, first_op(node, s) + i - role_base(node))].end_ns < 0) {
-              waiting = i;
-              break;
-            }
+          while (waiting + 1 < st.batch_end &&
+                 result_.timeline[slot(node, first_local + waiting)].end_ns >= 0) {
+            ++waiting;
           }
           why = p_.op_type[first_op(node, s) + waiting] == kCollective ? "collective" : "p2p";
         }
-        (void)op;
-        result_.stuck.push_back(
-            Stuck{node, s, static_cast<int32_t>(first_op(node, s) + waiting - role_base(node)), why});
+        result_.stuck.push_back(Stuck{node, s, static_cast<int32_t>(first_local + waiting), why});
       }
     }
   }

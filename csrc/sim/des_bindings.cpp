@@ -43,23 +43,15 @@ class Inputs {
   std::vector<py::object> held_;
 };
 
-// A numpy array that owns `values` (moved, not copied).
-py::array_t<int64_t> to_numpy(std::vector<int64_t>&& values) {
-  auto owner = std::make_unique<std::vector<int64_t>>(std::move(values));
-  auto* raw = owner.get();
-  py::capsule free_when_done(owner.release(), [](void* p) { delete static_cast<std::vector<int64_t>*>(p); });
-  return py::array_t<int64_t>({static_cast<py::ssize_t>(raw->size())}, {sizeof(int64_t)}, raw->data(), free_when_done);
-}
-
-// The timeline as an (ops, 3) int64 array of (start, ready, end), owning the buffer.
-py::array_t<int64_t> to_numpy(std::vector<prism::sim::OpTimes>&& values) {
-  static_assert(sizeof(prism::sim::OpTimes) == 3 * sizeof(int64_t), "OpTimes must be three packed int64");
-  auto owner = std::make_unique<std::vector<prism::sim::OpTimes>>(std::move(values));
-  auto* raw = owner.get();
-  py::capsule free_when_done(owner.release(), [](void* p) { delete static_cast<std::vector<prism::sim::OpTimes>*>(p); });
-  const auto rows = static_cast<py::ssize_t>(raw->size());
-  return py::array_t<int64_t>({rows, py::ssize_t{3}}, {py::ssize_t{3 * sizeof(int64_t)}, py::ssize_t{sizeof(int64_t)}},
-                              reinterpret_cast<int64_t*>(raw->data()), free_when_done);
+// An int64 numpy array of the given shape over `values`' buffer, moved (not copied) into it.
+template <typename T>
+py::array_t<int64_t> adopt(std::vector<T>&& values, std::vector<py::ssize_t> shape) {
+  static_assert(sizeof(T) % sizeof(int64_t) == 0, "rows of packed int64");
+  auto owner = std::make_unique<std::vector<T>>(std::move(values));
+  auto* data = reinterpret_cast<int64_t*>(owner->data());
+  py::capsule free_when_done(owner.get(), [](void* p) { delete static_cast<std::vector<T>*>(p); });
+  owner.release();  // the capsule owns it now
+  return py::array_t<int64_t>(std::move(shape), data, free_when_done);
 }
 
 // Index ranges the core relies on; per-node group and peer lookups are checked as they happen.
@@ -137,8 +129,10 @@ py::dict run(py::dict arrays, int32_t num_nodes, int32_t num_roles, int32_t num_
   py::dict out;
   out["makespan_ns"] = r.makespan_ns;
   out["num_events"] = r.num_events;
-  out["node_op_base"] = to_numpy(std::move(r.node_op_base));
-  out["timeline"] = to_numpy(std::move(r.timeline));
+  const auto num_nodes_plus_one = static_cast<py::ssize_t>(r.node_op_base.size());
+  const auto num_slots = static_cast<py::ssize_t>(r.timeline.size());
+  out["node_op_base"] = adopt(std::move(r.node_op_base), {num_nodes_plus_one});
+  out["timeline"] = adopt(std::move(r.timeline), {num_slots, 3});  // (start, ready, end) per op
   out["fault"] = py::make_tuple(r.fault.kind, r.fault.node_a, r.fault.op_a, r.fault.node_b, r.fault.op_b);
   py::list stuck;
   for (const auto& s : r.stuck) stuck.append(py::make_tuple(s.node, s.stream, s.op, s.waiting_for));

@@ -95,16 +95,26 @@ def load_graph(directory: str) -> ExecutionGraph:
 
 
 def write_json_atomically(data: object, path: str) -> None:
-    """Write JSON through a temporary file in the same directory and `os.replace` it into place."""
+    """Write JSON through a temporary file in the same directory and `os.replace` it into place.
+
+    The file gets the permissions a plain `open` would give (mkstemp's are owner-only).
+    """
     directory = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=".prism-", suffix=".tmp")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             json.dump(data, f, separators=(",", ":"))
+        os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
     except BaseException:
         os.unlink(tmp)
         raise
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def _digest(content: dict) -> str:

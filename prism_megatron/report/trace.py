@@ -57,6 +57,9 @@ def write_chrome_trace(path: str, spans: Iterable, process_names: Mapping[int, s
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             json.dump(chrome_trace(spans, process_names), f, separators=(",", ":"))
+        mask = os.umask(0o022)
+        os.umask(mask)
+        os.chmod(tmp, 0o666 & ~mask)  # what a plain open would give; mkstemp's are owner-only
         os.replace(tmp, path)
     except BaseException:
         os.unlink(tmp)
