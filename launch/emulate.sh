@@ -8,8 +8,8 @@
 #                     the launcher's default (one rank per role)
 # --nproc-per-node N  processes on this node, one per real rank (default 1)
 # FLAGS after --      appended last, so they override CONFIG (e.g. -- --prism-device cpu --transformer-impl local)
-# Environment: SCRIPT  training script (default: the built-in megatron-core entry,
-#                      prism_megatron/megatron/pretrain.py; set it to Megatron-LM's pretrain_gpt.py to run that)
+# Environment: SCRIPT  training script (default: builtin, the megatron-core entry shipped with the
+#                      package; set it to the path of Megatron-LM's pretrain_gpt.py to run that)
 #              TORCHRUN  torchrun command (default: torchrun); TORCHRUN_ARGS  extra torchrun options, word-split
 #                      (launch/prism.sbatch passes --nnodes and the rendezvous here)
 #              DRY_RUN=1  print the command, one word per line, instead of running it
@@ -33,7 +33,7 @@ done
 [[ -f $config ]] || { echo "emulate.sh: CONFIG file not found: '${config}' (see launch/configs/)" >&2; exit 2; }
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-script="${SCRIPT:-$here/../prism_megatron/megatron/pretrain.py}"
+script="${SCRIPT:-builtin}"
 
 # Flags of CONFIG: drop comments ('#' at the start of a line or after whitespace), split on whitespace,
 # expand nothing (read -a neither globs nor expands variables).
