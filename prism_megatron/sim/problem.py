@@ -22,6 +22,7 @@ A node is a virtual rank (full mode) or a role (symmetric mode, see groups.py).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -66,6 +67,31 @@ class Problem:
 
     def role_base(self, role_id: int) -> int:
         return int(self.arrays["stream_begin"][role_id * self.num_streams])
+
+    def with_compute_durations(self, durations_ns: Mapping[str, Sequence[int]]) -> Problem:
+        """A copy whose roles' COMPUTE ops take the given durations (role name -> one duration per
+        compute op, in the role's flat op order): the closed loop folds measured spans in this way
+        and re-simulates without rebuilding groups or costs.
+
+        Raises:
+            ValueError: an unknown role, or a count that differs from the role's compute ops.
+        """
+        durations = self.arrays["op_duration_ns"].copy()
+        for name, values in durations_ns.items():
+            if name not in self.role_names:
+                raise ValueError(
+                    f"role {name!r} is not a role of this job; roles: {', '.join(self.role_names)}"
+                )
+            role = self.role_names.index(name)
+            compute = [i for i, (_, _, op) in enumerate(self.role_ops[role]) if op.type == NodeType.COMPUTE]
+            if len(values) != len(compute):
+                raise ValueError(f"role {name!r} has {len(compute)} compute ops, got {len(values)} durations")
+            if any(v < 0 for v in values):
+                raise ValueError(f"role {name!r}: durations must be >= 0")
+            durations[self.role_base(role) + np.asarray(compute, dtype=np.int64)] = np.asarray(
+                values, dtype=np.int64
+            )
+        return dataclasses.replace(self, arrays={**self.arrays, "op_duration_ns": durations})
 
 
 def build_problem(

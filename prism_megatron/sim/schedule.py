@@ -64,7 +64,7 @@ def replay_schedules(result: SimResult, real_ranks: Iterable[int]) -> dict[int, 
     """
     real = sorted(set(int(r) for r in real_ranks))
     index = _ArrivalIndex(result)
-    return {rank: _schedule(result, index, rank, real) for rank in real}
+    return {virtual_rank: _schedule(result, index, virtual_rank, real) for virtual_rank in real}
 
 
 def _virtual_nodes(problem, members: tuple[int, ...], real: list[int]) -> np.ndarray:
@@ -74,24 +74,24 @@ def _virtual_nodes(problem, members: tuple[int, ...], real: list[int]) -> np.nda
     return virtual
 
 
-def _schedule(result: SimResult, index: _ArrivalIndex, rank: int, real: list[int]) -> ReplaySchedule:
+def _schedule(result: SimResult, index: _ArrivalIndex, virtual_rank: int, real: list[int]) -> ReplaySchedule:
     problem = result.problem
-    start, ready, end = result.times(rank)
+    start, ready, end = result.times(virtual_rank)
     collectives: dict[tuple[int, ...], list[tuple[int, ScheduledOp]]] = {}
     p2p: dict[tuple[int, str], list[tuple[int, ScheduledOp]]] = {}
     for local, (_, _, op) in enumerate(
-        problem.role_ops[int(problem.arrays["node_role"][problem.node_of(rank)])]
+        problem.role_ops[int(problem.arrays["node_role"][problem.node_of(virtual_rank)])]
     ):
         cost = int(end[local] - ready[local])
         if op.type == NodeType.COLLECTIVE:
-            members = problem.world.group(op.group, rank)
+            members = problem.world.group(op.group, virtual_rank)
             nodes = _virtual_nodes(problem, members, real)
             if len(nodes):
                 arrival = index.collective_arrival(op.group, op.seq, nodes)
                 scheduled = ScheduledOp(op.comm, op.size_bytes, arrival, cost)
                 collectives.setdefault(members, []).append(((int(start[local]), op.group, op.seq), scheduled))
         elif op.type in (NodeType.SEND, NodeType.RECV):
-            peer = peer_of(problem.world, op.group, rank, op.offset)
+            peer = peer_of(problem.world, op.group, virtual_rank, op.offset)
             if peer in real:
                 continue
             partner = NodeType.RECV if op.type == NodeType.SEND else NodeType.SEND
@@ -102,7 +102,7 @@ def _schedule(result: SimResult, index: _ArrivalIndex, rank: int, real: list[int
             scheduled = ScheduledOp(kind, op.size_bytes, arrival, cost)
             p2p.setdefault((peer, direction), []).append(((int(start[local]), op.group, op.seq), scheduled))
     return ReplaySchedule(
-        virtual_rank=rank,
+        virtual_rank=virtual_rank,
         collectives={k: _in_seq_order(v) for k, v in collectives.items()},
         p2p={k: _in_seq_order(v) for k, v in p2p.items()},
         iteration_time_ns=result.iteration_time_ns,

@@ -115,3 +115,33 @@ def test_the_timeline_is_a_perfetto_trace_of_every_op_of_the_chosen_ranks(job, t
     assert "rank 5 (pp0)" in names
     last = max(e["ts"] + e["dur"] for e in complete)
     assert last == pytest.approx(result.iteration_time_ns / 1000)
+
+
+def test_measured_compute_durations_fold_into_a_new_simulation_without_rebuilding(job):
+    from prism_megatron.sim.engine import run_problem
+    from prism_megatron.sim.problem import build_problem
+
+    graph, world = job
+    problem = build_problem(graph, world, COST)
+    measured = {
+        name: [2 * op.duration_ns for _, _, op in problem.role_ops[i] if op.type.name == "COMPUTE"]
+        for i, name in enumerate(problem.role_names)
+    }
+    slower = run_problem(problem.with_compute_durations(measured))
+    doubled = PipelineSpec(
+        **{
+            **SPEC.__dict__,
+            "fwd_ns": 2 * SPEC.fwd_ns,
+            "bwd_ns": 2 * SPEC.bwd_ns,
+            "optimizer_ns": 2 * SPEC.optimizer_ns,
+        }
+    )
+    assert (
+        slower.iteration_time_ns
+        == simulate(
+            layout_pipeline_graph(Layout(world_size=32, tp=2, pp=4), doubled), world, COST
+        ).iteration_time_ns
+    )
+    assert run_problem(problem).iteration_time_ns < slower.iteration_time_ns  # the original is untouched
+    with pytest.raises(ValueError, match="compute ops, got 1 durations"):
+        problem.with_compute_durations({"pp1": [5]})
