@@ -1,5 +1,119 @@
-"""Megatron-LM hooks (placeholder until step 6)."""
+"""Megatron-LM's argument hooks: `--prism-*` on its parser, the target world in `validate_args`.
+
+Megatron-LM parses its flags in `parse_args`, which calls `add_megatron_arguments` (looked up as a
+module global, so wrapping it adds prism's group whatever `extra_args_provider` the script passes),
+then `validate_args` derives DP, VPP and the global batch from `args.world_size`. Under torchrun that
+is the number of real processes; prism sets it to W and `args.rank` to the virtual rank this process
+executes before the original runs, so every derivation is the target job's.
+
+Also the single `get_args()` adapter: no other prism module calls Megatron-LM's `get_args()`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from prism_megatron.config import add_prism_arguments
+from prism_megatron.megatron import runtime
+from prism_megatron.megatron.patches import Patch
+
+VERIFIED_ON = ("0.16.1",)
 
 
-def megatron_lm_records() -> tuple:
-    return ()
+def megatron_lm_args() -> argparse.Namespace:
+    """Megatron-LM's global args (the one place prism reads them)."""
+    from megatron.training import get_args
+
+    return get_args()
+
+
+def parallel_sizes(args: argparse.Namespace) -> runtime.ParallelSizes:
+    """The target job's parallel sizes from Megatron-LM's args, before `validate_args` derives VPP."""
+    pp = args.pipeline_model_parallel_size
+    vpp = getattr(args, "virtual_pipeline_model_parallel_size", None)
+    if getattr(args, "num_virtual_stages_per_pipeline_rank", None):
+        vpp = args.num_virtual_stages_per_pipeline_rank
+    elif getattr(args, "num_layers_per_virtual_pipeline_stage", None) and args.num_layers:
+        vpp = args.num_layers // pp // args.num_layers_per_virtual_pipeline_stage
+    return runtime.ParallelSizes(
+        tp=args.tensor_model_parallel_size,
+        pp=pp,
+        vpp=vpp if vpp and vpp > 1 else None,
+        cp=args.context_parallel_size,
+        ep=args.expert_model_parallel_size,
+        etp=args.expert_tensor_parallel_size,
+        order="tp-cp-ep-pp-dp" if args.use_tp_pp_dp_mapping else "tp-cp-ep-dp-pp",
+        untie_embeddings=args.untie_embeddings_and_output_weights,
+    )
+
+
+def _add_arguments(original):
+    def add_megatron_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        return add_prism_arguments(original(parser))
+
+    return add_megatron_arguments
+
+
+def _set_target_world(rt: runtime.Runtime, args: argparse.Namespace) -> None:
+    """args.world_size = W and args.rank = this process's virtual rank; remember the sizes."""
+    sizes = parallel_sizes(args)
+    rt.sizes = sizes
+    if not rt.config.emulation.emulate:
+        return
+    real_ranks = runtime.select_real_ranks(rt.config, runtime.target_layout(rt.config, sizes))
+    physical_rank = int(os.environ.get("RANK", "0"))
+    runtime.check_process_count(real_ranks)
+    args.world_size = rt.config.emulation.world_size
+    args.rank = real_ranks[physical_rank]
+
+
+def _keep_data_flags_real(rt: runtime.Runtime, args: argparse.Namespace) -> None:
+    """Rank 0 decides do_train/do_valid/do_test and broadcasts them; when it is virtual, decide here.
+
+    Rank 0 sets each flag when its data loader exists and there are iterations to run; with mock or
+    real data its loaders exist, so the flags follow the iteration counts (Megatron-LM's own rule).
+    """
+    if not rt.config.emulation.emulate or rt.world_is_real(0):
+        return
+    args.do_train = bool(args.train_iters and args.train_iters > 0)
+    evaluating = bool(getattr(args, "full_validation", False) or args.eval_iters > 0)
+    args.do_valid = args.do_test = evaluating
+
+
+def _validate(rt: runtime.Runtime):
+    def make(original):
+        def validate_args(args, defaults={}):  # noqa: B006  (Megatron-LM's own signature)
+            _set_target_world(rt, args)
+            result = original(args, defaults)
+            _keep_data_flags_real(rt, args)
+            return result
+
+        return validate_args
+
+    return make
+
+
+def argument_records(rt: runtime.Runtime) -> tuple[Patch, ...]:
+    """The argument hooks, bound to a run."""
+    return (
+        Patch(
+            name="megatron_lm.prism_arguments",
+            target="megatron.training.arguments:add_megatron_arguments",
+            make=_add_arguments,
+            verified_on=VERIFIED_ON,
+            reason="adds the --prism-* group to Megatron-LM's parser without editing the user's script; "
+            "parse_args looks this function up at call time",
+            signature="(parser: argparse.ArgumentParser)",
+        ),
+        Patch(
+            name="megatron_lm.validate_args",
+            target="megatron.training.arguments:validate_args",
+            make=_validate(rt),
+            verified_on=VERIFIED_ON,
+            reason="every derivation (DP, global batch, VPP) must see the target world size W and the "
+            "virtual rank, not torchrun's; and do_train/do_valid/do_test come from a virtual rank 0",
+            importers=("megatron.training.initialize",),
+            signature="(args, defaults={})",
+        ),
+    )

@@ -11,8 +11,8 @@ from prism_megatron.megatron.distributed import VirtualWorld
 
 
 def all_patches() -> tuple[patches.AnyPatch, ...]:
-    """Records in the order a CPU emulation applies them (Megatron-LM hooks last)."""
-    from prism_megatron.megatron import arguments
+    """Records in the order a CPU emulation applies them (Megatron-LM's last: only its script uses them)."""
+    from prism_megatron.megatron import megatron_lm
 
     placeholder = VirtualWorld(
         world_size=1, virtual_rank=0, real_ranks=(0,), physical_rank=0, backend="prism"
@@ -22,7 +22,7 @@ def all_patches() -> tuple[patches.AnyPatch, ...]:
         parallel_state.create_group_patch(virtual_backend="prism", log=parallel_state.GroupLog()),
         p2p.p2p_patch(placeholder),
         *control_flow.core_fixes(placeholder),
-        *arguments.megatron_lm_records(),
+        *megatron_lm.all_records(),
     )
 
 

@@ -130,12 +130,12 @@ def init_virtual_world(
     return world
 
 
-def init_real_world(*, timeout_s: float = 300.0) -> None:
-    """Plain gloo default group from torchrun's environment (a real run without emulation)."""
+def init_real_world(*, backend: str = "gloo", timeout_s: float = 300.0) -> None:
+    """The plain default group from torchrun's environment (a real run without emulation)."""
     if dist.is_initialized():
         return
     timeout = datetime.timedelta(seconds=timeout_s)
     if "MASTER_ADDR" in os.environ:
-        dist.init_process_group("gloo", timeout=timeout)
+        dist.init_process_group(backend, timeout=timeout)
     else:  # one process started by hand
-        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)

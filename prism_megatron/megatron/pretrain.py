@@ -159,7 +159,7 @@ def train(args: argparse.Namespace, rt: runtime.Runtime) -> dict[str, Any]:
             _log(args, iteration, step, rt)
     mem = tracker.report() if tracker else memory.cuda_report(ddp_model, optimizer)
     return results.collect(
-        args=args, rt=rt, ddp_model=ddp_model, optimizer=optimizer, iterations=iterations, memory_report=mem
+        rt=rt, ddp_model=ddp_model, optimizer=optimizer, iterations=iterations, memory_report=mem
     )
 
 
@@ -181,12 +181,12 @@ def run(argv: list[str]) -> dict[str, Any]:
     if config.patches.list_patches:
         print(catalog.table())
         return {}
-    sizes = sizes_from_args(args)
     rt = runtime.start(config)
+    rt.sizes = sizes_from_args(args)
     try:
-        runtime.bring_up(rt, sizes)
+        runtime.bring_up(rt)
         pretrain_args.derive_world(args, dist.get_world_size())
-        initialize_model_parallel(args, sizes)
+        initialize_model_parallel(args, rt.sizes)
         runtime.before_model(rt)
         results.check_writable(config, rt.virtual_rank)
         with collectives.CollectiveRecorder() as recorder:

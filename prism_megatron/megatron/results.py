@@ -84,7 +84,8 @@ def optimizer_shard_numel(optimizer: Any) -> int:
     )
 
 
-def collect(*, args, rt, ddp_model, optimizer, iterations, memory_report) -> dict[str, Any]:
+def collect(*, rt, ddp_model, optimizer, iterations, memory_report) -> dict[str, Any]:
+    """This rank's results after training (`memory_report` None when nothing measured memory)."""
     world = rt.world
     return {
         "schema_version": RESULTS_SCHEMA_VERSION,
@@ -96,7 +97,7 @@ def collect(*, args, rt, ddp_model, optimizer, iterations, memory_report) -> dic
         "device": rt.device,
         "role": role(),
         "iterations": iterations,
-        "memory": memory_report.as_dict(),
+        "memory": memory_report.as_dict() if memory_report is not None else None,
         "num_parameters": sum(p.numel() for chunk in ddp_model for p in chunk.module.parameters()),
         "num_parameter_tensors": sum(1 for chunk in ddp_model for _ in chunk.module.parameters()),
         "grad_buffers": grad_buffers(ddp_model),
@@ -108,6 +109,18 @@ def collect(*, args, rt, ddp_model, optimizer, iterations, memory_report) -> dic
         "num_groups_member": len(rt.group_log.member_groups()),
         "environment": environment(),
     }
+
+
+def collect_megatron_lm(*, rt, record, memory_report) -> dict[str, Any]:
+    """Results of a Megatron-LM script run, from what the train_step hook recorded."""
+    model = [chunk for chunk in record.model if hasattr(chunk, "buffers")]
+    return collect(
+        rt=rt,
+        ddp_model=model,
+        optimizer=record.optimizer,
+        iterations=record.iterations,
+        memory_report=memory_report,
+    )
 
 
 def path_for(config: PrismConfig, virtual_rank: int) -> str:

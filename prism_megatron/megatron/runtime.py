@@ -62,24 +62,38 @@ def num_real_processes() -> int:
     return int(os.environ.get("WORLD_SIZE", "1")) if "MASTER_ADDR" in os.environ else 1
 
 
+def check_process_count(real_ranks: tuple[int, ...]) -> None:
+    if len(real_ranks) != num_real_processes():
+        raise ValueError(
+            f"--prism-ranks selects {len(real_ranks)} real ranks {list(real_ranks)} but "
+            f"{num_real_processes()} processes were launched; launch one process per real rank "
+            "(--nproc-per-node)"
+        )
+
+
 @dataclasses.dataclass
 class Runtime:
     """What one real process set up, and how to take it down again."""
 
     config: PrismConfig
     device: str
+    sizes: ParallelSizes | None = None
+    """The target job's parallel sizes, once the entry's arguments are known."""
     world: distributed.VirtualWorld | None = None
     group_log: parallel_state.GroupLog = dataclasses.field(default_factory=parallel_state.GroupLog)
     applied: list[patches.AppliedPatches] = dataclasses.field(default_factory=list)
     p2p_class: Any = None
 
     @property
-    def emulating(self) -> bool:
-        return self.world is not None
-
-    @property
     def virtual_rank(self) -> int:
         return self.world.virtual_rank if self.world else dist.get_rank()
+
+    def world_is_real(self, virtual_rank: int) -> bool:
+        """Whether a virtual rank is run by a real process (every rank is, without emulation)."""
+        if not self.config.emulation.emulate:
+            return True
+        assert self.sizes is not None, "the parallel sizes are set before asking about ranks"
+        return virtual_rank in select_real_ranks(self.config, target_layout(self.config, self.sizes))
 
     def apply(self, records: tuple) -> None:
         self.applied.append(
@@ -114,18 +128,15 @@ def start(config: PrismConfig) -> Runtime:
     return runtime
 
 
-def bring_up(runtime: Runtime, sizes: ParallelSizes) -> None:
-    """Initialise torch.distributed (virtual world when emulating) and wrap `create_group`."""
+def bring_up(runtime: Runtime) -> None:
+    """Initialise torch.distributed (the virtual world when emulating) and wrap `create_group`."""
     config = runtime.config
+    if runtime.device == "cuda":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     if config.emulation.emulate:
-        layout = target_layout(config, sizes)
+        layout = target_layout(config, runtime.sizes)
         real_ranks = select_real_ranks(config, layout)
-        if len(real_ranks) != num_real_processes():
-            raise ValueError(
-                f"--prism-ranks selects {len(real_ranks)} real ranks {list(real_ranks)} but "
-                f"{num_real_processes()} processes were launched; launch one process per real rank "
-                "(--nproc-per-node)"
-            )
+        check_process_count(real_ranks)
         store, physical_rank, _ = distributed.rendezvous_store(config.emulation.timeout_s)
         runtime.world = distributed.init_virtual_world(
             world_size=config.emulation.world_size,
@@ -139,7 +150,8 @@ def bring_up(runtime: Runtime, sizes: ParallelSizes) -> None:
         )
         virtual_backend = runtime.world.backend
     else:
-        distributed.init_real_world(timeout_s=config.emulation.timeout_s)
+        backend = "nccl" if runtime.device == "cuda" else "gloo"
+        distributed.init_real_world(backend=backend, timeout_s=config.emulation.timeout_s)
         virtual_backend = None
     runtime.apply(
         (parallel_state.create_group_patch(virtual_backend=virtual_backend, log=runtime.group_log),)

@@ -22,16 +22,12 @@ def quiet_env() -> dict[str, str]:
 
 
 def run_entry(
-    out_dir: Path,
-    nproc: int,
-    *flags: str,
-    module: str = "prism_megatron.megatron.pretrain",
-    timeout_s: float = 420.0,
+    out_dir: Path, nproc: int, *flags: str, script: str = "builtin", timeout_s: float = 420.0
 ) -> list[dict]:
-    """Run `module` under `torch.distributed.run` with `nproc` processes; return per-rank results."""
+    """Run `prism_megatron.launch SCRIPT` under torch's launcher with `nproc` processes; per-rank results."""
     command = [
         sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-        "-m", module, *flags, "--prism-out", str(out_dir), "--prism-overwrite",
+        "-m", "prism_megatron.launch", script, *flags, "--prism-out", str(out_dir), "--prism-overwrite",
     ]  # fmt: skip
     done = subprocess.run(command, env=quiet_env(), capture_output=True, text=True, timeout=timeout_s)
     assert done.returncode == 0, f"exit {done.returncode}\n{done.stdout[-4000:]}\n{done.stderr[-6000:]}"

@@ -1,0 +1,89 @@
+"""The entry every real process runs: `python -m prism_megatron.launch SCRIPT [ARGS...]`.
+
+Run it under torchrun or srun, one process per real rank (`prism-megatron emulate` spawns it through
+torch's own launcher). SCRIPT is either `builtin` (the megatron-core GPT entry shipped with the
+package) or the path of a Megatron-LM training script such as `$MEGATRON_LM_DIR/pretrain_gpt.py`,
+which then runs unmodified. ARGS are the script's Megatron flags plus `--prism-*`.
+
+Under srun without torchrun, the SLURM task variables stand in for torchrun's (RANK, WORLD_SIZE,
+LOCAL_RANK); MASTER_ADDR and MASTER_PORT must be set by the job script.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from prism_megatron.cli import CommandLineError
+
+BUILTIN = "builtin"
+USAGE = "usage: python -m prism_megatron.launch {builtin | SCRIPT.py} [megatron and --prism-* flags]"
+_SLURM_TO_TORCHRUN = {"RANK": "SLURM_PROCID", "WORLD_SIZE": "SLURM_NTASKS", "LOCAL_RANK": "SLURM_LOCALID"}
+
+
+def adopt_slurm_environment(environ: dict[str, str]) -> None:
+    """Fill RANK, WORLD_SIZE, LOCAL_RANK from SLURM's task variables when torchrun did not set them."""
+    if "RANK" in environ or "SLURM_PROCID" not in environ:
+        return
+    for torchrun_name, slurm_name in _SLURM_TO_TORCHRUN.items():
+        if slurm_name in environ:
+            environ[torchrun_name] = environ[slurm_name]
+
+
+def prism_config(script_args: list[str]):
+    """The PrismConfig of the `--prism-*` flags among a script's arguments."""
+    from prism_megatron.config import PrismConfig, add_prism_arguments
+
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    add_prism_arguments(parser)
+    known, _ = parser.parse_known_args(script_args)
+    return PrismConfig.from_args(known)
+
+
+def run_megatron_lm(script: str, script_args: list[str]) -> int:
+    """Run a Megatron-LM script as a prism real rank and write this rank's results."""
+    if not os.path.isfile(script):
+        raise CommandLineError(
+            f"SCRIPT {script!r} is not a file; pass 'builtin' or a Megatron-LM training script"
+        )
+    from prism_megatron.megatron import catalog, megatron_lm, results, runtime
+
+    config = prism_config(script_args)
+    if config.patches.list_patches:
+        print(catalog.table())
+        return 0
+    rt = runtime.start(config)
+    try:
+        record = megatron_lm.run_script(script, script_args, rt)
+        memory_report = record.finish()
+        if record.model is not None:
+            out = results.collect_megatron_lm(rt=rt, record=record, memory_report=memory_report)
+            results.write(config, rt.virtual_rank, out)
+    finally:
+        rt.close()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(USAGE, file=sys.stderr)
+        return 0 if argv else 2
+    adopt_slurm_environment(os.environ)
+    script, script_args = argv[0], argv[1:]
+    try:
+        if script == BUILTIN:
+            from prism_megatron.megatron import pretrain
+
+            return pretrain.main(script_args)
+        return run_megatron_lm(script, script_args)
+    except (CommandLineError, ValueError) as exc:
+        if os.environ.get("PRISM_DEBUG") == "1":
+            raise
+        print(f"prism_megatron.launch: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

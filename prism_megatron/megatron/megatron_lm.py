@@ -1,0 +1,237 @@
+"""Run Megatron-LM's own training script (e.g. `pretrain_gpt.py`), unmodified, as a prism real rank.
+
+The launcher parses the `--prism-*` flags, installs the CPU device shim when the device is the CPU,
+applies the hooks below, makes the Megatron-LM checkout importable next to the installed
+megatron-core, and runs the script with `runpy` as `__main__`. The hooks are records like every patch:
+
+- arguments (arguments.py): `--prism-*` on Megatron-LM's parser; W and the virtual rank in
+  `validate_args`; do_train/do_valid/do_test when rank 0 is virtual;
+- `_initialize_distributed`: the virtual world (or a plain gloo world on the CPU), then Megatron's own
+  `initialize_model_parallel`, then the p2p communicator and control-flow fixes;
+- `train_step`: mark each iteration's start for the replay engine, and record its grad norm and loss;
+- `get_batch_on_this_tp_rank`: plausible token batches when the TP source rank is virtual;
+- CPU only: `initialize_megatron(allow_no_cuda=True)`, no `_compile_dependencies` (fused kernels need
+  nvcc), and a one-device torch.cuda face (`device_count`, `set_device`, an sm90 capability).
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+import sys
+from typing import Any
+
+import torch
+
+import prism_megatron.replay as replay
+from prism_megatron.megatron import arguments, memory, runtime
+from prism_megatron.megatron.patches import Patch
+
+VERIFIED_ON = ("0.16.1",)
+_SM90 = (9, 0)
+
+
+def _record(name: str, target: str, make, reason: str, **kw: Any) -> Patch:
+    return Patch(name=name, target=target, make=make, verified_on=VERIFIED_ON, reason=reason, **kw)
+
+
+def _initialize_distributed(rt: runtime.Runtime):
+    def make(original):
+        def _initialize_distributed(get_embedding_ranks, get_position_embedding_ranks, store):
+            if not torch.distributed.is_initialized() and (rt.device == "cpu" or rt.config.emulation.emulate):
+                runtime.bring_up(rt)
+            original(get_embedding_ranks, get_position_embedding_ranks, store)
+            runtime.before_model(rt)
+
+        return _initialize_distributed
+
+    return make
+
+
+class TrainingRecord:
+    """What the `train_step` hook saw: per iteration grad norm and loss, and the model and optimizer."""
+
+    def __init__(self, rt: runtime.Runtime) -> None:
+        self.rt = rt
+        self.iterations: list[dict[str, Any]] = []
+        self.model: list | None = None
+        self.optimizer: Any = None
+        self.tracker: memory.LiveStorageTracker | None = None
+
+    def before_step(self, model: list, optimizer: Any) -> None:
+        replay.mark_iteration_start()
+        if self.model is None:
+            self.model, self.optimizer = model, optimizer
+            if self.rt.device == "cpu":
+                self.tracker = memory.LiveStorageTracker().__enter__()
+                self.tracker.label_model(model)
+
+    def after_step(self, returned: tuple) -> None:
+        loss_dict, grad_norm = returned[0], returned[5]
+        loss = loss_dict.get("lm loss") if isinstance(loss_dict, dict) else None
+        self.iterations.append(
+            {
+                "loss": None if loss is None else float(loss),
+                "grad_norm": None if grad_norm is None else float(grad_norm),
+            }
+        )
+        if self.tracker is not None:
+            self.tracker.label_optimizer(self.optimizer)
+
+    def finish(self) -> memory.MemoryReport | None:
+        if self.tracker is not None:
+            self.tracker.__exit__(None, None, None)
+            return self.tracker.report()
+        if self.model is not None and torch.cuda.is_available():
+            return memory.cuda_report(self.model, self.optimizer)
+        return None
+
+
+def _train_step(record: TrainingRecord):
+    def make(original):
+        def train_step(forward_step_func, data_iterator, model, optimizer, *args, **kwargs):
+            record.before_step(model, optimizer)
+            returned = original(forward_step_func, data_iterator, model, optimizer, *args, **kwargs)
+            record.after_step(returned)
+            return returned
+
+        return train_step
+
+    return make
+
+
+def _plausible_batch(batch: dict, vocab_size: int, seed: int) -> None:
+    """Token ids in the vocabulary, every token counted, a causal mask, positions 0..s-1."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for key in ("tokens", "labels"):
+            if isinstance(batch.get(key), torch.Tensor):
+                ids = torch.randint(0, vocab_size, batch[key].shape, generator=generator)
+                batch[key].copy_(ids.to(batch[key].dtype))
+        if isinstance(batch.get("loss_mask"), torch.Tensor):
+            batch["loss_mask"].fill_(1)
+        if isinstance(batch.get("attention_mask"), torch.Tensor):
+            s = batch["attention_mask"].shape[-1]
+            batch["attention_mask"].copy_(
+                torch.triu(torch.ones(s, s, dtype=torch.bool), diagonal=1).expand_as(batch["attention_mask"])
+            )
+        if isinstance(batch.get("position_ids"), torch.Tensor):
+            s = batch["position_ids"].shape[-1]
+            batch["position_ids"].copy_(torch.arange(s).expand_as(batch["position_ids"]))
+
+
+def _tp_batch(rt: runtime.Runtime):
+    def make(original):
+        def get_batch_on_this_tp_rank(data_iterator, mtp_on_this_rank: bool = False):
+            from megatron.core import parallel_state
+
+            batch = original(data_iterator, mtp_on_this_rank=mtp_on_this_rank)
+            source = parallel_state.get_tensor_model_parallel_src_rank()
+            virtual_source = rt.world is not None and not rt.world.is_real(source)
+            if parallel_state.get_tensor_model_parallel_rank() != 0 and virtual_source:
+                _plausible_batch(batch, arguments.megatron_lm_args().padded_vocab_size, seed=rt.virtual_rank)
+            return batch
+
+        return get_batch_on_this_tp_rank
+
+    return make
+
+
+def _allow_no_cuda(original):
+    def initialize_megatron(*args, **kwargs):
+        kwargs["allow_no_cuda"] = True
+        return original(*args, **kwargs)
+
+    return initialize_megatron
+
+
+def _fake_device_properties(original):
+    class Properties:
+        name, major, minor, total_memory, multi_processor_count = "prism-cpu", *_SM90, 80 * 2**30, 132
+
+    return lambda device=None: Properties()
+
+
+def cpu_records() -> tuple[Patch, ...]:
+    """Megatron-LM on the CPU: what its training code needs beyond megatron-core's shims."""
+    return (
+        _record("megatron_lm.allow_no_cuda", "megatron.training.initialize:initialize_megatron", _allow_no_cuda,
+                "initialize_megatron asserts CUDA unless allow_no_cuda; the CPU device shim stands in",
+                importers=("megatron.training.training", "megatron.training"), signature=None),
+        _record("megatron_lm.skip_compile_dependencies", "megatron.training.initialize:_compile_dependencies",
+                lambda original: lambda: None, "the legacy fused kernels need nvcc; the dataset helpers ship compiled",
+                signature="()"),
+        _record("megatron_lm.skip_jit_warmup", "megatron.training.initialize:_warmup_jit_function",
+                lambda original: lambda: None, "the warm-up runs the torch.compile'd fusions; inductor then asks the "
+                "shimmed GPU for properties it cannot give (the run uses no fusion: pass --no-*-fusion)",
+                signature="()"),
+        _record("cpu.device_count", "torch.cuda:device_count", lambda original: lambda: 1,
+                "_initialize_distributed builds the model-parallel groups and seeds only when a device exists",
+                signature="() -> int"),
+        _record("cpu.set_device", "torch.cuda:set_device", lambda original: lambda device: None,
+                "one CPU device; nothing to select", signature="(device: torch.device | str | int | None) -> None"),
+        _record("cpu.device_capability", "torch.cuda:get_device_capability", lambda original: lambda device=None: _SM90,
+                "validate_args reads the architecture (TP/CP > 1); an sm90 answer keeps the GPU code path",
+                signature="(device: torch.device | str | int | None = None) -> tuple[int, int]"),
+        _record("cpu.device_properties", "torch.cuda:get_device_properties", _fake_device_properties,
+                "counterpart of cpu.device_capability", signature=None),
+    )  # fmt: skip
+
+
+def emulation_records(rt: runtime.Runtime, record: TrainingRecord) -> tuple[Patch, ...]:
+    """Megatron-LM hooks bound to a run (both devices)."""
+    return (
+        *arguments.argument_records(rt),
+        _record("megatron_lm.initialize_distributed", "megatron.training.initialize:_initialize_distributed",
+                _initialize_distributed(rt), "brings up the virtual world before Megatron builds its groups in it, "
+                "and installs the p2p communicator and control-flow fixes before the model is built",
+                signature="(get_embedding_ranks, get_position_embedding_ranks, store)"),
+        _record("megatron_lm.train_step", "megatron.training.training:train_step", _train_step(record),
+                "marks each iteration's start for the replay engine and records grad norm and loss",
+                signature="(forward_step_func, data_iterator, model, optimizer, opt_param_scheduler, config, "
+                "forward_backward_func, iteration=None)"),
+        _record("megatron_lm.tp_batch_from_virtual_source", "megatron.training.utils:get_batch_on_this_tp_rank",
+                _tp_batch(rt), "TP ranks other than 0 receive the batch from TP rank 0; when it is virtual they get "
+                "plausible tokens, so a rank that is not a data source trains",
+                importers=("megatron.training.training",),
+                signature="(data_iterator, mtp_on_this_rank: bool = False)"),
+    )  # fmt: skip
+
+
+def all_records() -> tuple[Patch, ...]:
+    """Every Megatron-LM record, bound to a placeholder run (for the table and the drift tests)."""
+    from prism_megatron.config import PrismConfig
+
+    placeholder = runtime.Runtime(config=PrismConfig(), device="cpu")
+    return (*emulation_records(placeholder, TrainingRecord(placeholder)), *cpu_records())
+
+
+def make_importable(script: str) -> None:
+    """Put the script's checkout on sys.path after the installed megatron-core.
+
+    The checkout's own `megatron/core` has no compiled dataset helpers; importing megatron.core from
+    the installed wheel first and appending the checkout keeps the wheel's core and takes
+    `megatron.training` (and the script's neighbours, such as gpt_builders) from the checkout.
+    """
+    import megatron.core  # noqa: F401  (the installed one, before the checkout is on the path)
+
+    checkout = os.path.dirname(os.path.abspath(script))
+    if checkout not in sys.path:
+        sys.path.append(checkout)
+
+
+def run_script(script: str, script_args: list[str], rt: runtime.Runtime) -> TrainingRecord:
+    """Apply the hooks and run `script` as `__main__` with `script_args`; returns what training did."""
+    make_importable(script)
+    record = TrainingRecord(rt)
+    if rt.device == "cpu":
+        os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "1")  # validate_args asserts it for TP/CP > 1
+        rt.apply(cpu_records())
+    rt.apply(emulation_records(rt, record))
+    saved_argv = sys.argv
+    sys.argv = [script, *script_args]
+    try:
+        runpy.run_path(script, run_name="__main__")
+    finally:
+        sys.argv = saved_argv
+    return record
