@@ -4,6 +4,8 @@ Knows nothing of Megatron: capture (in `prism_megatron.megatron`) fills the sche
 (`prism_megatron.sim`) reads it.
 """
 
+from prism_megatron.graph.chakra import export_chakra
+from prism_megatron.graph.expand import ExpandedGraph, ResolvedOp
 from prism_megatron.graph.io import load_graph, save_graph
 from prism_megatron.graph.printable import format_op, parse_op
 from prism_megatron.graph.schema import (
@@ -17,6 +19,7 @@ from prism_megatron.graph.schema import (
     Op,
     RoleGraph,
 )
+from prism_megatron.graph.world import ExplicitWorld, LayoutWorld, World, world_from_metadata
 
 __all__ = [
     "COMPUTE_STREAM",
@@ -24,12 +27,19 @@ __all__ = [
     "WORLD_GROUP",
     "Dep",
     "ExecutionGraph",
+    "ExpandedGraph",
+    "ExplicitWorld",
     "GraphMetadata",
+    "LayoutWorld",
     "NodeType",
     "Op",
+    "ResolvedOp",
     "RoleGraph",
+    "World",
+    "export_chakra",
     "format_op",
     "load_graph",
     "parse_op",
     "save_graph",
+    "world_from_metadata",
 ]
