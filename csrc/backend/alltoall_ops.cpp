@@ -71,6 +71,11 @@ c10::intrusive_ptr<c10d::Work> PrismBackend::alltoall_base(at::Tensor& output, a
   plan.dtype = input.scalar_type();
   plan.async_op = opts.asyncOp;
   plan.outputs = {output};
+  if (!real_ && input_split_sizes == output_split_sizes && input.numel() == output.numel()) {
+    // This process alone and every block the size of the local one: the output is the input.
+    plan.local = [output, input]() mutable { output.copy_(input.reshape(output.sizes())); };
+    return launch(std::move(plan));
+  }
   const auto in_blocks = blocks_of(input, block_rows(input_split_sizes, input, n));
   const auto out_rows = block_rows(output_split_sizes, output, n);
   const auto out_blocks = blocks_of(output, out_rows);

@@ -131,42 +131,49 @@ c10::intrusive_ptr<c10d::Work> PrismBackend::allgather_into_tensor_coalesced(std
   plan.dtype = inputs[0].scalar_type();
   plan.async_op = opts.asyncOp;
   plan.outputs = outputs;
+  if (!real_) {
+    // This process alone: every slot is a copy of the input, one broadcasting copy per op.
+    plan.local = [outputs, inputs, n]() mutable {
+      for (size_t i = 0; i < outputs.size(); ++i) {
+        outputs[i].view({n, -1}).copy_(inputs[i].reshape({1, -1}).expand({n, -1}));
+      }
+    };
+    return launch(std::move(plan));
+  }
   std::vector<std::vector<at::Tensor>> slots;  // per op, per member
   for (size_t i = 0; i < outputs.size(); ++i) {
     slots.push_back(slots_of(outputs[i], inputs[i], n));
   }
-  if (real_) {
-    plan.issue_real = [this, outputs, inputs, slots, opts]() mutable -> c10::intrusive_ptr<c10d::Work> {
-      if (layout_.all_real()) {
-        return outputs.size() == 1 ? real_->_allgather_base(outputs[0], inputs[0], opts)
-                                   : real_->allgather_into_tensor_coalesced(outputs, inputs, opts);
+  plan.issue_real = [this, outputs, inputs, slots, opts]() mutable -> c10::intrusive_ptr<c10d::Work> {
+    if (layout_.all_real()) {
+      return outputs.size() == 1 ? real_->_allgather_base(outputs[0], inputs[0], opts)
+                                 : real_->allgather_into_tensor_coalesced(outputs, inputs, opts);
+    }
+    if (outputs.size() == 1) {
+      std::vector<std::vector<at::Tensor>> real_outputs{real_slots(layout_, slots[0])};
+      return real_->allgather(real_outputs, inputs, opts);
+    }
+    std::vector<std::vector<at::Tensor>> per_rank(layout_.num_real());  // [real rank][op]
+    for (auto& op_slots : slots) {
+      auto real = real_slots(layout_, op_slots);
+      for (int64_t r = 0; r < layout_.num_real(); ++r) {
+        per_rank[r].push_back(real[r]);
       }
-      if (outputs.size() == 1) {
-        std::vector<std::vector<at::Tensor>> real_outputs{real_slots(layout_, slots[0])};
-        return real_->allgather(real_outputs, inputs, opts);
-      }
-      std::vector<std::vector<at::Tensor>> per_rank(layout_.num_real());  // [real rank][op]
-      for (auto& op_slots : slots) {
-        auto real = real_slots(layout_, op_slots);
-        for (int64_t r = 0; r < layout_.num_real(); ++r) {
-          per_rank[r].push_back(real[r]);
-        }
-      }
-      return real_->allgather_coalesced(per_rank, inputs, opts);
-    };
+    }
+    return real_->allgather_coalesced(per_rank, inputs, opts);
+  };
+  if (layout_.all_real()) {
+    return launch(std::move(plan));
   }
-  const bool alone = !real_;
   std::vector<int64_t> source_slot(n);
   for (int64_t m = 0; m < n; ++m) {
     source_slot[m] = layout_.real_positions()[layout_.stand_in(m)];
   }
-  plan.local = [slots, inputs, alone, source_slot = std::move(source_slot)]() mutable {
-    for (size_t i = 0; i < slots.size(); ++i) {
-      for (size_t m = 0; m < slots[i].size(); ++m) {
-        if (alone) {
-          slots[i][m].copy_(inputs[i]);
-        } else if (source_slot[m] != static_cast<int64_t>(m)) {
-          slots[i][m].copy_(slots[i][source_slot[m]]);
+  plan.local = [slots, source_slot = std::move(source_slot)]() mutable {
+    for (auto& op_slots : slots) {
+      for (size_t m = 0; m < op_slots.size(); ++m) {
+        if (source_slot[m] != static_cast<int64_t>(m)) {
+          op_slots[m].copy_(op_slots[source_slot[m]]);
         }
       }
     }
