@@ -156,6 +156,8 @@ def _derive_model(a: argparse.Namespace) -> None:
         value = getattr(a, name)
         if isinstance(value, list) and len(value) == 1:
             setattr(a, name, value[0])
+    if a.add_bias_linear:
+        a.add_qkv_bias = True  # arguments.py keeps the two bias switches in sync
     a.padded_vocab_size = padded_vocab_size(a)
 
 
