@@ -125,6 +125,8 @@ def build_chunks(args: argparse.Namespace, config: TransformerConfig) -> list[GP
         chunk.vp_stage = vp_stage
         for param in chunk.parameters():
             set_defaults_if_not_set_tensor_model_parallel_attributes(param)
+        if torch.cuda.is_available():  # as Megatron-LM's get_model: modules built on the host move over
+            chunk.cuda(torch.cuda.current_device())
         if args.bf16 or args.fp16:
             chunk = chunk.to(params_dtype(args))
         chunks.append(chunk)

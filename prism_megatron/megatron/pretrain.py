@@ -148,7 +148,7 @@ def train(args: argparse.Namespace, rt: runtime.Runtime) -> dict[str, Any]:
     iterations = []
     with tracker or memory.cuda_peak_scope():
         for iteration in range(args.train_iters):
-            if hasattr(replay, "mark_iteration_start"):
+            if rt.world is not None:  # the replay engine times virtual peers; a plain run has none
                 replay.mark_iteration_start()
             start_s = time.perf_counter()
             step = train_step(args, ddp_model, optimizer, iterators, forward_backward)
