@@ -40,7 +40,7 @@ class EmulationConfig:
     world_size: int | None = None
     """W, the number of GPUs of the target job; required with --prism-emulate."""
     ranks: str | None = None
-    """Which virtual ranks are real (the rank-selection language, e.g. '0,5' or 'stage=0..1,tp=0'); default: one rank per role."""
+    """Which virtual ranks are real, one process each: '5,1029', 'pp=0,7;tp=0;dp=0', 'slice' (default: one rank per role)."""
     device: str = dataclasses.field(default="auto", metadata={"choices": DEVICES})
     """Device of the real ranks; auto picks cuda when available, else cpu (with the CPU device shim)."""
     data_policy: str = dataclasses.field(default="mirror", metadata={"choices": DATA_POLICIES})

@@ -100,3 +100,12 @@ def test_auto_device_resolves_by_cuda_availability():
     assert prism_config.EmulationConfig().resolved_device(cuda_available=False) == "cpu"
     assert prism_config.EmulationConfig().resolved_device(cuda_available=True) == "cuda"
     assert prism_config.EmulationConfig(device="cpu").resolved_device(cuda_available=True) == "cpu"
+
+
+def test_the_readme_lists_every_flag_with_its_default():
+    import pathlib
+
+    readme = (pathlib.Path(__file__).parents[2] / "README.md").read_text(encoding="utf-8")
+    for flag, default, help_text in prism_config.flag_table():
+        shown = "off" if default is False else ("—" if default is None else f"`{default}`")
+        assert f"| `{flag}` | {shown} | {help_text} |" in readme, flag
