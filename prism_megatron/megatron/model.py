@@ -89,6 +89,7 @@ def transformer_config(args: argparse.Namespace) -> TransformerConfig:
         batch_p2p_comm=not args.overlap_p2p_communication,
         overlap_p2p_comm=args.overlap_p2p_communication,
         microbatch_group_size_per_vp_stage=args.microbatch_group_size_per_virtual_pipeline_stage,
+        variable_seq_lengths=args.variable_seq_lengths,
     )
 
 

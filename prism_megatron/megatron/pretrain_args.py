@@ -92,6 +92,9 @@ def _parallel_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--use-tp-pp-dp-mapping", action="store_true")
     g.add_argument("--no-overlap-p2p-communication", action="store_false", dest="overlap_p2p_communication")
     g.add_argument("--microbatch-group-size-per-virtual-pipeline-stage", type=int, default=None)
+    g.add_argument(
+        "--variable-seq-lengths", action="store_true", help="pipeline stages exchange shapes first"
+    )
 
 
 def _training_args(parser: argparse.ArgumentParser) -> None:

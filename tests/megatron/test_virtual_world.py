@@ -50,6 +50,10 @@ CONFIGS = {
     ),
 }  # fmt: skip
 
+# Variable sequence lengths make neighbours exchange shapes first (the allgather dispatcher refuses them).
+VARIABLE_SEQ = ("--variable-seq-lengths", "--moe-token-dispatcher-type", "alltoall")
+
+
 ROLES = ("first-stage-tp0", "first-stage-rank5", "middle-stage", "last-stage")
 
 
@@ -98,6 +102,13 @@ def test_one_real_process_trains_three_iterations_as_any_role(tmp_path, config, 
         assert out["patches_used"]["megatron.tied_embedding_from_virtual_first_stage"] >= 1
 
 
+def test_variable_sequence_lengths_with_virtual_neighbours(tmp_path):
+    flags, layout, _ = CONFIGS["tp8-pp8-dp128"]
+    out = emulate(tmp_path, (*flags, *VARIABLE_SEQ), rank_for(layout, "middle-stage", ""))
+    assert len(out["iterations"]) == 3 and all(math.isfinite(it["grad_norm"]) for it in out["iterations"])
+    assert out["p2p"]["recv_prev.virtual"] == out["p2p"]["recv_next.virtual"] > 0
+
+
 def test_a_tp_rank_5_of_the_first_stage_trains_in_tp8_pp8(tmp_path):
     """The case the fake process group got wrong: a rank that is not a TP source must still train."""
     flags, layout, rank5_spec = CONFIGS["tp8-pp8-dp128"]
@@ -106,11 +117,12 @@ def test_a_tp_rank_5_of_the_first_stage_trains_in_tp8_pp8(tmp_path):
     assert len(out["iterations"]) == 3 and all(math.isfinite(it["grad_norm"]) for it in out["iterations"])
 
 
-@pytest.mark.parametrize("config", ["pp2", "dp2-distopt-overlap"])
+@pytest.mark.parametrize("config", ["pp2", "dp2-distopt-overlap", "dp2-fp16"])
 def test_emulated_rank_0_with_virtual_rank_1_matches_rank_0_of_a_real_two_process_run(tmp_path, config):
     flags = {
         "pp2": ("--pipeline-model-parallel-size", "2"),
         "dp2-distopt-overlap": ("--use-distributed-optimizer", "--overlap-grad-reduce"),
+        "dp2-fp16": ("--fp16",),  # the loss scaler's found-inf reduction decides whether a step is skipped
     }[config]
     tiny = ("--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
             "--vocab-size", "1000", "--micro-batch-size", "1", "--global-batch-size", "4", "--train-iters", "2",
@@ -129,20 +141,26 @@ def test_emulated_rank_0_with_virtual_rank_1_matches_rank_0_of_a_real_two_proces
     assert emulated["optimizer_shard_numel"] == real["optimizer_shard_numel"]
     for category in ("parameters", "gradients", "optimizer_state"):
         assert emulated["memory"]["at_peak_bytes"][category] == real["memory"]["at_peak_bytes"][category]
+    assert [it["update_successful"] for it in emulated["iterations"]] == [
+        it["update_successful"] for it in real["iterations"]
+    ]
     p2p_sent = real["collectives"]["p2p_counts"].get("send", 0)
     assert sum(v for k, v in emulated["p2p"].items() if k in ("send_next", "send_prev")) == p2p_sent
 
 
 @pytest.mark.slow
-def test_two_real_processes_on_adjacent_stages_exchange_real_data_among_8190_virtual_ranks(tmp_path):
+@pytest.mark.parametrize("shapes", [(), VARIABLE_SEQ], ids=["fixed-shapes", "variable-seq-lengths"])
+def test_two_real_processes_on_adjacent_stages_exchange_real_data_among_8190_virtual_ranks(tmp_path, shapes):
     flags, layout, _ = CONFIGS["tp8-pp8-dp128"]
-    stage0, stage1 = select_ranks(layout, "pp=0,1;tp=0;dp=0")
+    flags = (*flags, *shapes)
+    stage0, stage1 = select_ranks(layout, "pp=3,4;tp=5;dp=0")
     emulation = ("--prism-emulate", "--prism-world-size", str(W), "--prism-ranks", f"{stage0},{stage1}")
     first, second = run_entry(tmp_path, 2, *MODEL, *flags, *emulation)
     assert (first["virtual_rank"], second["virtual_rank"]) == (stage0, stage1)
     assert first["p2p"]["send_next.real"] == second["p2p"]["recv_prev.real"] > 0
     assert first["p2p"]["recv_next.real"] == second["p2p"]["send_prev.real"] > 0
     assert second["p2p"]["send_next.virtual"] > 0 and second["p2p"]["recv_next.virtual"] > 0
+    assert first["p2p"]["recv_prev.virtual"] > 0 and first["p2p"]["send_prev.virtual"] > 0
     # The same data crossed: the sums of everything sent one way and received the other agree.
     assert first["p2p_real_checksums"]["send_next"] == pytest.approx(
         second["p2p_real_checksums"]["recv_prev"]
