@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import sys
 import warnings
 from collections.abc import Iterator
 
@@ -75,6 +76,7 @@ def virtual_world(job: Job, virtual_rank: int) -> Iterator[None]:
         raise ValueError(f"virtual rank {virtual_rank} is outside the job's world of {job.world_size} ranks")
     if dist.is_initialized():
         raise RuntimeError("a default process group already exists; the plan needs its own virtual world")
+    excepthook = sys.excepthook  # init_process_group wraps it with a "[rankN]:" prefix, once per world
     dist.init_process_group("fake", store=FakeStore(), rank=virtual_rank, world_size=job.world_size)
     try:
         initialize_groups(job)
@@ -82,6 +84,7 @@ def virtual_world(job: Job, virtual_rank: int) -> Iterator[None]:
     finally:
         parallel_state.destroy_model_parallel()
         dist.destroy_process_group()
+        sys.excepthook = excepthook
 
 
 @contextlib.contextmanager
