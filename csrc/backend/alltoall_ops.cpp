@@ -69,6 +69,7 @@ c10::intrusive_ptr<c10d::Work> PrismBackend::alltoall_base(at::Tensor& output, a
   plan.size_bytes = static_cast<int64_t>(input.nbytes());
   plan.size_varies = !input_split_sizes.empty() || !output_split_sizes.empty();
   plan.dtype = input.scalar_type();
+  plan.device = input.device();
   plan.async_op = opts.asyncOp;
   plan.outputs = {output};
   if (!real_ && input_split_sizes == output_split_sizes && input.numel() == output.numel()) {
@@ -139,6 +140,7 @@ c10::intrusive_ptr<c10d::Work> PrismBackend::alltoall(std::vector<at::Tensor>& o
   plan.size_bytes = total_bytes(inputs);
   plan.size_varies = true;  // the list form allows a different size per peer
   plan.dtype = inputs[0].scalar_type();
+  plan.device = inputs[0].device();
   plan.async_op = opts.asyncOp;
   plan.outputs = outputs;
   if (real_) {

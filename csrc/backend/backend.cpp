@@ -163,10 +163,10 @@ c10::intrusive_ptr<c10d::Work> PrismBackend::launch(OpPlan plan) {
   spec.seq = record.seq;
   spec.group = record.group;
   spec.ranks_note = ranks_note_;
+  replay::Timing timing;
   if (has_virtual) {
-    const replay::Timing timing =
-        is_p2p ? replay::engine().next_p2p(record.peer, is_send, plan.size_bytes, issue_ns)
-               : replay::engine().next_collective(*slot_, plan.kind, plan.size_bytes, issue_ns, info_->label);
+    timing = is_p2p ? replay::engine().next_p2p(record.peer, is_send, plan.size_bytes, issue_ns)
+                    : replay::engine().next_collective(*slot_, plan.kind, plan.size_bytes, issue_ns, info_->label);
     spec.deadline_ns = timing.completion_ns(issue_ns);
     record.start_ns = std::max(issue_ns, timing.arrival_ns);
     if (!timing.error.empty()) {
@@ -174,11 +174,20 @@ c10::intrusive_ptr<c10d::Work> PrismBackend::launch(OpPlan plan) {
     }
   }
   spec.log_id = replay::op_log().begin(std::move(record));
+  const bool real_part = real_ && (!is_p2p || !has_virtual);
+#ifdef PRISM_WITH_CUDA
+  if (plan.device.is_cuda() && !spec.error) {
+    auto work = launch_on_device(std::move(plan), std::move(spec), timing, has_virtual, real_part);
+    if (coalescing_) {
+      coalesced_.push_back(work);
+    }
+    return work;
+  }
+#endif
 
   if (!spec.error) {
     try {
       at::AutoDispatchBelowAutograd below_autograd;  // like a real backend, write below autograd
-      const bool real_part = real_ && (!is_p2p || !has_virtual);
       if (real_part && !is_p2p && ctx_->check_consistency) {
         spec.real_steps.push_back(consistency_step(plan, spec.seq));
       }

@@ -13,7 +13,10 @@
 //     virtual members' contributions, so every real member sees the same result.
 //   - Timing: an op with virtual members completes at max(issue, the virtual members' latest arrival
 //     from the replay engine) + its cost (engine.h); on CPU Work::wait() returns then, spinning in C++.
-//     Mixed groups complete at the later of that time and the real part's completion.
+//     Mixed groups complete at the later of that time and the real part's completion. On CUDA the op
+//     runs on the backend's stream, after the issuing stream's prior work, and ends with a wait-until
+//     kernel spinning on the GPU timer (own arrival = when that stream gets there); Work::wait() makes
+//     the caller's stream wait for it, never the host, as under NCCL.
 //   - Each op is logged (op_log.h) with a per-group sequence number. With check_consistency, every
 //     collective on a group with two or more real members first all-gathers (kind, bytes, dtype, seq)
 //     among them, and a difference raises from wait() naming the group, seq, ranks and both ops.
@@ -47,6 +50,7 @@ struct OpPlan {
   bool async_op = false;
   int64_t peer_index = -1;  // p2p: the peer's group rank
   bool size_varies = false; // sizes may legitimately differ across members (all-to-all-v)
+  at::Device device = at::kCPU;  // of the op's tensors: CUDA ops complete on the device (device_path.cpp)
   std::vector<at::Tensor> outputs;
   // Issues the real part on the real sub-communicator (only called when the op needs one); may
   // prepare inputs first (pre-scaling, packing).
@@ -55,6 +59,8 @@ struct OpPlan {
   // or at issue when there is no real part.
   std::function<void()> local;
 };
+
+struct DeviceState;  // the backend's CUDA stream (device_path.cpp; CUDA builds only)
 
 class PrismBackend : public c10d::Backend {
  public:
@@ -125,6 +131,10 @@ class PrismBackend : public c10d::Backend {
  private:
   c10::intrusive_ptr<c10d::Work> launch(OpPlan plan);
   RealStep consistency_step(const OpPlan& plan, int64_t seq);
+#ifdef PRISM_WITH_CUDA
+  c10::intrusive_ptr<c10d::Work> launch_on_device(OpPlan plan, WorkSpec spec, const replay::Timing& timing,
+                                                  bool has_virtual, bool real_part);
+#endif
 
   GroupLayout layout_;
   c10::intrusive_ptr<c10d::Backend> real_;
@@ -135,7 +145,8 @@ class PrismBackend : public c10d::Backend {
   std::shared_ptr<const std::string> ranks_note_;
   int64_t next_seq_ = 0;
   bool coalescing_ = false;
-  std::vector<c10::intrusive_ptr<PrismWork>> coalesced_;
+  std::vector<c10::intrusive_ptr<c10d::Work>> coalesced_;
+  std::shared_ptr<DeviceState> device_;
 };
 
 // Bytes of a tensor list.

@@ -45,6 +45,7 @@ c10::intrusive_ptr<c10d::Work> PrismBackend::broadcast(std::vector<at::Tensor>& 
   plan.op_type = c10d::OpType::BROADCAST;
   plan.size_bytes = total_bytes(tensors);
   plan.dtype = tensors[0].scalar_type();
+  plan.device = tensors[0].device();
   plan.async_op = opts.asyncOp;
   plan.outputs = tensors;
   const int64_t source = layout_.source_stand_in(opts.rootRank);
@@ -77,6 +78,7 @@ c10::intrusive_ptr<c10d::Work> PrismBackend::allgather(std::vector<std::vector<a
   plan.op_type = c10d::OpType::ALLGATHER;
   plan.size_bytes = total_bytes(outputs[0]);
   plan.dtype = inputs[0].scalar_type();
+  plan.device = inputs[0].device();
   plan.async_op = opts.asyncOp;
   plan.outputs = outputs[0];
   std::vector<at::Tensor> slots = outputs[0];
@@ -129,6 +131,7 @@ c10::intrusive_ptr<c10d::Work> PrismBackend::allgather_into_tensor_coalesced(std
   plan.op_type = outputs.size() == 1 ? c10d::OpType::_ALLGATHER_BASE : c10d::OpType::ALLGATHER_COALESCED;
   plan.size_bytes = total_bytes(outputs);
   plan.dtype = inputs[0].scalar_type();
+  plan.device = inputs[0].device();
   plan.async_op = opts.asyncOp;
   plan.outputs = outputs;
   if (!real_) {
@@ -195,6 +198,7 @@ c10::intrusive_ptr<c10d::Work> PrismBackend::allgather_coalesced(std::vector<std
   plan.op_type = c10d::OpType::ALLGATHER_COALESCED;
   plan.size_bytes = total_bytes(inputs) * n;
   plan.dtype = inputs.empty() ? at::kFloat : inputs[0].scalar_type();
+  plan.device = inputs.empty() ? at::Device(at::kCPU) : inputs[0].device();
   plan.async_op = opts.asyncOp;
   for (const auto& per_member : outputs) {
     plan.outputs.insert(plan.outputs.end(), per_member.begin(), per_member.end());
@@ -241,6 +245,7 @@ c10::intrusive_ptr<c10d::Work> PrismBackend::gather(std::vector<std::vector<at::
   plan.op_type = c10d::OpType::GATHER;
   plan.size_bytes = total_bytes(inputs) * n;
   plan.dtype = inputs[0].scalar_type();
+  plan.device = inputs[0].device();
   plan.async_op = opts.asyncOp;
   if (is_root) {
     plan.outputs = outputs[0];
@@ -297,6 +302,7 @@ c10::intrusive_ptr<c10d::Work> PrismBackend::scatter(std::vector<at::Tensor>& ou
   plan.op_type = c10d::OpType::SCATTER;
   plan.size_bytes = total_bytes(outputs) * n;
   plan.dtype = outputs[0].scalar_type();
+  plan.device = outputs[0].device();
   plan.async_op = opts.asyncOp;
   plan.outputs = outputs;
   const int64_t real_root = layout_.real_index_of(opts.rootRank);

@@ -27,6 +27,7 @@ c10::intrusive_ptr<c10d::Work> PrismBackend::send(std::vector<at::Tensor>& tenso
   plan.op_type = c10d::OpType::SEND;
   plan.size_bytes = total_bytes(tensors);
   plan.dtype = tensors[0].scalar_type();
+  plan.device = tensors[0].device();
   plan.async_op = true;  // the backend cannot tell send from isend; both return a Work
   plan.peer_index = dst_rank;
   const int64_t real_peer = layout_.real_index_of(dst_rank);
@@ -46,6 +47,7 @@ c10::intrusive_ptr<c10d::Work> PrismBackend::recv(std::vector<at::Tensor>& tenso
   plan.op_type = c10d::OpType::RECV;
   plan.size_bytes = total_bytes(tensors);
   plan.dtype = tensors[0].scalar_type();
+  plan.device = tensors[0].device();
   plan.async_op = true;
   plan.peer_index = src_rank;
   plan.outputs = tensors;

@@ -109,6 +109,7 @@ c10::intrusive_ptr<c10d::Work> PrismBackend::allreduce(std::vector<at::Tensor>& 
   plan.op_type = c10d::OpType::ALLREDUCE;
   plan.size_bytes = total_bytes(tensors);
   plan.dtype = tensors[0].scalar_type();
+  plan.device = tensors[0].device();
   plan.async_op = opts.asyncOp;
   plan.outputs = tensors;
   const int64_t n = layout_.size();
@@ -145,6 +146,7 @@ c10::intrusive_ptr<c10d::Work> PrismBackend::allreduce_coalesced(std::vector<at:
   plan.op_type = c10d::OpType::ALLREDUCE_COALESCED;
   plan.size_bytes = total_bytes(tensors);
   plan.dtype = tensors[0].scalar_type();
+  plan.device = tensors[0].device();
   plan.async_op = opts.asyncOp;
   plan.outputs = tensors;
   const int64_t n = layout_.size();
@@ -182,6 +184,7 @@ c10::intrusive_ptr<c10d::Work> PrismBackend::reduce(std::vector<at::Tensor>& ten
   plan.op_type = c10d::OpType::REDUCE;
   plan.size_bytes = total_bytes(tensors);
   plan.dtype = tensors[0].scalar_type();
+  plan.device = tensors[0].device();
   plan.async_op = opts.asyncOp;
   plan.outputs = tensors;
   const int64_t n = layout_.size();
@@ -233,6 +236,7 @@ c10::intrusive_ptr<c10d::Work> PrismBackend::reduce_scatter(std::vector<at::Tens
   plan.op_type = c10d::OpType::REDUCE_SCATTER;
   plan.size_bytes = total_bytes(inputs[0]);
   plan.dtype = outputs[0].scalar_type();
+  plan.device = outputs[0].device();
   plan.async_op = opts.asyncOp;
   plan.outputs = outputs;
   at::Tensor output = outputs[0];
@@ -286,6 +290,7 @@ c10::intrusive_ptr<c10d::Work> PrismBackend::reduce_scatter_tensor_coalesced(std
                                      : c10d::OpType::REDUCE_SCATTER_TENSOR_COALESCED;
   plan.size_bytes = total_bytes(inputs);
   plan.dtype = outputs[0].scalar_type();
+  plan.device = outputs[0].device();
   plan.async_op = opts.asyncOp;
   plan.outputs = outputs;
   if (real_) {

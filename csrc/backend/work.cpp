@@ -242,7 +242,7 @@ c10::intrusive_ptr<c10::ivalue::Future> PrismWork::getFuture() {
   return future_;
 }
 
-CoalescedWork::CoalescedWork(int group_rank, std::vector<c10::intrusive_ptr<PrismWork>> works)
+CoalescedWork::CoalescedWork(int group_rank, std::vector<c10::intrusive_ptr<c10d::Work>> works)
     : c10d::Work(group_rank, c10d::OpType::COALESCED), works_(std::move(works)) {}
 
 bool CoalescedWork::isCompleted() {

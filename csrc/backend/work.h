@@ -86,7 +86,7 @@ class PrismWork : public c10d::Work {
 // One Work for the ops issued between startCoalescing and endCoalescing.
 class CoalescedWork : public c10d::Work {
  public:
-  CoalescedWork(int group_rank, std::vector<c10::intrusive_ptr<PrismWork>> works);
+  CoalescedWork(int group_rank, std::vector<c10::intrusive_ptr<c10d::Work>> works);
 
   bool isCompleted() override;
   bool isSuccess() const override;
@@ -97,7 +97,7 @@ class CoalescedWork : public c10d::Work {
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
 
  private:
-  std::vector<c10::intrusive_ptr<PrismWork>> works_;
+  std::vector<c10::intrusive_ptr<c10d::Work>> works_;
 };
 
 // A DistBackendError naming the op, with the flight recorder's dump appended.

@@ -88,6 +88,7 @@ Timing Engine::next_locked(OpSlot& slot, const std::vector<CostLine>* fallback_l
       timing.error = msg.str();
     }
     timing.arrival_ns = iteration_start_ns_ + op.arrival_offset_ns;
+    timing.arrival_offset_ns = op.arrival_offset_ns;
     cost_ns = op.cost_ns;
   }
   if (cost_ns < 0) {

@@ -73,10 +73,16 @@ struct OpSlot {
   int64_t next_index = 0;                              // ops issued so far in that iteration
 };
 
+// Timing::arrival_offset_ns of an op the schedule does not know: the peers arrive with this rank.
+constexpr int64_t kUnscheduled = INT64_MIN / 4;
+
 // What the engine says about one issued op.
 struct Timing {
   int64_t op_index = 0;    // the op's index among its slot's ops in the current iteration
   int64_t arrival_ns = 0;  // the virtual members' latest arrival (absolute CLOCK_MONOTONIC ns)
+  // The same as an offset from the iteration start, for device waits (which read the start from
+  // the GPU timer); kUnscheduled when the peers arrive with this rank.
+  int64_t arrival_offset_ns = kUnscheduled;
   int64_t cost_ns = 0;     // communication cost once everyone has arrived
   std::string error;       // non-empty: the issued op differs from the scheduled one
   int64_t completion_ns(int64_t own_arrival_ns) const;

@@ -7,6 +7,12 @@
 
 #include <pybind11/stl.h>
 
+#ifdef PRISM_WITH_CUDA
+#include <c10/cuda/CUDAStream.h>
+
+#include "replay/device_start.h"
+#endif
+
 #include <string>
 #include <tuple>
 #include <unordered_map>
@@ -163,6 +169,15 @@ void bind(py::module_& m) {
         py::arg("size_bytes"), py::arg("dtype"), py::arg("issue_ns"), py::arg("start_ns"), py::arg("complete_ns"),
         py::arg("async_op"), py::arg("has_virtual"));
   m.def("clear_log", [] { op_log().clear(); });
+#ifdef PRISM_WITH_CUDA
+  m.def(
+      "cuda_stamp_iteration_start",
+      [] {
+        const auto stream = c10::cuda::getCurrentCUDAStream();
+        stamp_device_iteration_start(stream.device_index(), stream.stream());
+      },
+      "Stamp the iteration start on the current device's timer, on the current stream.");
+#endif
 }
 
 }  // namespace

@@ -103,9 +103,20 @@ def load_schedule(schedule: ReplaySchedule) -> None:
 def mark_iteration_start() -> int:
     """A training iteration starts now; returns its start (CLOCK_MONOTONIC ns).
 
-    Arrival offsets count from here and every group's op index restarts at 0.
+    Arrival offsets count from here and every group's op index restarts at 0. When CUDA is in use,
+    the start is also stamped on the device timer, on the current stream: device waits count their
+    arrival offsets from when the device gets there.
     """
-    return _native().mark_iteration_start()
+    start_ns = _native().mark_iteration_start()
+    if hasattr(_native(), "cuda_stamp_iteration_start") and _cuda_in_use():
+        _native().cuda_stamp_iteration_start()
+    return start_ns
+
+
+def _cuda_in_use() -> bool:
+    import torch
+
+    return torch.cuda.is_available() and torch.cuda.is_initialized()
 
 
 def iteration_start_ns() -> int:
