@@ -142,7 +142,6 @@ NO_MEMORY_EFFECT_FLAGS = frozenset(
         "--tp-comm-overlap",
         "--moe-router-pre-softmax",
         "--moe-permute-fusion",
-        "--attention-backend",
         "--no-load-optim",
         "--no-load-rng",
         "--use-flash-attn",
@@ -224,69 +223,50 @@ def layer_frequency(text: str) -> int | list[int]:
 
 def _add_hand_written_flags(parser: argparse.ArgumentParser) -> None:
     """Megatron-LM flags that are not TransformerConfig fields (defaults from arguments.py)."""
-    group = parser.add_argument_group("Megatron-LM flags")
-    add = group.add_argument
-    for name in ("--seq-length", "--max-position-embeddings", "--vocab-size", "--padded-vocab-size"):
+    _add_model_and_data_flags(parser.add_argument_group("Megatron-LM model and data flags").add_argument)
+    _add_training_flags(parser.add_argument_group("Megatron-LM parallelism and optimizer flags").add_argument)
+
+
+def _add_model_and_data_flags(add) -> None:
+    for name in ("--seq-length", "--max-position-embeddings", "--vocab-size", "--padded-vocab-size",
+                 "--micro-batch-size", "--global-batch-size", "--num-experts", "--q-lora-rank"):  # fmt: skip
         add(name, type=int, default=None)
-    add("--micro-batch-size", type=int, default=None)
-    add("--global-batch-size", type=int, default=None)
     add("--tokenizer-type", type=str, default=None)
     add("--make-vocab-size-divisible-by", type=int, default=128)
-    add(
-        "--position-embedding-type",
-        default="learned_absolute",
-        choices=["learned_absolute", "rope", "mrope", "relative", "none"],
-    )
+    add("--position-embedding-type", default="learned_absolute",
+        choices=["learned_absolute", "rope", "mrope", "relative", "none"])  # fmt: skip
     add("--rotary-base", type=int, default=10000)
     add("--rotary-percent", type=float, default=1.0)
     add("--use-rope-scaling", action="store_true")
     add("--no-position-embedding", action="store_false", dest="add_position_embedding")
-    for switch in (
-        "--swiglu",
-        "--squared-relu",
-        "--quick-geglu",
-        "--untie-embeddings-and-output-weights",
-        "--group-query-attention",
-        "--recompute-activations",
-        "--use-distributed-optimizer",
-        "--overlap-grad-reduce",
-        "--overlap-param-gather",
-        "--overlap-param-gather-with-optimizer-step",
-        "--ddp-pad-buckets-for-high-nccl-busbw",
-        "--ddp-average-in-collective",
-        "--accumulate-allreduce-grads-in-fp32",
-        "--grad-reduce-in-bf16",
-        "--use-tp-pp-dp-mapping",
-        "--use-precision-aware-optimizer",
-        "--no-persist-layer-norm",
-        "--fp8-param-gather",
-    ):
+    for switch in ("--swiglu", "--squared-relu", "--quick-geglu", "--untie-embeddings-and-output-weights",
+                   "--group-query-attention"):  # fmt: skip
         add(switch, action="store_true")
-    add("--no-overlap-p2p-communication", action="store_false", dest="overlap_p2p_comm")
-    add("--num-experts", type=int, default=None)
     add("--moe-layer-freq", type=layer_frequency, default=1)
     add("--moe-router-load-balancing-type", nargs="+", default="aux_loss")
     add("--moe-aux-loss-coeff", type=float, nargs="+", default=0.0)
+    for name, default in (("--kv-lora-rank", 32), ("--qk-head-dim", 128), ("--qk-pos-emb-head-dim", 64),
+                          ("--v-head-dim", 128)):  # fmt: skip
+        add(name, type=int, default=default)
+    for name, default in (("--rotary-scaling-factor", 1.0), ("--mscale", 1.0), ("--mscale-all-dim", 0.0)):
+        add(name, type=float, default=default)
+
+
+def _add_training_flags(add) -> None:
+    for switch in ("--recompute-activations", "--use-distributed-optimizer", "--overlap-grad-reduce",
+                   "--overlap-param-gather", "--overlap-param-gather-with-optimizer-step",
+                   "--ddp-pad-buckets-for-high-nccl-busbw", "--ddp-average-in-collective",
+                   "--accumulate-allreduce-grads-in-fp32", "--grad-reduce-in-bf16", "--use-tp-pp-dp-mapping",
+                   "--use-precision-aware-optimizer", "--no-persist-layer-norm", "--fp8-param-gather"):  # fmt: skip
+        add(switch, action="store_true")
+    add("--no-overlap-p2p-communication", action="store_false", dest="overlap_p2p_comm")
     add("--cp-comm-type", nargs="+", default=["p2p"])
-    for name in (
-        "--num-layers-per-virtual-pipeline-stage",
-        "--num-virtual-stages-per-pipeline-rank",
-        "--decoder-first-pipeline-num-layers",
-        "--decoder-last-pipeline-num-layers",
-        "--ddp-bucket-size",
-        "--ddp-num-buckets",
-        "--q-lora-rank",
-    ):
+    for name in ("--num-layers-per-virtual-pipeline-stage", "--num-virtual-stages-per-pipeline-rank",
+                 "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers",
+                 "--ddp-bucket-size", "--ddp-num-buckets"):  # fmt: skip
         add(name, type=int, default=None)
     add("--num-distributed-optimizer-instances", type=int, default=1)
     add("--optimizer", default="adam", choices=["adam", "sgd", "muon", "dist_muon"])
-    add("--kv-lora-rank", type=int, default=32)
-    add("--qk-head-dim", type=int, default=128)
-    add("--qk-pos-emb-head-dim", type=int, default=64)
-    add("--v-head-dim", type=int, default=128)
-    add("--rotary-scaling-factor", type=float, default=1.0)
-    add("--mscale", type=float, default=1.0)
-    add("--mscale-all-dim", type=float, default=0.0)
     add("--prism-world-size", type=int, default=None, dest="world_size")
 
 
