@@ -287,7 +287,7 @@ c10::intrusive_ptr<c10d::Work> PrismBackend::reduce_scatter_tensor_coalesced(std
   OpPlan plan;
   plan.kind = replay::OpKind::kReduceScatter;
   plan.op_type = outputs.size() == 1 ? c10d::OpType::_REDUCE_SCATTER_BASE
-                                     : c10d::OpType::REDUCE_SCATTER_TENSOR_COALESCED;
+                                     : c10d::OpType::COALESCED;  // torch 2.11 has no REDUCE_SCATTER_TENSOR_COALESCED
   plan.size_bytes = total_bytes(inputs);
   plan.dtype = outputs[0].scalar_type();
   plan.device = outputs[0].device();
