@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import datetime
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -34,7 +36,7 @@ def _store(physical_rank: int, num_processes: int) -> dist.Store:
 def _mismatched_collectives(physical_rank: int, num_processes: int) -> None:
     store = _store(physical_rank, num_processes)
     backend.activate(
-        world_size=16,
+        world_size=8,
         virtual_rank=physical_rank,
         real_ranks=[0, 1],
         real_store=dist.PrefixStore("prism/", store),
@@ -92,3 +94,33 @@ def _one_member_never_arrives(physical_rank: int, num_processes: int) -> None:
 
 def test_a_wait_longer_than_the_timeout_raises_with_the_flight_recorder(run_processes):
     run_processes(_one_member_never_arrives, 2)
+
+
+def test_an_uncaught_exception_prints_the_flight_recorder_at_exit():
+    script = (
+        "import torch, torch.distributed as dist\n"
+        "from prism_megatron import backend\n"
+        "backend.activate(world_size=64, virtual_rank=3, real_ranks=[3])\n"
+        "dist.all_reduce(torch.ones(2))\n"
+        "raise RuntimeError('the training step failed')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0
+    assert "the training step failed" in done.stderr
+    assert "prism flight recorder of virtual rank 3" in done.stderr and "ALL_REDUCE on group" in done.stderr
+
+
+def test_the_init_barrier_variable_never_makes_activation_wait_for_w_ranks():
+    script = (
+        "import os, torch, torch.distributed as dist\n"
+        "os.environ['TORCH_DIST_INIT_BARRIER'] = '1'\n"
+        "from prism_megatron import backend\n"
+        "backend.activate(world_size=8192, virtual_rank=3, real_ranks=[3])\n"
+        "dist.new_group(list(range(8)))\n"
+        "backend.deactivate()\n"
+        "assert os.environ['TORCH_DIST_INIT_BARRIER'] == '1'\n"
+        "print('activated')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "activated" in done.stdout

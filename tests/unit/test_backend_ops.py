@@ -261,6 +261,18 @@ def test_functional_collectives(world, tp):
     assert torch.equal(fc.broadcast(x, 0, tp).wait(), torch.zeros(4))
 
 
+def test_coalesced_functional_collectives(world, tp):
+    x, y = torch.arange(2.0), torch.arange(3.0)
+    summed = fc.all_reduce_coalesced([x, y], "sum", tp)
+    assert torch.equal(summed[0], 8 * x) and torch.equal(summed[1], 8 * y)
+    gathered = fc.all_gather_into_tensor_coalesced([x, y], tp)
+    assert torch.equal(gathered[0], x.repeat(8)) and torch.equal(gathered[1], y.repeat(8))
+    scattered = fc.reduce_scatter_tensor_coalesced([torch.arange(8.0), torch.arange(16.0)], "sum", [0, 0], tp)
+    assert torch.equal(scattered[0], torch.tensor([40.0])) and torch.equal(
+        scattered[1], 8 * torch.arange(10.0, 12.0)
+    )
+
+
 def test_unsupported_requests_raise_at_issue_with_what_is_valid(world, tp):
     with pytest.raises(RuntimeError, match="SUM, AVG, PRODUCT"):
         dist.all_reduce(torch.ones(2), op=dist._make_nccl_premul_sum(2.0), group=tp)
