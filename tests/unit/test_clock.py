@@ -44,10 +44,11 @@ def test_now_ns_never_goes_backwards():
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="timer slack is a Linux feature")
 def test_lower_timer_slack_sets_the_calling_threads_slack_to_1_ns():
     def slack_before_and_after():
-        # A new thread inherits its creator's slack, and an earlier test in this process may have
-        # lowered the main thread's (backend activation does). Reset this thread to the default.
+        # A new thread inherits its creator's slack (as its current and its "default" value), and an
+        # earlier test in this process may have lowered the main thread's (backend activation
+        # does). Set this thread to the kernel's usual 50 us first.
         pr_set_timerslack = 29
-        ctypes.CDLL(None, use_errno=True).prctl(pr_set_timerslack, 0, 0, 0, 0)
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_timerslack, 50_000, 0, 0, 0)
         path = f"/proc/{threading.get_native_id()}/timerslack_ns"
         with open(path) as f:
             before = int(f.read())
