@@ -229,3 +229,11 @@ def flag_table() -> list[tuple[str, Any, str]]:
         for field in dataclasses.fields(section_cls):
             rows.append((flag_name(field), field.default, docs.get(field.name, "")))
     return rows
+
+
+def parse_prism_flags(argv: list[str]) -> PrismConfig:
+    """The PrismConfig of the `--prism-*` flags among other flags (a script's or Megatron's)."""
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    add_prism_arguments(parser)
+    known, _ = parser.parse_known_args(argv)
+    return PrismConfig.from_args(known)

@@ -11,11 +11,11 @@ LOCAL_RANK); MASTER_ADDR and MASTER_PORT must be set by the job script.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
 from prism_megatron.cli import CommandLineError
+from prism_megatron.config import parse_prism_flags
 
 BUILTIN = "builtin"
 USAGE = "usage: python -m prism_megatron.launch {builtin | SCRIPT.py} [megatron and --prism-* flags]"
@@ -31,16 +31,6 @@ def adopt_slurm_environment(environ: dict[str, str]) -> None:
             environ[torchrun_name] = environ[slurm_name]
 
 
-def prism_config(script_args: list[str]):
-    """The PrismConfig of the `--prism-*` flags among a script's arguments."""
-    from prism_megatron.config import PrismConfig, add_prism_arguments
-
-    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    add_prism_arguments(parser)
-    known, _ = parser.parse_known_args(script_args)
-    return PrismConfig.from_args(known)
-
-
 def run_megatron_lm(script: str, script_args: list[str]) -> int:
     """Run a Megatron-LM script as a prism real rank and write this rank's results."""
     if not os.path.isfile(script):
@@ -49,7 +39,7 @@ def run_megatron_lm(script: str, script_args: list[str]) -> int:
         )
     from prism_megatron.megatron import catalog, megatron_lm, results, runtime
 
-    config = prism_config(script_args)
+    config = parse_prism_flags(script_args)
     if config.patches.list_patches:
         print(catalog.table())
         return 0

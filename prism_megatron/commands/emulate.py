@@ -59,10 +59,10 @@ def _parallel_flags(megatron_args: list[str]) -> argparse.Namespace:
 
 def default_nproc(megatron_args: list[str]) -> int:
     """One process per real rank: the number of ranks --prism-ranks selects (1 without emulation)."""
-    from prism_megatron.launch import prism_config
+    from prism_megatron.config import parse_prism_flags
     from prism_megatron.topology import Layout, select_ranks, virtual_pipeline_size
 
-    config = prism_config(megatron_args)
+    config = parse_prism_flags(megatron_args)
     if not config.emulation.emulate:
         return 1
     flags = _parallel_flags(megatron_args)

@@ -7,6 +7,7 @@ the change is noticed before a run misbehaves.
 from __future__ import annotations
 
 import os
+import sys
 
 import pytest
 
@@ -14,6 +15,17 @@ from prism_megatron.megatron import catalog, megatron_lm, patches
 
 RECORDS = [p for p in catalog.all_patches() if isinstance(p, patches.Patch)]
 MEGATRON_LM_DIR = os.environ.get("MEGATRON_LM_DIR")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def undo_megatron_lm_imports():
+    """Importing Megatron-LM's training package here must not leak into later test modules."""
+    saved_path, saved_modules = list(sys.path), set(sys.modules)
+    yield
+    sys.path[:] = saved_path
+    for name in set(sys.modules) - saved_modules:
+        if name.startswith(("megatron.training", "megatron.legacy", "megatron.rl", "megatron.post_training")):
+            del sys.modules[name]
 
 
 def needs_target_module(record: patches.Patch) -> None:
