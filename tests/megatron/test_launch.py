@@ -148,3 +148,15 @@ def test_megatron_lms_pretrain_gpt_trains_on_virtual_rank_5_of_8192(tmp_path):
     assert result["patches_used"]["megatron_lm.tp_batch_from_virtual_source"] > 0
     assert result["p2p"]["send_next.virtual"] > 0
     assert result["num_parameters"] == sum(n for n, _ in stage_params(first=True, last=False))
+
+
+def test_an_earlier_result_is_kept_unless_overwrite_is_given(tmp_path):
+    from prism_megatron.config import OutputConfig, PrismConfig
+    from prism_megatron.megatron import results
+
+    config = PrismConfig(output=OutputConfig(out=str(tmp_path)))
+    results.write(config, 5, {"virtual_rank": 5})
+    with pytest.raises(ValueError, match="--prism-overwrite"):
+        results.check_writable(config, 5)
+    results.check_writable(config, 6)  # another rank's file is free
+    results.check_writable(PrismConfig(output=OutputConfig(out=str(tmp_path), overwrite=True)), 5)
