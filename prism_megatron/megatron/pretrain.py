@@ -124,7 +124,10 @@ def train_step(args, ddp_model, optimizer, iterators, forward_backward) -> dict[
     )
     update_successful, grad_norm, _ = optimizer.step()
     update_successful = bool(_model_parallel_reduce(float(update_successful), dist.ReduceOp.MIN))
+    # Megatron-LM's reduce_max_stat_across_model_parallel_group: -1 stands for "no rank has one"
+    # (a step the loss scaler skipped).
     grad_norm = _model_parallel_reduce(-1.0 if grad_norm is None else grad_norm, dist.ReduceOp.MAX)
+    grad_norm = None if grad_norm == -1.0 else grad_norm
     loss = None
     if parallel_state.is_pipeline_last_stage(ignore_virtual=True):
         total = torch.vstack([x["lm loss"].view(-1) for x in losses]).sum(dim=0)
@@ -167,9 +170,10 @@ def _log(args: argparse.Namespace, iteration: int, step: dict[str, Any], rt: run
     if (iteration + 1) % args.log_interval:
         return
     loss = "-" if step["loss"] is None else f"{step['loss']:.6f}"
+    grad_norm = "- (skipped)" if step["grad_norm"] is None else f"{step['grad_norm']:.6f}"
     print(
         f"[virtual rank {rt.virtual_rank}] iteration {iteration + 1}/{args.train_iters} | lm loss {loss} | "
-        f"grad norm {step['grad_norm']:.6f} | {step['time_s'] * 1000:.1f} ms",
+        f"grad norm {grad_norm} | {step['time_s'] * 1000:.1f} ms",
         flush=True,
     )
 
@@ -201,7 +205,9 @@ def run(argv: list[str]) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     out = run(list(sys.argv[1:] if argv is None else argv))
-    finite = all(math.isfinite(it["grad_norm"]) for it in out.get("iterations", []))
+    finite = all(
+        it["grad_norm"] is None or math.isfinite(it["grad_norm"]) for it in out.get("iterations", [])
+    )
     return 0 if finite else 1
 
 
