@@ -1,0 +1,85 @@
+"""Re-render a run folder's report (report.md, plots, timeline) or check report.json against its schema."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+NAME = "report"
+HELP = "re-render report.md, the plots and the timeline of a run folder, or --check its report.json"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = (
+        "Render report.md, the PNG plots and timeline.json of a run folder (--prism-out) again from what "
+        "the run left there: report.json, the real ranks' op logs (ops/) and the simulated virtual "
+        "tracks (spans/). A run folder without saved virtual tracks but with its execution graph "
+        "(graph/) gets them by simulating the graph over the run's --prism-cluster. With --check, only "
+        "validate report.json against its schema."
+    )
+    parser.add_argument("run_dir", metavar="RUN_DIR", help="the run folder holding report.json")
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="validate report.json and exit: 0 valid, 1 invalid (each problem printed with its key path)",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from prism_megatron.report import files, schema
+    from prism_megatron.report.writer import REPORT_JSON, load_report, rerender
+
+    if not os.path.isdir(args.run_dir):
+        raise ValueError(f"RUN_DIR {args.run_dir!r} is not a directory; pass a run's --prism-out folder")
+    if args.check:
+        path = os.path.join(args.run_dir, REPORT_JSON)
+        doc = files.read_json(path, "run report")
+        try:
+            schema.validate(doc, path)
+        except schema.SchemaError as exc:
+            print(f"{path}: invalid ({len(exc.errors)} problem(s))", file=sys.stderr)
+            for error in exc.errors:
+                print(f"  {error}", file=sys.stderr)
+            return 1
+        print(f"{path}: valid (schema {doc['schema_version']}, status {doc['status']})")
+        return 0
+    report = load_report(args.run_dir)
+    written = rerender(args.run_dir, simulated=_simulated_from_graph(args.run_dir, report))
+    for path in written.paths.values():
+        print(f"wrote {path}")
+    for name, why in written.skipped.items():
+        print(f"skipped {name}: {why}")
+    return 0
+
+
+def _simulated_from_graph(run_dir: str, report):
+    """Virtual tracks simulated from graph/ when the run saved none (None otherwise)."""
+    from prism_megatron.report.timeline import SIMULATED_FILE, SimulatedTracks, represented_ranks
+
+    graph_dir = os.path.join(run_dir, "graph")
+    if os.path.exists(os.path.join(run_dir, SIMULATED_FILE)) or not os.path.isdir(graph_dir):
+        return None
+    from prism_megatron.graph import load_graph
+    from prism_megatron.graph.world import world_from_metadata
+    from prism_megatron.network import CostModel, load_cluster
+    from prism_megatron.sim import NetworkCost, WhatIf, simulate
+
+    graph = load_graph(graph_dir)
+    emulation = report.prism.get("emulation", {})
+    cluster = report.prism.get("cluster", {}).get("cluster", "default")
+    stragglers = _stragglers(emulation.get("straggler"))
+    result = simulate(
+        graph,
+        world_from_metadata(graph.metadata.layout),
+        NetworkCost(CostModel(load_cluster(cluster))),
+        WhatIf(stragglers=stragglers),
+    )
+    print(f"virtual tracks: simulated {graph_dir} over cluster {cluster!r} (the run saved none)")
+    return SimulatedTracks.from_result(result, represented_ranks(result, report.real_ranks))
+
+
+def _stragglers(text: str | None) -> dict[int, float]:
+    from prism_megatron.config import EmulationConfig
+
+    return EmulationConfig(straggler=text).stragglers() if text else {}

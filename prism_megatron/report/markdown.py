@@ -1,0 +1,223 @@
+"""report.md: the run report for people, with the configuration, tables and the plots embedded.
+
+It states everything report.json holds that a person reads (status and failure first), and for each
+output that could not be made (no simulation, nothing measured) one line saying why, so a missing
+plot is never a mystery.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from prism_megatron.report.model import RunReport
+
+_TITLES = {
+    "iteration_time.png": "Iteration time",
+    "breakdown.png": "Time breakdown per role",
+    "memory.png": "Peak memory by category",
+}
+
+
+def _seconds(value: float | None) -> str:
+    if value is None:
+        return "n/a"
+    if value >= 1:
+        return f"{value:.3f} s"
+    return f"{value * 1e3:.3f} ms" if value >= 1e-3 else f"{value * 1e6:.1f} µs"
+
+
+def _bytes(value: int | None) -> str:
+    if value is None:
+        return "n/a"
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if value >= size:
+            return f"{value / size:.2f} {unit}"
+    return f"{value} B"
+
+
+def _table(header: list[str], rows: list[list[object]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return lines + ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
+
+
+def render_markdown(report: RunReport, outputs: Mapping[str, str], skipped: Mapping[str, str]) -> str:
+    """The report.md text.
+
+    Args:
+        outputs: output name (plot file name, "timeline") -> its path relative to the run folder.
+        skipped: output name -> why it was not made.
+    """
+    sections = [
+        ["# prism-megatron run report"],
+        _status(report),
+        _summary(report),
+        _target(report),
+        _ranks(report),
+        _roles(report),
+        _iterations(report),
+        _plots(outputs, skipped),
+        _timeline(outputs, skipped),
+        _settings(report),
+    ]
+    return "\n\n".join("\n".join(section).strip() for section in sections) + "\n"
+
+
+def _status(report: RunReport) -> list[str]:
+    if report.status == "ok":
+        return [f"Status: **ok** (report made {report.created})."]
+    if report.status == "running":
+        return [f"Status: **running**: the run had not finished when this was written ({report.created})."]
+    failure = report.failure
+    lines = [f"Status: **failed**: {failure.message if failure else 'no reason recorded'}", ""]
+    if failure and failure.dead_rank is not None:
+        lines.append(f"- rank that died or stopped answering: virtual rank {failure.dead_rank}")
+    if failure and failure.last_op:
+        lines.append(f"- last op in flight: `{failure.last_op}`")
+    lines.append("- everything below is what was measured before the failure.")
+    return lines
+
+
+def _summary(report: RunReport) -> list[str]:
+    measured, simulated = report.iteration_time_s, report.simulated_iteration_time_s
+    versus = "n/a"
+    if measured is not None and simulated:
+        versus = f"{(measured - simulated) / simulated * 100:+.2f} %"
+    tflops = "n/a" if report.tflops_per_gpu is None else f"{report.tflops_per_gpu:.1f}"
+    rows = [
+        ["iteration time (median after warm-up)", _seconds(measured)],
+        ["simulated iteration time", _seconds(simulated)],
+        ["emulated relative to simulated", versus],
+        ["model TFLOP/s per GPU", tflops],
+        ["real ranks (virtual rank)", ", ".join(map(str, report.real_ranks)) or "none"],
+    ]
+    return ["## Summary", "", *_table(["", ""], rows)]
+
+
+def _target(report: RunReport) -> list[str]:
+    t = report.target.to_json()
+    keys = [
+        "world_size",
+        "tp",
+        "pp",
+        "vpp",
+        "cp",
+        "ep",
+        "etp",
+        "dp",
+        "micro_batch_size",
+        "global_batch_size",
+        "seq_length",
+        "order",
+    ]
+    return ["## Target job", "", *_table(keys, [[t[k] if t[k] is not None else "-" for k in keys]])]
+
+
+def _ranks(report: RunReport) -> list[str]:
+    lines = ["## Real ranks", ""]
+    missing = [r for r in report.real_ranks if r not in report.ranks]
+    if report.ranks:
+        categories = list(dict.fromkeys(c for r in report.ranks.values() for c in r.memory_by_category))
+        header = [
+            "virtual rank",
+            "role",
+            "peak allocated",
+            "peak reserved",
+            "compute",
+            "exposed comm",
+            "bubble",
+            *(c.replace("_", " ") for c in categories),
+        ]
+        rows = []
+        for virtual_rank, rank in sorted(report.ranks.items()):
+            rows.append(
+                [
+                    virtual_rank,
+                    rank.role or "-",
+                    _bytes(rank.peak_memory_allocated_bytes),
+                    _bytes(rank.peak_memory_reserved_bytes),
+                    _seconds(rank.compute_s),
+                    _seconds(rank.exposed_comm_s),
+                    _seconds(rank.bubble_s),
+                    *(_bytes(rank.memory_by_category.get(c)) for c in categories),
+                ]
+            )
+        lines += _table(header, rows)
+        lines += [
+            "",
+            "Memory by category is at the moment of the peak; compute, exposed communication and "
+            "bubble per iteration are the simulator's breakdown of the rank.",
+        ]
+    if missing:
+        lines += ["", f"No results from virtual rank(s) {', '.join(map(str, missing))}."]
+    return lines
+
+
+def _roles(report: RunReport) -> list[str]:
+    lines = ["## Roles (simulated)", ""]
+    if not report.roles:
+        return [*lines, "Skipped: the run has no simulation result."]
+    rows = [
+        [
+            r.role,
+            r.count,
+            r.virtual_rank,
+            _seconds(r.compute_s),
+            _seconds(r.exposed_comm_s),
+            _seconds(r.bubble_s),
+        ]
+        for r in report.roles
+    ]
+    return lines + _table(["role", "ranks", "representative", "compute", "exposed comm", "bubble"], rows)
+
+
+def _iterations(report: RunReport) -> list[str]:
+    lines = ["## Iterations", ""]
+    if not report.iterations:
+        return [*lines, "No iteration was measured."]
+    rows = [[it.index, _seconds(it.time_s), "warm-up" if it.warmup else ""] for it in report.iterations]
+    return lines + _table(["iteration", "time", ""], rows)
+
+
+def _plots(outputs: Mapping[str, str], skipped: Mapping[str, str]) -> list[str]:
+    lines = ["## Plots", ""]
+    for name, title in _TITLES.items():
+        if name in outputs:
+            lines += [f"![{title}]({outputs[name]})", ""]
+        elif name in skipped:
+            lines += [f"- {title}: skipped: {skipped[name]}.", ""]
+    return lines
+
+
+def _timeline(outputs: Mapping[str, str], skipped: Mapping[str, str]) -> list[str]:
+    lines = ["## Timeline", ""]
+    if "timeline" in outputs:
+        path = outputs["timeline"]
+        return [
+            *lines,
+            f"[{path}]({path}): a Chrome trace of the real ranks (measured) and of the virtual ranks "
+            "around them (replayed); open it in Perfetto (ui.perfetto.dev).",
+        ]
+    return [*lines, f"Skipped: {skipped.get('timeline', 'not written')}."]
+
+
+def _settings(report: RunReport) -> list[str]:
+    lines = []
+    if report.prism:
+        rows = [
+            [f"{section}.{key}" if isinstance(values, Mapping) else section, f"`{value}`"]
+            for section, values in report.prism.items()
+            for key, value in (values.items() if isinstance(values, Mapping) else [("", values)])
+        ]
+        lines += ["## Prism settings", "", *_table(["setting", "value"], rows), ""]
+    for title, counts in (
+        ("Patches used (calls)", report.patches),
+        ("Shims used (calls)", report.shims_used),
+    ):
+        if counts:
+            lines += [f"## {title}", "", *_table(["name", "calls"], sorted(map(list, counts.items()))), ""]
+    lines += [
+        "## Versions",
+        "",
+        *_table(["package", "version"], [[k, v or "-"] for k, v in report.versions.items()]),
+    ]
+    return lines

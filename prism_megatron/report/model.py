@@ -1,0 +1,309 @@
+"""What a run report holds: plain frozen dataclasses that the orchestrator fills and the writer renders.
+
+The report renders what the run measured and what the simulator predicted; it computes nothing of
+its own beyond unit changes (ns to s) and the median the issue defines `iteration_time_s` as. The
+pieces come from where they are made:
+
+* `RankReport.from_pieces`: a real rank's peak memory (`prism_megatron.megatron.memory.MemoryReport`
+  or its `as_dict()`, as the per-rank results file holds it) and its simulated breakdown
+  (`prism_megatron.sim.rank_breakdown`);
+* `RoleReport.from_breakdown`: one row of `prism_megatron.sim.breakdown`;
+* `iterations_from_times`: the per-iteration times a real rank measured.
+
+`RunReport.to_json()` gives the report.json document (see `schema.py`); `RunReport.from_json` reads
+one back after validating it. Construction does not validate: `write_report` validates the document
+before writing anything, so a malformed report never reaches disk.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import importlib.metadata
+import statistics
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import prism_megatron
+from prism_megatron.report import schema
+from prism_megatron.topology import Layout
+
+if TYPE_CHECKING:
+    from prism_megatron.sim import RoleBreakdown
+
+_NS_PER_S = 1e9
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TargetJob:
+    """The production job being emulated: its parallel sizes, rank order and batch shape."""
+
+    world_size: int
+    tp: int = 1
+    pp: int = 1
+    cp: int = 1
+    ep: int = 1
+    etp: int | None = None
+    """Expert-tensor-parallel size; None means the same as tp (as in `Layout`)."""
+    vpp: int | None = None
+    """Model chunks per pipeline stage; None when the schedule is not interleaved."""
+    micro_batch_size: int
+    global_batch_size: int
+    seq_length: int
+    order: str = "tp-cp-ep-dp-pp"
+    """Megatron's rank order, fastest dimension first."""
+
+    @property
+    def dp(self) -> int:
+        """Data-parallel size: W / (tp pp cp) (0 when that does not divide; the schema refuses it)."""
+        model_size = self.tp * self.pp * self.cp
+        return self.world_size // model_size if self.world_size % model_size == 0 else 0
+
+    @classmethod
+    def from_layout(
+        cls, layout: Layout, *, micro_batch_size: int, global_batch_size: int, seq_length: int
+    ) -> TargetJob:
+        return cls(
+            world_size=layout.world_size,
+            tp=layout.tp,
+            pp=layout.pp,
+            cp=layout.cp,
+            ep=layout.ep,
+            etp=layout.etp,
+            vpp=layout.vpp,
+            order=layout.order,
+            micro_batch_size=micro_batch_size,
+            global_batch_size=global_batch_size,
+            seq_length=seq_length,
+        )
+
+    def layout(self) -> Layout:
+        """The job's `Layout` (ValueError when the sizes do not make one)."""
+        return Layout(
+            world_size=self.world_size,
+            tp=self.tp,
+            pp=self.pp,
+            cp=self.cp,
+            ep=self.ep,
+            etp=self.etp,
+            vpp=self.vpp,
+            order=self.order,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        out["etp"] = self.tp if self.etp is None else self.etp
+        out["dp"] = self.dp
+        return out
+
+
+@dataclasses.dataclass(frozen=True)
+class IterationRecord:
+    """One training iteration as the run measured it."""
+
+    index: int
+    time_s: float
+    warmup: bool = False
+    """A warm-up iteration: shown, but left out of `iteration_time_s`."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Failure:
+    """Why a run failed, as far as it is known."""
+
+    message: str
+    dead_rank: int | None = None
+    """The virtual rank whose process died or stopped answering, when one did."""
+    last_op: str | None = None
+    """The last op in flight (the flight recorder's line), when known."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RankReport:
+    """One real rank: measured peak memory and its simulated time breakdown."""
+
+    virtual_rank: int
+    role: str | None = None
+    peak_memory_allocated_bytes: int | None = None
+    peak_memory_reserved_bytes: int | None = None
+    """The caching allocator's reserved peak (CUDA); None where nothing reserves (CPU)."""
+    compute_s: float | None = None
+    exposed_comm_s: float | None = None
+    bubble_s: float | None = None
+    memory_by_category: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    """Bytes per category at the moment of the peak (parameters, gradients, optimizer_state, activations)."""
+    memory_method: str | None = None
+    """How memory was measured: 'live-storage' (CPU) or 'cuda-allocator'."""
+
+    @classmethod
+    def from_pieces(
+        cls,
+        virtual_rank: int,
+        *,
+        memory: Any = None,
+        breakdown: RoleBreakdown | None = None,
+        peak_memory_reserved_bytes: int | None = None,
+        role: str | None = None,
+    ) -> RankReport:
+        """Build from a memory report (a `MemoryReport` or its dict) and a `RoleBreakdown`."""
+        if memory is not None and not isinstance(memory, Mapping):
+            memory = memory.as_dict()
+        times = {}
+        if breakdown is not None:
+            assert breakdown.virtual_rank == virtual_rank, (breakdown.virtual_rank, virtual_rank)
+            times = {
+                "compute_s": breakdown.compute_ns / _NS_PER_S,
+                "exposed_comm_s": breakdown.exposed_comm_ns / _NS_PER_S,
+                "bubble_s": breakdown.bubble_ns / _NS_PER_S,
+            }
+        return cls(
+            virtual_rank=virtual_rank,
+            role=role if role is not None else (breakdown.role if breakdown is not None else None),
+            peak_memory_allocated_bytes=memory["peak_bytes"] if memory else None,
+            peak_memory_reserved_bytes=peak_memory_reserved_bytes,
+            memory_by_category=dict(memory["at_peak_bytes"]) if memory else {},
+            memory_method=memory.get("method") if memory else None,
+            **times,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        del out["virtual_rank"]
+        out["memory_by_category"] = dict(self.memory_by_category)
+        return out
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RoleReport:
+    """One role of the job as the simulator predicted it (see `prism_megatron.sim.breakdown`)."""
+
+    role: str
+    virtual_rank: int
+    """The representative whose timeline was measured."""
+    count: int
+    """How many virtual ranks share the role."""
+    compute_s: float
+    exposed_comm_s: float
+    bubble_s: float
+
+    @classmethod
+    def from_breakdown(cls, row: RoleBreakdown) -> RoleReport:
+        return cls(
+            role=row.role,
+            virtual_rank=row.virtual_rank,
+            count=row.num_ranks,
+            compute_s=row.compute_ns / _NS_PER_S,
+            exposed_comm_s=row.exposed_comm_ns / _NS_PER_S,
+            bubble_s=row.bubble_ns / _NS_PER_S,
+        )
+
+
+def current_versions() -> dict[str, str | None]:
+    """Versions of prism-megatron, megatron-core and torch (None for one not installed)."""
+
+    def version(distribution: str) -> str | None:
+        try:
+            return importlib.metadata.version(distribution)
+        except importlib.metadata.PackageNotFoundError:
+            return None
+
+    return {
+        "prism_megatron": prism_megatron.__version__,
+        "megatron_core": version("megatron-core"),
+        "torch": version("torch"),
+    }
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RunReport:
+    """Everything report.json holds (see `schema.py` for the document and its checks)."""
+
+    target: TargetJob
+    real_ranks: tuple[int, ...]
+    status: str = "ok"
+    """'ok', 'failed' (then `failure` says why) or 'running' (written while the run goes on)."""
+    iterations: tuple[IterationRecord, ...] = ()
+    iteration_time_s: float | None = None
+    """Median of the iterations after warm-up (`median_iteration_time_s`)."""
+    ranks: Mapping[int, RankReport] = dataclasses.field(default_factory=dict)
+    roles: tuple[RoleReport, ...] = ()
+    simulated_iteration_time_s: float | None = None
+    tflops_per_gpu: float | None = None
+    """Model FLOPs per iteration / (iteration_time_s x world_size), in 10^12 per second."""
+    model_flops_per_iteration: float | None = None
+    failure: Failure | None = None
+    prism: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    """The run's --prism-* settings, by section (`dataclasses.asdict(PrismConfig)`)."""
+    shims_used: Mapping[str, int] | None = None
+    patches: Mapping[str, int] | None = None
+    """Calls per Megatron patch during the run."""
+    versions: Mapping[str, str | None] = dataclasses.field(default_factory=current_versions)
+    created: str = dataclasses.field(default_factory=_now)
+    """When the report was made (ISO 8601, UTC)."""
+
+    def to_json(self) -> dict[str, Any]:
+        """The report.json document."""
+        doc: dict[str, Any] = {
+            "schema_version": schema.SCHEMA_VERSION,
+            "status": self.status,
+            "failure": dataclasses.asdict(self.failure) if self.failure else None,
+            "target": self.target.to_json(),
+            "real_ranks": list(self.real_ranks),
+            "iterations": [dataclasses.asdict(it) for it in self.iterations],
+            "iteration_time_s": self.iteration_time_s,
+            "ranks": {str(r): self.ranks[r].to_json() for r in sorted(self.ranks)},
+            "roles": {
+                row.role: {k: v for k, v in dataclasses.asdict(row).items() if k != "role"}
+                for row in self.roles
+            },
+            "simulated_iteration_time_s": self.simulated_iteration_time_s,
+            "model_flops_per_iteration": self.model_flops_per_iteration,
+            "tflops_per_gpu": self.tflops_per_gpu,
+            "prism": dict(self.prism),
+            "shims_used": dict(self.shims_used) if self.shims_used is not None else None,
+            "patches": dict(self.patches) if self.patches is not None else None,
+            "versions": dict(self.versions),
+            "created": self.created,
+        }
+        return doc
+
+    @classmethod
+    def from_json(cls, doc: Any, source: str = "report.json") -> RunReport:
+        """Read a report.json document; SchemaError when it does not follow the schema."""
+        schema.validate(doc, source)
+        target = {k: v for k, v in doc["target"].items() if k != "dp"}
+        return cls(
+            target=TargetJob(**target),
+            real_ranks=tuple(doc["real_ranks"]),
+            status=doc["status"],
+            iterations=tuple(IterationRecord(**it) for it in doc["iterations"]),
+            iteration_time_s=doc["iteration_time_s"],
+            ranks={int(k): RankReport(virtual_rank=int(k), **v) for k, v in doc["ranks"].items()},
+            roles=tuple(RoleReport(role=k, **v) for k, v in (doc.get("roles") or {}).items()),
+            simulated_iteration_time_s=doc["simulated_iteration_time_s"],
+            tflops_per_gpu=doc["tflops_per_gpu"],
+            model_flops_per_iteration=doc.get("model_flops_per_iteration"),
+            failure=Failure(**doc["failure"]) if doc.get("failure") else None,
+            prism=doc.get("prism") or {},
+            shims_used=doc.get("shims_used"),
+            patches=doc.get("patches"),
+            versions=doc["versions"],
+            created=doc.get("created", ""),
+        )
+
+
+def iterations_from_times(times_s: Sequence[float], *, num_warmup: int) -> tuple[IterationRecord, ...]:
+    """Number the measured iteration times from 0; the first `num_warmup` are warm-up."""
+    if num_warmup < 0:
+        raise ValueError(f"num_warmup must be >= 0, got {num_warmup}")
+    return tuple(IterationRecord(i, float(t), warmup=i < num_warmup) for i, t in enumerate(times_s))
+
+
+def median_iteration_time_s(iterations: Sequence[IterationRecord]) -> float | None:
+    """The median time of the iterations after warm-up; None when there are none."""
+    times = [it.time_s for it in iterations if not it.warmup]
+    return statistics.median(times) if times else None

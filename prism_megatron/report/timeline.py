@@ -1,0 +1,169 @@
+"""timeline.json: one Perfetto trace of the real ranks (measured) beside the virtual ranks (replayed).
+
+Each rank is one trace process named by its virtual rank and coordinates, "rank 7168 (tp=0 pp=14
+dp=0) real" or "rank 7169 (tp=1 pp=14 dp=0) virtual, replayed", with one thread per stream.
+Real ranks come first. Timestamps are µs from the run start (the earliest time a real rank's log
+mentions).
+
+Real ranks show what their op logs measured (`oplog.py`). Virtual ranks show the simulated
+timeline of one iteration, the one whose arrivals the replay engine played back; it is drawn from
+the start of the last iteration the real ranks measured, so a real rank's wait lines up with the
+virtual peer it waited for. Which virtual ranks: by default each real rank's pipeline neighbours,
+tensor-parallel peers and data-, context- and expert-parallel neighbours, then one representative
+per role, at most `DEFAULT_MAX_VIRTUAL_TRACKS` (a trace of thousands of ranks helps nobody).
+
+The simulated spans are saved in the run folder (`SIMULATED_FILE`) when the report is written, so
+`prism-megatron report RUN_DIR` redraws the same virtual tracks without simulating again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Iterable, Mapping
+
+from prism_megatron.report import files
+from prism_megatron.report.oplog import OpLog, measured_spans
+from prism_megatron.report.trace import chrome_trace
+from prism_megatron.sim import SimResult
+from prism_megatron.sim.timeline import Span, spans
+from prism_megatron.topology import Layout
+
+DEFAULT_MAX_VIRTUAL_TRACKS = 64
+SIMULATED_FILE = os.path.join("spans", "simulated.json")
+SIMULATED_SCHEMA_VERSION = 1
+_NEIGHBOUR_KINDS = ("dp", "cp", "ep")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SimulatedTracks:
+    """The simulated iteration of the virtual ranks the timeline shows, times from its start."""
+
+    spans: tuple[Span, ...]
+    roles: Mapping[int, str]
+    """Virtual rank -> role name, for every rank drawn."""
+
+    @classmethod
+    def from_result(cls, result: SimResult, virtual_ranks: Iterable[int]) -> SimulatedTracks:
+        ranks = list(virtual_ranks)
+        problem = result.problem
+        roles = {r: problem.role_names[int(problem.arrays["node_role"][problem.node_of(r)])] for r in ranks}
+        return cls(spans=tuple(spans(result, ranks)), roles=roles)
+
+    def to_json(self) -> dict:
+        rows = [[s.process, s.thread, s.name, s.category, s.start_ns, s.end_ns, s.args] for s in self.spans]
+        roles = {str(r): role for r, role in self.roles.items()}
+        return {"schema_version": SIMULATED_SCHEMA_VERSION, "roles": roles, "spans": rows}
+
+    @classmethod
+    def from_json(cls, doc: dict, source: str) -> SimulatedTracks:
+        try:
+            if doc["schema_version"] != SIMULATED_SCHEMA_VERSION:
+                raise ValueError(
+                    f"schema_version {doc['schema_version']}, expected {SIMULATED_SCHEMA_VERSION}"
+                )
+            return cls(
+                spans=tuple(Span(*row) for row in doc["spans"]),
+                roles={int(r): str(role) for r, role in doc["roles"].items()},
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"{source}: not a simulated timeline ({exc})") from exc
+
+    def save(self, run_dir: str) -> str:
+        return files.write_json(self.to_json(), os.path.join(run_dir, SIMULATED_FILE))
+
+    @classmethod
+    def load(cls, run_dir: str) -> SimulatedTracks | None:
+        """The saved tracks of a run folder; None when it has none."""
+        path = os.path.join(run_dir, SIMULATED_FILE)
+        if not os.path.isfile(path):
+            return None
+        return cls.from_json(files.read_json(path, "simulated timeline"), path)
+
+
+def represented_ranks(
+    result: SimResult, real_ranks: Iterable[int], *, limit: int = DEFAULT_MAX_VIRTUAL_TRACKS
+) -> list[int]:
+    """The virtual ranks the timeline shows by default (see the module docstring), in that order."""
+    world = result.problem.world
+    real = list(real_ranks)
+    wanted: list[int] = []
+    for virtual_rank in real:
+        wanted += _neighbours(world, "pp", virtual_rank)
+        wanted += list(_group(world, "tp", virtual_rank))
+        for kind in _NEIGHBOUR_KINDS:
+            wanted += _neighbours(world, kind, virtual_rank)
+    wanted += [world.representative(name) for name in result.problem.role_names]
+    chosen = [r for r in dict.fromkeys(wanted) if r not in set(real)]
+    return chosen[:limit]
+
+
+def _group(world, kind: str, virtual_rank: int) -> tuple[int, ...]:
+    try:
+        return world.group(kind, virtual_rank)
+    except ValueError:  # a world without groups of this kind (hand-made worlds in tests)
+        return ()
+
+
+def _neighbours(world, kind: str, virtual_rank: int) -> list[int]:
+    """The members just before and after the rank in its group of this kind (no wrap-around)."""
+    members = _group(world, kind, virtual_rank)
+    if virtual_rank not in members:
+        return []
+    at = members.index(virtual_rank)
+    return [members[i] for i in (at - 1, at + 1) if 0 <= i < len(members)]
+
+
+def process_name(virtual_rank: int, layout: Layout | None, *, real: bool, role: str | None = None) -> str:
+    """ "rank 7168 (tp=0 pp=14 dp=0) real" or "... virtual, replayed"; cp and ep shown when > 1."""
+    kind = "real" if real else "virtual, replayed"
+    if layout is None or not 0 <= virtual_rank < layout.world_size:
+        return f"rank {virtual_rank}" + (f" ({role})" if role else "") + f" {kind}"
+    coords = layout.coords(virtual_rank)
+    shown = ["tp", *(["cp"] if layout.cp > 1 else []), "pp", "dp", *(["ep"] if layout.ep > 1 else [])]
+    return f"rank {virtual_rank} ({' '.join(f'{c}={getattr(coords, c)}' for c in shown)}) {kind}"
+
+
+def timeline_trace(
+    real_logs: Mapping[int, OpLog],
+    simulated: SimulatedTracks | None,
+    layout: Layout | None,
+) -> dict:
+    """The Chrome/Perfetto trace of the real ranks' logs and the simulated virtual ranks."""
+    starts = [t for log in real_logs.values() if (t := log.earliest_ns()) is not None]
+    ends = [t for log in real_logs.values() if (t := log.latest_ns()) is not None]
+    run_start_ns = min(starts, default=0)
+    end_ns = max(ends, default=run_start_ns)
+    drawn: list[Span] = []
+    names: dict[int, str] = {}
+    for virtual_rank in sorted(real_logs):
+        names[virtual_rank] = process_name(virtual_rank, layout, real=True)
+        drawn += _shifted(measured_spans(real_logs[virtual_rank], end_ns=end_ns), -run_start_ns)
+    if simulated is not None:
+        origin_ns = _simulated_origin_ns(real_logs, run_start_ns) - run_start_ns
+        for virtual_rank, role in simulated.roles.items():
+            if virtual_rank not in real_logs:
+                names[virtual_rank] = process_name(virtual_rank, layout, real=False, role=role)
+        drawn += _shifted((s for s in simulated.spans if s.process not in real_logs), origin_ns)
+    trace = chrome_trace(drawn, names)
+    trace["traceEvents"] += [
+        {"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0, "args": {"sort_index": index}}
+        for index, pid in enumerate(names)
+    ]
+    return trace
+
+
+def _simulated_origin_ns(real_logs: Mapping[int, OpLog], run_start_ns: int) -> int:
+    """The start of the last measured iteration (the earliest real rank's), else the run start."""
+    last_starts = [log.iteration_starts_ns[-1] for log in real_logs.values() if log.iteration_starts_ns]
+    return min(last_starts, default=run_start_ns)
+
+
+def _shifted(items: Iterable[Span], offset_ns: int) -> list[Span]:
+    return [
+        dataclasses.replace(s, start_ns=s.start_ns + offset_ns, end_ns=s.end_ns + offset_ns) for s in items
+    ]
+
+
+def write_timeline(path: str, trace: dict) -> str:
+    return files.write_json(trace, path)

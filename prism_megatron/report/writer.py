@@ -1,0 +1,165 @@
+"""Write a run folder's report: report.json, report.md, timeline.json and the plots.
+
+`write_report` is what the orchestrator calls at the end of a run (and on failure, with what was
+measured, and while running, with status "running"). It validates the report first, so nothing
+malformed reaches disk, then writes report.json, keeps the inputs the timeline needs (each real
+rank's op log under ops/, the simulated virtual tracks under spans/), and renders the rest.
+`rerender` renders again from those files alone; that is `prism-megatron report RUN_DIR`.
+
+Every piece that cannot be made (no simulation in a failed run, no op logs, a plot that fails to
+draw) is skipped with a line in report.md saying why, never a crash: a failed run's report must
+still come out.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Iterable, Mapping, Sequence
+
+from prism_megatron.replay.events import OpEvent
+from prism_megatron.report import files, schema
+from prism_megatron.report.markdown import render_markdown
+from prism_megatron.report.model import RunReport
+from prism_megatron.report.oplog import OpLog, as_op_logs, load_op_logs, save_op_log
+from prism_megatron.report.plots import PLOTS, NothingToPlot
+from prism_megatron.report.timeline import (
+    DEFAULT_MAX_VIRTUAL_TRACKS,
+    SimulatedTracks,
+    represented_ranks,
+    timeline_trace,
+)
+from prism_megatron.sim import SimResult
+from prism_megatron.topology import Layout
+
+REPORT_JSON = "report.json"
+REPORT_MD = "report.md"
+TIMELINE_JSON = "timeline.json"
+PLOTS_DIR = "plots"
+
+
+@dataclasses.dataclass(frozen=True)
+class WrittenReport:
+    """What was written (output name -> path) and what was skipped (output name -> why)."""
+
+    paths: Mapping[str, str]
+    skipped: Mapping[str, str]
+
+
+def write_report(
+    report: RunReport,
+    out_dir: str,
+    *,
+    sim_result: SimResult | None = None,
+    measured_ops: Mapping[int, OpLog | Sequence[OpEvent]] | None = None,
+    layout: Layout | None = None,
+    virtual_ranks: Iterable[int] | None = None,
+    max_virtual_tracks: int = DEFAULT_MAX_VIRTUAL_TRACKS,
+) -> WrittenReport:
+    """Write the report of a run into `out_dir` (created if needed; earlier report files replaced).
+
+    Args:
+        sim_result: the simulation whose arrivals the replay engine played (for the virtual tracks).
+        measured_ops: per real virtual rank, its `OpLog` or its list of `OpEvent`s.
+        layout: the target job's layout (coordinates in track names); default from `report.target`.
+        virtual_ranks: the virtual ranks to draw; default `represented_ranks` (neighbours and peers
+            of the real ranks, one representative per role), at most `max_virtual_tracks`.
+
+    Raises:
+        SchemaError: the report does not follow the schema (nothing is written then).
+    """
+    doc = report.to_json()
+    schema.validate(doc)
+    os.makedirs(out_dir, exist_ok=True)
+    files.write_json(doc, os.path.join(out_dir, REPORT_JSON), indent=1)
+    logs = as_op_logs(measured_ops)
+    for log in logs.values():
+        save_op_log(out_dir, log)
+    if not logs:
+        logs = load_op_logs(out_dir)  # the real ranks may have written their own
+    simulated = None
+    if sim_result is not None:
+        ranks = (
+            list(virtual_ranks)
+            if virtual_ranks is not None
+            else represented_ranks(sim_result, report.real_ranks, limit=max_virtual_tracks)
+        )
+        simulated = SimulatedTracks.from_result(sim_result, ranks[:max_virtual_tracks])
+        simulated.save(out_dir)
+    return render(report, out_dir, logs=logs, simulated=simulated, layout=layout)
+
+
+def load_report(run_dir: str) -> RunReport:
+    """The run folder's report.json, validated (ValueError naming the file when it is not one)."""
+    path = os.path.join(run_dir, REPORT_JSON)
+    return RunReport.from_json(files.read_json(path, "run report"), path)
+
+
+def rerender(run_dir: str, *, simulated: SimulatedTracks | None = None) -> WrittenReport:
+    """Render report.md, the plots and the timeline again from the run folder's files.
+
+    `simulated` replaces the saved virtual tracks (spans/simulated.json) when given.
+    """
+    return render(
+        load_report(run_dir),
+        run_dir,
+        logs=load_op_logs(run_dir),
+        simulated=simulated if simulated is not None else SimulatedTracks.load(run_dir),
+        layout=None,
+    )
+
+
+def render(
+    report: RunReport,
+    out_dir: str,
+    *,
+    logs: Mapping[int, OpLog],
+    simulated: SimulatedTracks | None,
+    layout: Layout | None,
+) -> WrittenReport:
+    """Write the plots, the timeline and report.md (report.json is already there)."""
+    paths: dict[str, str] = {os.path.basename(REPORT_JSON): os.path.join(out_dir, REPORT_JSON)}
+    relative: dict[str, str] = {}
+    skipped: dict[str, str] = {}
+    for name, plot in PLOTS.items():
+        path = os.path.join(out_dir, PLOTS_DIR, name)
+        try:
+            files.write_atomically(path, plot(report))
+        except NothingToPlot as exc:
+            skipped[name] = str(exc)
+        except Exception as exc:  # a plot must never cost the report (see the module docstring)
+            skipped[name] = f"could not be drawn ({type(exc).__name__}: {exc})"
+        else:
+            relative[name] = f"{PLOTS_DIR}/{name}"
+            continue
+        _remove_stale(path)
+    path = os.path.join(out_dir, TIMELINE_JSON)
+    if logs or simulated is not None:
+        try:
+            files.write_json(timeline_trace(logs, simulated, layout or _layout_of(report)), path)
+            relative["timeline"] = TIMELINE_JSON
+        except Exception as exc:  # as for plots
+            skipped["timeline"] = f"could not be written ({type(exc).__name__}: {exc})"
+    else:
+        skipped["timeline"] = "no real rank left an op log and the run has no simulated timeline"
+    if "timeline" in skipped:
+        _remove_stale(path)
+    md_path = files.write_atomically(
+        os.path.join(out_dir, REPORT_MD), render_markdown(report, relative, skipped)
+    )
+    paths.update({name: os.path.join(out_dir, rel) for name, rel in relative.items()})
+    paths[REPORT_MD] = md_path
+    return WrittenReport(paths=paths, skipped=skipped)
+
+
+def _layout_of(report: RunReport) -> Layout | None:
+    try:
+        return report.target.layout()
+    except ValueError:  # sizes Layout refuses: track names then go without coordinates
+        return None
+
+
+def _remove_stale(path: str) -> None:
+    """A file an earlier rendering wrote and this one skipped would contradict report.md."""
+    if os.path.exists(path):
+        os.unlink(path)

@@ -1,0 +1,157 @@
+"""report.json's schema: what it accepts, and errors that name the key path of every problem."""
+
+import copy
+
+import pytest
+
+from prism_megatron.report import (
+    Failure,
+    RankReport,
+    RoleReport,
+    RunReport,
+    SchemaError,
+    TargetJob,
+    iterations_from_times,
+    median_iteration_time_s,
+    validate,
+)
+from prism_megatron.report.schema import SCHEMA_VERSION
+
+
+def _doc(**changes):
+    iterations = iterations_from_times([2.0, 1.0, 1.2, 1.1], num_warmup=1)
+    report = RunReport(
+        target=TargetJob(world_size=16, tp=2, pp=2, micro_batch_size=1, global_batch_size=8, seq_length=128),
+        real_ranks=(0, 5),
+        iterations=iterations,
+        iteration_time_s=median_iteration_time_s(iterations),
+        ranks={
+            0: RankReport(
+                virtual_rank=0,
+                peak_memory_allocated_bytes=100,
+                compute_s=0.6,
+                exposed_comm_s=0.1,
+                bubble_s=0.3,
+            ),
+            5: RankReport(virtual_rank=5, peak_memory_allocated_bytes=120),
+        },
+        roles=(
+            RoleReport(role="pp0", virtual_rank=0, count=8, compute_s=0.6, exposed_comm_s=0.1, bubble_s=0.3),
+            RoleReport(role="pp1", virtual_rank=4, count=8, compute_s=0.6, exposed_comm_s=0.2, bubble_s=0.2),
+        ),
+        simulated_iteration_time_s=1.0,
+    )
+    doc = report.to_json()
+    doc.update(changes)
+    return doc
+
+
+def _errors(doc):
+    with pytest.raises(SchemaError) as info:
+        validate(doc)
+    return info.value.errors
+
+
+def test_a_complete_report_is_valid_and_says_its_schema_version():
+    doc = _doc()
+    validate(doc)
+    assert doc["schema_version"] == SCHEMA_VERSION
+    assert doc["iteration_time_s"] == 1.1  # median of 1.0, 1.2, 1.1
+
+
+def test_negative_times_and_sizes_are_refused_with_their_key_path():
+    doc = _doc()
+    doc["ranks"]["0"]["compute_s"] = -0.1
+    doc["target"]["tp"] = 0
+    assert _errors(doc) == [
+        "$.target.tp: must be >= 1, got 0",
+        "$.ranks.0.compute_s: must be >= 0, got -0.1",
+    ]
+
+
+def test_types_are_json_types_and_a_boolean_is_not_a_number():
+    doc = _doc(real_ranks=[0, True], iterations="four")
+    doc["target"]["seq_length"] = "128"
+    errors = _errors(doc)
+    assert "$.target.seq_length: must be an integer, got '128'" in errors
+    assert "$.real_ranks[1]: must be an integer, got True" in errors
+    assert "$.iterations: must be an array, got str" in errors
+
+
+def test_missing_and_unknown_keys_are_named():
+    doc = _doc(throughput=3)
+    del doc["target"]["seq_length"]
+    del doc["versions"]
+    errors = _errors(doc)
+    assert "$.target: missing key 'seq_length'" in errors
+    assert "$: missing key 'versions'" in errors
+    assert "$: unknown key(s) 'throughput'" in errors
+
+
+def test_ranks_must_be_inside_the_world_and_real():
+    doc = _doc(real_ranks=[0, 5, 16])
+    doc["ranks"]["7"] = copy.deepcopy(doc["ranks"]["5"])
+    errors = _errors(doc)
+    assert "$.real_ranks: rank 16 is outside the world (0..15)" in errors
+    assert "$.ranks.7: virtual rank 7 is not one of real_ranks [0, 5, 16]" in errors
+    assert "$.ranks: an ok run reports every real rank; missing [16]" in errors
+
+
+def test_iteration_indices_must_increase_and_the_iteration_time_be_their_median_after_warmup():
+    doc = _doc()
+    doc["iterations"][2]["index"] = 1
+    assert _errors(doc) == ["$.iterations: indices must increase, got [0, 1, 1, 3]"]
+    wrong_median = _doc(iteration_time_s=1.0)
+    assert _errors(wrong_median)[0].startswith("$.iteration_time_s: must be the median")
+
+
+def test_the_parallel_sizes_must_agree():
+    doc = _doc()
+    doc["target"]["dp"] = 8
+    assert _errors(doc) == ["$.target.dp: must be world_size / (tp * pp * cp) = 16/4, got 8"]
+
+
+def test_each_role_adds_up_to_the_simulated_time_and_the_roles_cover_the_world():
+    doc = _doc(simulated_iteration_time_s=1.5)
+    doc["roles"]["pp1"]["count"] = 4
+    errors = _errors(doc)
+    assert any(e.startswith("$.roles.pp0: compute_s + exposed_comm_s + bubble_s") for e in errors)
+    assert "$.roles: the role counts must add up to world_size 16" in errors
+
+
+def test_a_failed_run_says_why_and_only_a_failed_run_has_a_failure():
+    assert _errors(_doc(status="failed")) == [
+        "$.failure: a failed run must say why (message, dead_rank, last_op)"
+    ]
+    failure = {"message": "rank 5 died", "dead_rank": 5, "last_op": None}
+    assert _errors(_doc(failure=failure)) == [
+        "$.failure: only a failed run has a failure, but status is 'ok'"
+    ]
+    failed = _doc(status="failed", failure=failure, ranks={})  # a failed run may lack rank results
+    validate(failed)
+    assert _errors(_doc(status="failed", failure={**failure, "dead_rank": 99}))[0] == (
+        "$.failure.dead_rank: rank 99 is outside the world (0..15)"
+    )
+    assert _errors(_doc(status="done"))[0] == "$.status: must be one of ok, failed, running, got 'done'"
+
+
+def test_a_newer_schema_is_refused_with_what_to_do():
+    with pytest.raises(SchemaError, match="upgrade prism-megatron"):
+        validate(_doc(schema_version=SCHEMA_VERSION + 1))
+
+
+def test_every_problem_is_reported_at_once():
+    doc = _doc(tflops_per_gpu=-1.0, simulated_iteration_time_s=float("nan"))
+    doc["ranks"]["5"]["bubble_s"] = "slow"
+    errors = _errors(doc)
+    assert len(errors) == 3
+    assert "$.simulated_iteration_time_s: must be finite, got nan" in errors
+
+
+def test_a_report_round_trips_through_json():
+    report = RunReport.from_json(_doc())
+    assert report.to_json() == _doc() | {"created": report.created}
+    failed = RunReport.from_json(
+        _doc(status="failed", failure={"message": "x", "dead_rank": 3, "last_op": "y"})
+    )
+    assert failed.failure == Failure(message="x", dead_rank=3, last_op="y")
