@@ -5,6 +5,13 @@
 // source (broadcast or scatter root) sends what the real member holding its role holds, else zeros
 // (the deterministic fill: it keeps control flow and arithmetic finite). Real members' slots carry
 // the real data moved by the real sub-communicator.
+//
+// One exception, the in-place all-gather (the input is this rank's own slot of the output, which is
+// how the distributed optimizer gathers updated parameter shards): a virtual member's slot keeps
+// what it holds. Each slot there is a *different* slice of the model, so copying this rank's shard
+// into it would overwrite other parameters with it; the values already in the slot (the parameters
+// before this step, which the virtual member would have updated by a small step) are the plausible
+// ones.
 #include "backend/backend.h"
 
 namespace prism::backend {
@@ -23,6 +30,19 @@ std::vector<at::Tensor> slots_of(const at::Tensor& output, const at::Tensor& inp
     slots.push_back(slot_of(output, n, m, input));
   }
   return slots;
+}
+
+// True when every input is the given member's slot of its output (an in-place all-gather).
+bool gathers_in_place(const std::vector<at::Tensor>& outputs, const std::vector<at::Tensor>& inputs, int64_t n,
+                      int64_t member) {
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    const int64_t chunk_bytes = inputs[i].numel() * inputs[i].element_size();
+    const auto* base = static_cast<const char*>(outputs[i].const_data_ptr());
+    if (inputs[i].const_data_ptr() != base + member * chunk_bytes || !inputs[i].is_contiguous()) {
+      return false;
+    }
+  }
+  return n > 0;
 }
 
 std::vector<at::Tensor> real_slots(const GroupLayout& layout, const std::vector<at::Tensor>& slots) {
@@ -134,6 +154,12 @@ c10::intrusive_ptr<c10d::Work> PrismBackend::allgather_into_tensor_coalesced(std
   plan.device = inputs[0].device();
   plan.async_op = opts.asyncOp;
   plan.outputs = outputs;
+  const bool in_place = gathers_in_place(outputs, inputs, n, layout_.self_index());
+  if (!real_ && in_place) {
+    // This process alone, gathering in place: its own slot already holds its input and every
+    // virtual slot keeps its values (see the file comment). Nothing moves.
+    return launch(std::move(plan));
+  }
   if (!real_) {
     // This process alone: every slot is a copy of the input, one broadcasting copy per op.
     plan.local = [outputs, inputs, n]() mutable {
@@ -165,7 +191,7 @@ c10::intrusive_ptr<c10d::Work> PrismBackend::allgather_into_tensor_coalesced(std
     }
     return real_->allgather_coalesced(per_rank, inputs, opts);
   };
-  if (layout_.all_real()) {
+  if (layout_.all_real() || in_place) {
     return launch(std::move(plan));
   }
   std::vector<int64_t> source_slot(n);

@@ -13,7 +13,10 @@ Semantics of every op (sync and async, functional collectives included):
   *stand-in* contributes: the first real member of the group with the same role (when ``roles`` is
   given), else the real member nearest in group index. With this process the only real member:
   all-reduce sum gives n times the local value, avg the local value, max/min the local value,
-  product its n-th power; all-gather copies the input into every slot; reduce-scatter gives n times
+  product its n-th power; all-gather copies the input into every slot, except an in-place
+  all-gather (the input is this rank's slot of the output, as the distributed optimizer gathers
+  parameter shards), where a virtual member's slot keeps what it holds, since each slot is a
+  different slice of the model; reduce-scatter gives n times
   the local chunk (avg: the chunk); the all-to-all block received from a virtual member is the local
   block addressed to it (filled from its start, repeated, when sizes differ; zeros when it is
   empty); a broadcast or scatter whose root is virtual, and a recv from a virtual peer, get the data

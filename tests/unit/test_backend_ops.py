@@ -152,6 +152,29 @@ def test_all_gather_copies_the_input_into_every_slot(world, tp, async_op):
     assert torch.equal(stacked, x.expand(8, 2))
 
 
+@pytest.mark.parametrize("async_op", [False, True])
+def test_in_place_all_gather_keeps_the_virtual_members_slots(world, tp, async_op):
+    # The distributed optimizer gathers updated parameter shards in place: every slot is a
+    # different slice of the model, so a virtual member's slot keeps its values instead of
+    # receiving a copy of this rank's shard.
+    buffer = torch.arange(16.0)
+    before = buffer.clone()
+    mine = buffer[10:12]  # this rank is group rank 5: slot 5
+    mine.copy_(torch.tensor([-1.0, -2.0]))
+    run(lambda a: dist.all_gather_into_tensor(buffer, mine, group=tp, async_op=a), async_op=async_op)
+    expected = before.clone()
+    expected[10:12] = torch.tensor([-1.0, -2.0])
+    assert torch.equal(buffer, expected)
+
+
+def test_all_gather_into_another_buffer_still_copies_even_from_a_slice_of_it(world, tp):
+    # Only this rank's own slot counts as in place; a slice elsewhere is an ordinary input.
+    buffer = torch.arange(16.0)
+    source = buffer[0:2].clone()
+    run(lambda a: dist.all_gather_into_tensor(buffer, buffer[0:2], group=tp, async_op=a), async_op=False)
+    assert torch.equal(buffer, source.repeat(8))
+
+
 def test_all_gather_coalesced_through_the_coalescing_manager(world, tp):
     x, y = torch.tensor([1.0]), torch.tensor([2.0, 3.0])
     ox, oy = torch.empty(8), torch.empty(16)
