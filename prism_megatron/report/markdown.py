@@ -192,11 +192,13 @@ def _timeline(outputs: Mapping[str, str], skipped: Mapping[str, str]) -> list[st
     lines = ["## Timeline", ""]
     if "timeline" in outputs:
         path = outputs["timeline"]
-        return [
-            *lines,
+        lines.append(
             f"[{path}]({path}): a Chrome trace of the real ranks (measured) and of the virtual ranks "
-            "around them (replayed); open it in Perfetto (ui.perfetto.dev).",
-        ]
+            "around them (replayed); open it in Perfetto (ui.perfetto.dev)."
+        )
+        if "op logs" in skipped:
+            lines += ["", f"Note: {skipped['op logs']}."]
+        return lines
     return [*lines, f"Skipped: {skipped.get('timeline', 'not written')}."]
 
 

@@ -53,6 +53,10 @@ class TargetJob:
     order: str = "tp-cp-ep-dp-pp"
     """Megatron's rank order, fastest dimension first."""
 
+    def __post_init__(self) -> None:
+        if self.etp is None:  # spelled out, so a report reads back equal to what was written
+            object.__setattr__(self, "etp", self.tp)
+
     @property
     def dp(self) -> int:
         """Data-parallel size: W / (tp pp cp) (0 when that does not divide; the schema refuses it)."""
@@ -92,7 +96,6 @@ class TargetJob:
 
     def to_json(self) -> dict[str, Any]:
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        out["etp"] = self.tp if self.etp is None else self.etp
         out["dp"] = self.dp
         return out
 

@@ -25,6 +25,8 @@ _BREAKDOWN_PARTS = (
     ("bubble_s", "bubble"),
 )
 _GIB = 1 << 30
+MAX_ROLES_DRAWN = 48
+"""A job with more roles (deep pipelines times expert shards) shows its first 48; the table has all."""
 
 
 class NothingToPlot(Exception):
@@ -86,7 +88,7 @@ def breakdown_png(report: RunReport) -> bytes:
     """Stacked horizontal bars per role: compute, exposed communication, bubble (simulated)."""
     if not report.roles:
         raise NothingToPlot("no simulated breakdown per role (the run has no simulation result)")
-    roles = list(reversed(report.roles))  # first role on top
+    roles = list(reversed(report.roles[:MAX_ROLES_DRAWN]))  # first role on top
     scale, unit = _time_unit([r.compute_s + r.exposed_comm_s + r.bubble_s for r in roles])
     figure = Figure(figsize=(7, 1.8 + 0.35 * len(roles)))
     axes = figure.add_subplot()
@@ -97,7 +99,10 @@ def breakdown_png(report: RunReport) -> bytes:
         axes.barh(labels, widths, left=left, label=label)
         left = [a + b for a, b in zip(left, widths, strict=True)]
     axes.set_xlabel(f"time per iteration ({unit})")
-    axes.set_title("Simulated time breakdown per role")
+    shown = (
+        "" if len(report.roles) <= MAX_ROLES_DRAWN else f" (first {MAX_ROLES_DRAWN} of {len(report.roles)})"
+    )
+    axes.set_title("Simulated time breakdown per role" + shown)
     _legend_below(axes, columns=3)
     return _png(figure)
 

@@ -125,26 +125,32 @@ def process_name(virtual_rank: int, layout: Layout | None, *, real: bool, role: 
 
 
 def timeline_trace(
+    real_ranks: Iterable[int],
     real_logs: Mapping[int, OpLog],
     simulated: SimulatedTracks | None,
     layout: Layout | None,
 ) -> dict:
-    """The Chrome/Perfetto trace of the real ranks' logs and the simulated virtual ranks."""
+    """The Chrome/Perfetto trace of the real ranks' logs and the simulated virtual ranks.
+
+    Every real rank gets its named track, empty when it left no log (a rank that died early).
+    """
     starts = [t for log in real_logs.values() if (t := log.earliest_ns()) is not None]
     ends = [t for log in real_logs.values() if (t := log.latest_ns()) is not None]
     run_start_ns = min(starts, default=0)
     end_ns = max(ends, default=run_start_ns)
     drawn: list[Span] = []
     names: dict[int, str] = {}
-    for virtual_rank in sorted(real_logs):
+    real = sorted({*real_ranks, *real_logs})
+    for virtual_rank in real:
         names[virtual_rank] = process_name(virtual_rank, layout, real=True)
-        drawn += _shifted(measured_spans(real_logs[virtual_rank], end_ns=end_ns), -run_start_ns)
+        if virtual_rank in real_logs:
+            drawn += _shifted(measured_spans(real_logs[virtual_rank], end_ns=end_ns), -run_start_ns)
     if simulated is not None:
         origin_ns = _simulated_origin_ns(real_logs, run_start_ns) - run_start_ns
         for virtual_rank, role in simulated.roles.items():
-            if virtual_rank not in real_logs:
+            if virtual_rank not in names:
                 names[virtual_rank] = process_name(virtual_rank, layout, real=False, role=role)
-        drawn += _shifted((s for s in simulated.spans if s.process not in real_logs), origin_ns)
+        drawn += _shifted((s for s in simulated.spans if s.process not in real), origin_ns)
     trace = chrome_trace(drawn, names)
     trace["traceEvents"] += [
         {"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0, "args": {"sort_index": index}}

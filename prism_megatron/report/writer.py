@@ -36,6 +36,7 @@ REPORT_JSON = "report.json"
 REPORT_MD = "report.md"
 TIMELINE_JSON = "timeline.json"
 PLOTS_DIR = "plots"
+OP_LOGS = "op logs"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,7 +137,8 @@ def render(
     path = os.path.join(out_dir, TIMELINE_JSON)
     if logs or simulated is not None:
         try:
-            files.write_json(timeline_trace(logs, simulated, layout or _layout_of(report)), path)
+            trace = timeline_trace(report.real_ranks, logs, simulated, layout or _layout_of(report))
+            files.write_json(trace, path)
             relative["timeline"] = TIMELINE_JSON
         except Exception as exc:  # as for plots
             skipped["timeline"] = f"could not be written ({type(exc).__name__}: {exc})"
@@ -144,6 +146,11 @@ def render(
         skipped["timeline"] = "no real rank left an op log and the run has no simulated timeline"
     if "timeline" in skipped:
         _remove_stale(path)
+    without_log = [r for r in report.real_ranks if r not in logs]
+    if without_log and "timeline" in relative:
+        skipped[OP_LOGS] = (
+            f"no op log from real rank(s) {', '.join(map(str, without_log))}: their tracks are empty"
+        )
     md_path = files.write_atomically(
         os.path.join(out_dir, REPORT_MD), render_markdown(report, relative, skipped)
     )

@@ -4,6 +4,7 @@ Golden-free: each test builds a report from a small synthetic simulation and syn
 and checks properties of what is written, never bytes.
 """
 
+import dataclasses
 import json
 import os
 
@@ -87,7 +88,7 @@ def _report(sim_result, **changes):
         prism={"emulation": {"world_size": 64, "ranks": "0,33"}, "cluster": {"cluster": "default"}},
         patches={"p2p_communicator": 12},
     )
-    return RunReport(**{**report.__dict__, **changes})
+    return dataclasses.replace(report, **changes)
 
 
 def _op_log(virtual_rank):
@@ -273,15 +274,19 @@ def test_a_failed_run_renders_what_was_measured_and_says_why(tmp_path, sim_resul
     )
     unfinished = OpEvent(OpKind.ALL_REDUCE, (0, 1), -1, 0, 8, "Float", START_NS, START_NS, -1, False, True)
     out, written = _write(tmp_path, sim_result, report, sim_result=None, measured_ops={0: [unfinished]})
-    assert set(written.skipped) == {"breakdown.png", "memory.png"}
+    assert set(written.skipped) == {"breakdown.png", "memory.png", "op logs"}
     with open(os.path.join(out, "report.md")) as f:
         md = f.read()
     assert "Status: **failed**: rank 33 stopped answering" in md
     assert "virtual rank 33" in md and "all_reduce dp seq 3" in md
     assert "No results from virtual rank(s) 33." in md
     assert "Peak memory by category: skipped: no real rank reported memory by category." in md
-    (span,) = [e for e in _trace(out)["traceEvents"] if e["ph"] == "X"]
+    assert "no op log from real rank(s) 33: their tracks are empty" in md
+    events = _trace(out)["traceEvents"]
+    (span,) = [e for e in events if e["ph"] == "X"]
     assert span["args"]["completed"] is False
+    processes = {e["pid"]: e["args"]["name"] for e in events if e["name"] == "process_name"}
+    assert processes == {0: "rank 0 (tp=0 pp=0 dp=0) real", 33: "rank 33 (tp=1 pp=2 dp=0) real"}
     assert load_report(out).failure.dead_rank == 33
 
 
