@@ -169,7 +169,3 @@ def _shifted(items: Iterable[Span], offset_ns: int) -> list[Span]:
     return [
         dataclasses.replace(s, start_ns=s.start_ns + offset_ns, end_ns=s.end_ns + offset_ns) for s in items
     ]
-
-
-def write_timeline(path: str, trace: dict) -> str:
-    return files.write_json(trace, path)
