@@ -1,0 +1,348 @@
+"""Capture: from what the slice's real ranks recorded to the execution graph of every role.
+
+The capture pass runs each slice rank for a few iterations inside the virtual world, its virtual
+peers answering at once (the replay engine's instant mode). Per iteration a rank keeps
+(`CapturedIteration`): every communication op it issued (`OpEvent`s from the op log: the backend
+logs an op when it is issued and completes it when the program waits; the pipeline interceptor logs
+its p2p ops when they are waited), when the iteration started and ended, and the span of each call
+of the pipeline communicator (the p2p ops posted in one call form one batch).
+
+One iteration becomes a role's streams (`iteration_streams`) by walking its ops in time order on
+the compute stream (CPU clock on CPU; CUDA events would feed the same walk on GPU):
+
+* a blocking collective is a COLLECTIVE op; a pipeline-communicator call is its p2p ops posted
+  together (`coalesced`), the stream moving on when the call returned;
+* an async op (`async_op=True`) goes on a side stream per group kind (`async-tp`, ...) after the
+  compute that preceded its issue, and a WAIT on the compute stream where it completed: on CPU, the
+  prism backend completes an op with instant peers when the program waits on it, so its completion
+  time is the program's wait. A WAIT that falls after the iteration's end is put at the end;
+* the gaps between them on the compute stream are COMPUTE spans, one before every op (possibly of
+  0 ns) and one closing the iteration, so every iteration has the same structure and durations can
+  be compared position by position.
+
+Collectives are named by group kind (`group_kind_of`), p2p peers by (group kind, offset)
+(`peer_spec`), and numbered within the iteration as the schema says. `role_graph` drops the
+warm-up iterations, checks the others agree op for op, and takes the median of each compute span.
+Limits: an async op waited in a later iteration (a parameter all-gather overlapped with the next
+forward) is waited at the end of its own; p2p ops left pending by an overlapping schedule
+(`overlap_p2p_comm`) count as waited when their call returned.
+"""
+
+from __future__ import annotations
+
+import bisect
+import collections
+import dataclasses
+import json
+import statistics
+from collections.abc import Mapping, Sequence
+
+from prism_megatron.graph.io import write_json_atomically
+from prism_megatron.graph.schema import (
+    COMPUTE_STREAM,
+    Dep,
+    ExecutionGraph,
+    GraphMetadata,
+    NodeType,
+    Op,
+    RoleGraph,
+)
+from prism_megatron.graph.world import World, group_kind_of, peer_spec
+from prism_megatron.replay.events import OpEvent
+from prism_megatron.replay.schedule import OpKind
+from prism_megatron.topology import GROUP_KINDS
+
+CAPTURE_SCHEMA_VERSION = 1
+COMPUTE_NAME = "compute"
+ASYNC_STREAM_PREFIX = "async-"
+
+
+@dataclasses.dataclass(frozen=True)
+class CapturedIteration:
+    """One training iteration of one real rank, as recorded."""
+
+    start_ns: int
+    end_ns: int
+    events: tuple[OpEvent, ...]
+    p2p_calls: tuple[tuple[int, int], ...] = ()
+    """(enter_ns, exit_ns) of each pipeline-communicator call, in call order."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RankCapture:
+    """What one real rank recorded in the capture pass."""
+
+    virtual_rank: int
+    role: str
+    iterations: tuple[CapturedIteration, ...]
+    num_warmup: int = 1
+    """Leading iterations left out of the graph (allocation, first-touch and warm-up effects)."""
+
+    def recorded(self) -> tuple[CapturedIteration, ...]:
+        """The iterations the graph uses: after warm-up, or the last one when all were warm-up."""
+        if not self.iterations:
+            raise ValueError(f"virtual rank {self.virtual_rank} recorded no iteration")
+        return self.iterations[self.num_warmup :] or self.iterations[-1:]
+
+    def to_json(self) -> dict:
+        return {
+            "schema_version": CAPTURE_SCHEMA_VERSION,
+            "virtual_rank": self.virtual_rank,
+            "role": self.role,
+            "num_warmup": self.num_warmup,
+            "iterations": [
+                {
+                    "start_ns": it.start_ns,
+                    "end_ns": it.end_ns,
+                    "p2p_calls": [list(call) for call in it.p2p_calls],
+                    "events": [_event_row(e) for e in it.events],
+                }
+                for it in self.iterations
+            ],
+        }
+
+    @classmethod
+    def from_json(cls, data: dict, *, source: str = "capture") -> RankCapture:
+        if not isinstance(data, dict) or data.get("schema_version") != CAPTURE_SCHEMA_VERSION:
+            raise ValueError(f"{source}: not a capture file of schema version {CAPTURE_SCHEMA_VERSION}")
+        try:
+            iterations = tuple(
+                CapturedIteration(
+                    start_ns=int(it["start_ns"]),
+                    end_ns=int(it["end_ns"]),
+                    p2p_calls=tuple((int(a), int(b)) for a, b in it["p2p_calls"]),
+                    events=tuple(_event_from_row(row) for row in it["events"]),
+                )
+                for it in data["iterations"]
+            )
+            return cls(
+                virtual_rank=int(data["virtual_rank"]),
+                role=str(data["role"]),
+                iterations=iterations,
+                num_warmup=int(data["num_warmup"]),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"{source}: damaged capture file ({exc})") from exc
+
+    def save(self, path: str) -> str:
+        write_json_atomically(self.to_json(), path)
+        return path
+
+    @classmethod
+    def load(cls, path: str) -> RankCapture:
+        try:
+            with open(path, encoding="utf-8") as f:
+                data = json.load(f)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}: damaged capture file (not JSON: {exc})") from exc
+        return cls.from_json(data, source=path)
+
+
+def _event_row(e: OpEvent) -> list:
+    return [int(e.kind), list(e.group), e.peer, e.seq, e.size_bytes, e.dtype, e.issue_ns, e.start_ns,
+            e.complete_ns, e.async_op, e.has_virtual]  # fmt: skip
+
+
+def _event_from_row(row: list) -> OpEvent:
+    return OpEvent.from_native((row[0], tuple(row[1]), *row[2:]))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Point:
+    """Something the compute stream meets: a blocking op or batch, an async post, or a wait."""
+
+    time_ns: int
+    order: int
+    end_ns: int
+    kind: str  # "blocking", "post" or "wait"
+    events: tuple[OpEvent, ...]
+
+
+def _points(iteration: CapturedIteration) -> list[_Point]:
+    events = sorted(iteration.events, key=lambda e: e.issue_ns)
+    calls = sorted(iteration.p2p_calls)
+    enters = [enter for enter, _ in calls]
+    batches: dict[int, list[OpEvent]] = {}
+    points: list[_Point] = []
+    for order, event in enumerate(events):
+        call = bisect.bisect_right(enters, event.issue_ns) - 1
+        if event.peer >= 0 and call >= 0 and event.issue_ns <= calls[call][1]:
+            batches.setdefault(call, []).append(event)
+        elif event.async_op:
+            done_ns = event.complete_ns if 0 <= event.complete_ns <= iteration.end_ns else iteration.end_ns
+            done_ns = max(done_ns, event.issue_ns)
+            points.append(_Point(event.issue_ns, order, event.issue_ns, "post", (event,)))
+            points.append(_Point(done_ns, order, done_ns, "wait", (event,)))
+        else:
+            points.append(
+                _Point(event.issue_ns, order, max(event.complete_ns, event.issue_ns), "blocking", (event,))
+            )
+    for call, members in batches.items():
+        end_ns = max(calls[call][1], *(e.complete_ns for e in members))
+        points.append(_Point(members[0].issue_ns, len(events) + call, end_ns, "blocking", tuple(members)))
+    points.sort(key=lambda p: (p.time_ns, p.kind != "post", p.order))
+    return points
+
+
+class _StreamBuilder:
+    """Appends ops to a role's streams, numbering collectives per group kind and p2p per peer."""
+
+    def __init__(self, world: World, virtual_rank: int, kinds: Sequence[str]) -> None:
+        self.world, self.virtual_rank, self.kinds = world, virtual_rank, kinds
+        self.streams: dict[str, list[Op]] = {COMPUTE_STREAM: []}
+        self.collective_seq: collections.Counter[str] = collections.Counter()
+        self.p2p_seq: collections.Counter[tuple[OpKind, int]] = collections.Counter()
+        self.posted: dict[OpEvent, Dep] = {}
+        self.kind_of: dict[tuple[int, ...], str] = {}
+
+    def compute(self, duration_ns: int) -> None:
+        self.streams[COMPUTE_STREAM].append(
+            Op(type=NodeType.COMPUTE, name=COMPUTE_NAME, duration_ns=duration_ns)
+        )
+
+    def comm(self, event: OpEvent, *, coalesced: bool = False, deps: tuple[Dep, ...] = ()) -> Op:
+        common = dict(size_bytes=event.size_bytes, dtype=event.dtype, coalesced=coalesced, deps=deps)
+        if event.kind in (OpKind.SEND, OpKind.RECV):
+            kind, offset = peer_spec(self.world, self.virtual_rank, event.peer)
+            seq = self.p2p_seq[(event.kind, event.peer)]
+            self.p2p_seq[(event.kind, event.peer)] += 1
+            node = NodeType.SEND if event.kind == OpKind.SEND else NodeType.RECV
+            return Op(type=node, group=kind, offset=offset, seq=seq, **common)
+        kind = self.kind_of.get(event.group)
+        if kind is None:
+            kind = self.kind_of[event.group] = group_kind_of(
+                self.world, self.virtual_rank, event.group, self.kinds
+            )
+        seq = self.collective_seq[kind]
+        self.collective_seq[kind] += 1
+        return Op(type=NodeType.COLLECTIVE, comm=event.kind, group=kind, seq=seq, **common)
+
+    def blocking(self, events: Sequence[OpEvent]) -> None:
+        for i, event in enumerate(events):
+            self.streams[COMPUTE_STREAM].append(self.comm(event, coalesced=i < len(events) - 1))
+
+    def post(self, event: OpEvent) -> None:
+        after = Dep(COMPUTE_STREAM, len(self.streams[COMPUTE_STREAM]) - 1)
+        op = self.comm(event, deps=(after,))
+        stream = ASYNC_STREAM_PREFIX + (op.group if op.type == NodeType.COLLECTIVE else "p2p")
+        ops = self.streams.setdefault(stream, [])
+        self.posted[event] = Dep(stream, len(ops))
+        ops.append(op)
+
+    def wait(self, event: OpEvent) -> None:
+        self.streams[COMPUTE_STREAM].append(Op(type=NodeType.WAIT, deps=(self.posted[event],)))
+
+
+def iteration_streams(
+    iteration: CapturedIteration, world: World, virtual_rank: int, kinds: Sequence[str] = GROUP_KINDS
+) -> dict[str, tuple[Op, ...]]:
+    """One recorded iteration as streams of ops (see the module docstring); compute stream first.
+
+    Raises:
+        ValueError: an op's group is none of the rank's group kinds.
+    """
+    builder = _StreamBuilder(world, virtual_rank, kinds)
+    cursor_ns = iteration.start_ns
+    for point in _points(iteration):
+        at_ns = max(point.time_ns, cursor_ns)
+        builder.compute(at_ns - cursor_ns)
+        if point.kind == "post":
+            builder.post(point.events[0])
+        elif point.kind == "wait":
+            builder.wait(point.events[0])
+        else:
+            builder.blocking(point.events)
+        cursor_ns = max(at_ns, point.end_ns)
+    builder.compute(max(iteration.end_ns - cursor_ns, 0))
+    return {name: tuple(ops) for name, ops in builder.streams.items()}
+
+
+def structure(streams: Mapping[str, Sequence[Op]]) -> dict[str, tuple[Op, ...]]:
+    """The streams with every duration zeroed: what must agree between iterations."""
+    return {
+        name: tuple(dataclasses.replace(op, duration_ns=0) for op in ops) for name, ops in streams.items()
+    }
+
+
+def first_difference(a: Mapping[str, Sequence[Op]], b: Mapping[str, Sequence[Op]]) -> str | None:
+    """Where two iterations' structures first differ, in words; None when they agree."""
+    from prism_megatron.graph.printable import format_op
+
+    if list(a) != list(b):
+        return f"streams {list(a)} vs {list(b)}"
+    for name in a:
+        for index, (x, y) in enumerate(zip(a[name], b[name], strict=False)):
+            if dataclasses.replace(x, duration_ns=0) != dataclasses.replace(y, duration_ns=0):
+                return f"{name}[{index}]: {format_op(x)!r} vs {format_op(y)!r}"
+        if len(a[name]) != len(b[name]):
+            return f"{name}: {len(a[name])} vs {len(b[name])} ops"
+    return None
+
+
+def compute_durations(streams: Mapping[str, Sequence[Op]]) -> list[int]:
+    """Durations of the COMPUTE ops in flat order (what `Problem.with_compute_durations` takes)."""
+    return [op.duration_ns for ops in streams.values() for op in ops if op.type == NodeType.COMPUTE]
+
+
+def role_graph(capture: RankCapture, world: World, kinds: Sequence[str] = GROUP_KINDS) -> RoleGraph:
+    """The role's graph: recorded iterations after warm-up, each compute span their median.
+
+    Raises:
+        ValueError: the recorded iterations do not issue the same ops (naming the first difference).
+    """
+    per_iteration = [iteration_streams(it, world, capture.virtual_rank, kinds) for it in capture.recorded()]
+    first = per_iteration[0]
+    for number, streams in enumerate(per_iteration[1:], start=1):
+        difference = first_difference(first, streams)
+        if difference is not None:
+            raise ValueError(
+                f"virtual rank {capture.virtual_rank}: recorded iterations {capture.num_warmup} and "
+                f"{capture.num_warmup + number} issue different ops ({difference}); the graph needs "
+                "iterations that repeat"
+            )
+    medians = iter(
+        round(statistics.median(values))
+        for values in zip(*(compute_durations(s) for s in per_iteration), strict=True)
+    )
+    streams = {
+        name: tuple(
+            dataclasses.replace(op, duration_ns=next(medians)) if op.type == NodeType.COMPUTE else op
+            for op in ops
+        )
+        for name, ops in first.items()
+    }
+    return RoleGraph(role=capture.role, streams=streams)
+
+
+def build_graph(
+    captures: Sequence[RankCapture],
+    world: World,
+    layout: Mapping[str, object],
+    *,
+    extra: Mapping[str, object] | None = None,
+    kinds: Sequence[str] = GROUP_KINDS,
+) -> ExecutionGraph:
+    """The execution graph of the job: one role graph per role, from the rank that represents it.
+
+    Among several captures of one role, the role's representative wins, else the lowest rank.
+
+    Raises:
+        ValueError: a role of the world was not captured (the message names it and a rank for it).
+    """
+    by_role: dict[str, RankCapture] = {}
+    for capture in sorted(captures, key=lambda c: c.virtual_rank):
+        held = by_role.get(capture.role)
+        if held is None or capture.virtual_rank == world.representative(capture.role):
+            by_role[capture.role] = capture
+    missing = [name for name in world.roles() if name not in by_role]
+    if missing:
+        hints = ", ".join(f"{name} (e.g. rank {world.representative(name)})" for name in missing[:8])
+        raise ValueError(f"the capture lacks roles {hints}; capture a rank of each")
+    roles = {name: role_graph(by_role[name], world, kinds) for name in world.roles()}
+    sources = {name: by_role[name].virtual_rank for name in world.roles()}
+    metadata = GraphMetadata(
+        layout=dict(layout),
+        source="capture",
+        extra={**(extra or {}), "captured_ranks": sources},
+    )
+    return ExecutionGraph(metadata=metadata, roles=roles)

@@ -1,0 +1,140 @@
+"""Capture: recorded ops of a real rank become its role's streams, and the slice's become the graph.
+
+The job is W=8, TP2 PP2 (DP2): virtual rank 0 is on stage 0 with TP peer 1, DP peer 2 and next
+stage 4. Times are in microseconds from the iteration start, written `us(...)`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from prism_megatron.graph import COMPUTE_STREAM, Dep, LayoutWorld, format_op
+from prism_megatron.graph.capture import (
+    CapturedIteration,
+    RankCapture,
+    build_graph,
+    compute_durations,
+    iteration_streams,
+    role_graph,
+)
+from prism_megatron.replay import OpEvent, OpKind
+from prism_megatron.topology import Layout
+
+LAYOUT = Layout(world_size=8, tp=2, pp=2)
+WORLD = LayoutWorld(LAYOUT)
+START_NS = 1_000_000_000
+
+
+def us(t: float) -> int:
+    return START_NS + round(t * 1000)
+
+
+def collective(kind, group, issue_us, complete_us, *, async_op=False, size=1024, seq=0) -> OpEvent:
+    return OpEvent(kind, tuple(group), -1, seq, size, "Float", us(issue_us), us(issue_us), us(complete_us),
+                   async_op, True)  # fmt: skip
+
+
+def p2p(kind, peer, issue_us, complete_us, *, self_rank=0, size=4096) -> OpEvent:
+    return OpEvent(kind, (self_rank, peer), peer, 0, size, "Float", us(issue_us), us(issue_us),
+                   us(complete_us), False, True)  # fmt: skip
+
+
+def iteration(events, end_us, calls=()) -> CapturedIteration:
+    return CapturedIteration(START_NS, us(end_us), tuple(events), tuple((us(a), us(b)) for a, b in calls))
+
+
+def printed(streams) -> dict[str, list[str]]:
+    return {name: [format_op(op) for op in ops] for name, ops in streams.items()}
+
+
+def test_gaps_between_blocking_ops_are_compute_and_ops_are_named_by_group_kind():
+    it = iteration(
+        [collective(OpKind.ALL_REDUCE, (0, 1), 100, 130), collective(OpKind.ALL_REDUCE, (0, 2), 250, 260)],
+        end_us=400,
+    )
+    assert printed(iteration_streams(it, WORLD, 0)) == {
+        COMPUTE_STREAM: ["c:compute 100us", "AR tp#0 1KiB Float", "c:compute 120us", "AR dp#0 1KiB Float",
+                         "c:compute 140us"],
+    }  # fmt: skip
+
+
+def test_p2p_ops_of_one_communicator_call_are_one_batch_and_the_stream_resumes_when_it_returned():
+    # send_forward_recv_backward: both posted in one call that returned at 80 us.
+    events = [p2p(OpKind.SEND, 4, 50, 52), p2p(OpKind.RECV, 4, 51, 60), p2p(OpKind.SEND, 4, 150, 151)]
+    it = iteration(events, end_us=200, calls=[(49, 80), (149, 160)])
+    assert printed(iteration_streams(it, WORLD, 0)) == {
+        COMPUTE_STREAM: ["c:compute 50us", "S→pp+1#0 4KiB Float &", "R←pp+1#0 4KiB Float",
+                         "c:compute 70us", "S→pp+1#1 4KiB Float", "c:compute 40us"],
+    }  # fmt: skip
+
+
+def test_an_async_op_runs_on_a_side_stream_and_the_compute_stream_waits_where_it_completed():
+    it = iteration([collective(OpKind.ALL_REDUCE, (0, 1), 100, 300, async_op=True)], end_us=500)
+    streams = iteration_streams(it, WORLD, 0)
+    assert printed(streams) == {
+        COMPUTE_STREAM: ["c:compute 100us", "c:compute 200us", "w <async-tp:0", "c:compute 200us"],
+        "async-tp": ["AR tp#0 1KiB Float <compute:0"],
+    }
+    assert streams["async-tp"][0].deps == (Dep(COMPUTE_STREAM, 0),)
+
+
+def test_an_async_op_not_waited_within_the_iteration_is_waited_at_its_end():
+    pending = collective(OpKind.ALL_REDUCE, (0, 1), 100, 0, async_op=True)
+    it = iteration([dataclasses.replace(pending, complete_ns=-1)], end_us=500)
+    streams = iteration_streams(it, WORLD, 0)
+    assert printed(streams)[COMPUTE_STREAM] == [
+        "c:compute 100us",
+        "c:compute 400us",
+        "w <async-tp:0",
+        "c:compute 0ns",
+    ]
+    assert sum(compute_durations(streams)) == 500_000
+
+
+def capture(virtual_rank: int, durations_us: list[list[float]], num_warmup: int = 1) -> RankCapture:
+    """A rank whose iterations each hold one TP all-reduce; compute before and after as given."""
+    iterations = []
+    for before, after in durations_us:
+        ar = collective(OpKind.ALL_REDUCE, LAYOUT.group("tp", virtual_rank), before, before + 10)
+        iterations.append(iteration([ar], end_us=before + 10 + after))
+    role = LAYOUT.role_of(virtual_rank).name
+    return RankCapture(virtual_rank, role, tuple(iterations), num_warmup=num_warmup)
+
+
+def test_the_role_graph_drops_warm_up_and_takes_the_median_of_each_compute_span():
+    graph = role_graph(capture(0, [[900, 900], [100, 40], [120, 70], [110, 50]]), WORLD)
+    assert [format_op(op) for op in graph.streams[COMPUTE_STREAM]] == [
+        "c:compute 110us", "AR tp#0 1KiB Float", "c:compute 50us",
+    ]  # fmt: skip
+    assert graph.role == "pp0-tp0src"
+
+
+def test_iterations_that_issue_different_ops_are_refused_naming_the_difference():
+    bad = capture(0, [[1, 1], [100, 40], [100, 40]])
+    other = collective(OpKind.ALL_GATHER, (0, 1), 100, 110)
+    bad = RankCapture(0, bad.role, (*bad.iterations[:2], iteration([other], end_us=150)))
+    with pytest.raises(
+        ValueError, match=r"recorded iterations 1 and 2 issue different ops .*AR tp#0.*AG tp#0"
+    ):
+        role_graph(bad, WORLD)
+
+
+def test_a_capture_survives_its_file(tmp_path):
+    original = capture(5, [[10, 20], [30, 40]])
+    path = original.save(str(tmp_path / "capture-00005.json"))
+    assert RankCapture.load(path) == original
+
+
+def test_the_graph_has_one_role_graph_per_role_from_its_representative_when_captured():
+    captures = [capture(r, [[1, 1], [100 + r, 10]]) for r in (0, 1, 3, 4, 5)]
+    graph = build_graph(captures, WORLD, {"world_size": 8, "tp": 2, "pp": 2})
+    assert list(graph.roles) == ["pp0-tp0src", "pp0", "pp1-tp0src", "pp1"]
+    assert graph.metadata.extra["captured_ranks"] == {"pp0-tp0src": 0, "pp0": 1, "pp1-tp0src": 4, "pp1": 5}
+    assert graph.roles["pp0"].streams[COMPUTE_STREAM][0].duration_ns == 101_000  # rank 1, not rank 3
+
+
+def test_a_capture_that_misses_a_role_names_it_and_a_rank_that_has_it():
+    with pytest.raises(ValueError, match=r"lacks roles pp1 \(e\.g\. rank 5\)"):
+        build_graph([capture(r, [[1, 1]]) for r in (0, 1, 4)], WORLD, {"world_size": 8, "tp": 2, "pp": 2})
