@@ -17,12 +17,16 @@ import functools
 import inspect
 import itertools
 import math
+import os
 import textwrap
+import time
 import typing
 from typing import Any
 
 DEVICES = ("auto", "cpu", "cuda")
 DATA_POLICIES = ("mirror",)  # what prism_megatron.backend offers
+PHASES = ("auto", "capture", "emulate")
+DEFAULT_OUT_ROOT = "prism-out"
 FLAG_PREFIX = "--prism-"
 
 
@@ -49,8 +53,12 @@ class EmulationConfig:
     """Seconds a real rank waits for a real peer before failing with the op and group named."""
     straggler: str | None = None
     """Slow virtual ranks, as RANK:FACTOR[,RANK:FACTOR] (factor > 1 stretches their compute)."""
+    phase: str = dataclasses.field(default="auto", metadata={"choices": PHASES})
+    """Pass this process runs: capture (record ops for the graph), emulate (replay --prism-graph), auto (emulate with --prism-graph, else peers answer at once); prism-megatron emulate sets it."""
 
     def __post_init__(self) -> None:
+        if self.phase != "auto" and not self.emulate:
+            raise ValueError(f"--prism-phase {self.phase} needs --prism-emulate")
         if self.emulate and self.world_size is None:
             raise ValueError("--prism-emulate needs --prism-world-size (the target job's number of GPUs)")
         if self.world_size is not None and self.world_size < 1:
@@ -92,13 +100,13 @@ class CaptureConfig:
     capture_iters: int = 2
     """Iterations the slice runs to record the graph (the first is warm-up and is not used)."""
     graph: str | None = None
-    """Reuse a captured execution graph from this file instead of capturing."""
+    """Reuse a captured execution graph (a directory holding graph.json, such as a run's graph/) instead of capturing."""
 
     def __post_init__(self) -> None:
         if self.capture_iters < 1:
             raise ValueError(f"--prism-capture-iters must be >= 1, got {self.capture_iters}")
         if self.graph is not None and not self.graph.strip():
-            raise ValueError("--prism-graph must name a file")
+            raise ValueError("--prism-graph must name a graph directory")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -117,14 +125,23 @@ class ClusterConfig:
 class OutputConfig:
     """Where results go."""
 
-    out: str = "prism-out"
-    """Directory for report.json, report.md, the timeline and per-rank results."""
+    out: str | None = None
+    """Run folder for report.json, report.md, timeline.json, graph/ and per-rank results (default: a new prism-out/<YYYYmmdd-HHMMSS>)."""
     overwrite: bool = False
     """Replace an existing non-empty --prism-out directory."""
 
     def __post_init__(self) -> None:
-        if not self.out.strip():
+        if self.out is not None and not self.out.strip():
             raise ValueError("--prism-out must name a directory")
+
+    def resolved_out(self, environ: typing.Mapping[str, str], now_s: float) -> str:
+        """--prism-out, else a folder under prism-out/ named by the job: torchrun's run id or
+        SLURM's job id when set (the same in every process of the job), else the local time."""
+        if self.out is not None:
+            return self.out
+        job = environ.get("TORCHELASTIC_RUN_ID") or environ.get("SLURM_JOB_ID")
+        name = f"job-{job}" if job else time.strftime("%Y%m%d-%H%M%S", time.localtime(now_s))
+        return os.path.join(DEFAULT_OUT_ROOT, name)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -49,7 +49,8 @@ def run_megatron_lm(script: str, script_args: list[str]) -> int:
         memory_report = record.finish()
         if record.model is not None:
             out = results.collect_megatron_lm(rt=rt, record=record, memory_report=memory_report)
-            results.write(config, rt.virtual_rank, out)
+            runtime.finish_phase(rt, out)
+            results.write(rt.config, rt.virtual_rank, out)
     finally:
         rt.close()
     return 0

@@ -1,11 +1,17 @@
 """Run real ranks of a large Megatron job here, on CPU or GPU, with every other rank virtual.
 
 `prism-megatron emulate [--nproc-per-node N] [--script PATH] -- <megatron flags> --prism-emulate
---prism-world-size W --prism-ranks SPEC --prism-device cpu --prism-out DIR` starts N processes with
-torch's own launcher (`torch.distributed.run`), each running `python -m prism_megatron.launch SCRIPT`
-with the flags after `--`. Without `--script` the built-in megatron-core GPT entry runs; with
-`--script $MEGATRON_LM_DIR/pretrain_gpt.py` Megatron-LM's own script runs unmodified. N defaults to the
-number of ranks `--prism-ranks` selects (one process per real rank).
+--prism-world-size W --prism-ranks SPEC --prism-device cpu [--prism-out DIR]` runs both passes
+(`prism_megatron.emulation`): the slice is captured in passes of N processes (or `--prism-graph`
+reused), the execution graph is simulated, then the real ranks `--prism-ranks` selects run the
+program while the replay engine serves every virtual peer, and the report is written to the run
+folder. Each launch is torch's own launcher (`torch.distributed.run`) running
+`python -m prism_megatron.launch SCRIPT` with the flags after `--`. Without `--script` the built-in
+megatron-core GPT entry runs; with `--script $MEGATRON_LM_DIR/pretrain_gpt.py` Megatron-LM's own
+script runs unmodified. N defaults to the number of ranks `--prism-ranks` selects.
+
+Without `--prism-emulate` (a plain run) or with an explicit `--prism-phase`, the flags go to one
+launch unchanged.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ import subprocess
 import sys
 
 from prism_megatron.cli import CommandLineError
+from prism_megatron.config import parse_prism_flags
 
 NAME = "emulate"
 HELP = "run real ranks of a large Megatron job here; every other rank is virtual"
@@ -25,7 +32,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--nproc-per-node",
         type=int,
         default=None,
-        help="real processes to start (default: one per rank that --prism-ranks selects)",
+        help="real processes at once on this machine: the size of each capture pass (default: one per "
+        "rank that --prism-ranks selects; the emulation always runs one per real rank)",
     )
     parser.add_argument(
         "--script",
@@ -38,53 +46,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _parallel_flags(megatron_args: list[str]) -> argparse.Namespace:
-    """The target job's parallel flags among the Megatron flags, as Megatron-LM names them."""
-    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    for flag, default in (
-        ("--tensor-model-parallel-size", 1),
-        ("--pipeline-model-parallel-size", 1),
-        ("--context-parallel-size", 1),
-        ("--expert-model-parallel-size", 1),
-        ("--expert-tensor-parallel-size", None),
-        ("--num-layers", None),
-        ("--num-layers-per-virtual-pipeline-stage", None),
-        ("--virtual-pipeline-model-parallel-size", None),
-    ):
-        parser.add_argument(flag, type=int, default=default)
-    parser.add_argument("--use-tp-pp-dp-mapping", action="store_true")
-    parser.add_argument("--untie-embeddings-and-output-weights", action="store_true")
-    return parser.parse_known_args(megatron_args)[0]
-
-
 def default_nproc(megatron_args: list[str]) -> int:
     """One process per real rank: the number of ranks --prism-ranks selects (1 without emulation)."""
-    from prism_megatron.config import parse_prism_flags
-    from prism_megatron.topology import Layout, select_ranks, virtual_pipeline_size
+    from prism_megatron.emulation.plan import megatron_flags, real_ranks_of, target_layout
 
     config = parse_prism_flags(megatron_args)
     if not config.emulation.emulate:
         return 1
-    flags = _parallel_flags(megatron_args)
-    vpp = virtual_pipeline_size(
-        pp=flags.pipeline_model_parallel_size,
-        num_layers=flags.num_layers,
-        num_layers_per_virtual_stage=flags.num_layers_per_virtual_pipeline_stage,
-        vpp=flags.virtual_pipeline_model_parallel_size,
-    )
-    layout = Layout(
-        world_size=config.emulation.world_size,
-        tp=flags.tensor_model_parallel_size,
-        pp=flags.pipeline_model_parallel_size,
-        cp=flags.context_parallel_size,
-        ep=flags.expert_model_parallel_size,
-        etp=flags.expert_tensor_parallel_size,
-        vpp=vpp,
-        order="tp-cp-ep-pp-dp" if flags.use_tp_pp_dp_mapping else "tp-cp-ep-dp-pp",
-        untie_embeddings=flags.untie_embeddings_and_output_weights,
-    )
-    spec = config.emulation.ranks
-    return len(layout.default_slice() if spec is None else select_ranks(layout, spec))
+    return len(real_ranks_of(config, target_layout(config, megatron_flags(megatron_args))))
 
 
 def launcher_command(nproc: int, script: str, megatron_args: list[str]) -> list[str]:
@@ -100,7 +69,20 @@ def run(args: argparse.Namespace) -> int:
         megatron_args = megatron_args[1:]
     if not megatron_args:
         raise CommandLineError("give the Megatron flags after --, e.g. -- --num-layers 8 ... --prism-emulate")
-    nproc = args.nproc_per_node if args.nproc_per_node is not None else default_nproc(megatron_args)
-    if nproc < 1:
-        raise CommandLineError(f"--nproc-per-node must be >= 1, got {nproc}")
-    return subprocess.call(launcher_command(nproc, args.script, megatron_args))
+    if args.nproc_per_node is not None and args.nproc_per_node < 1:
+        raise CommandLineError(f"--nproc-per-node must be >= 1, got {args.nproc_per_node}")
+    config = parse_prism_flags(megatron_args)
+    if not config.emulation.emulate or config.emulation.phase != "auto":
+        nproc = args.nproc_per_node if args.nproc_per_node is not None else default_nproc(megatron_args)
+        return subprocess.call(launcher_command(nproc, args.script, megatron_args))
+    return run_both_passes(megatron_args, script=args.script, nproc=args.nproc_per_node)
+
+
+def run_both_passes(megatron_args: list[str], *, script: str, nproc: int | None) -> int:
+    """Plan (user mistakes: ValueError before any process starts), run, print the summary."""
+    from prism_megatron.emulation import Progress, format_summary, plan_run, run_plan
+
+    plan = plan_run(megatron_args, script=script, nproc=nproc)
+    outcome = run_plan(plan, Progress())
+    print(format_summary(outcome))
+    return 0 if outcome.ok else 1

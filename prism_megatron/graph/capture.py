@@ -257,6 +257,20 @@ def iteration_streams(
     return {name: tuple(ops) for name, ops in builder.streams.items()}
 
 
+def compute_intervals(iteration: CapturedIteration) -> list[tuple[int, int]]:
+    """The iteration's compute spans as (start_ns, end_ns), the empty ones left out (for timelines)."""
+    intervals = []
+    cursor_ns = iteration.start_ns
+    for point in _points(iteration):
+        at_ns = max(point.time_ns, cursor_ns)
+        if at_ns > cursor_ns:
+            intervals.append((cursor_ns, at_ns))
+        cursor_ns = max(at_ns, point.end_ns)
+    if iteration.end_ns > cursor_ns:
+        intervals.append((cursor_ns, iteration.end_ns))
+    return intervals
+
+
 def structure(streams: Mapping[str, Sequence[Op]]) -> dict[str, tuple[Op, ...]]:
     """The streams with every duration zeroed: what must agree between iterations."""
     return {

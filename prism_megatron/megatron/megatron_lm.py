@@ -23,7 +23,6 @@ from typing import Any
 
 import torch
 
-import prism_megatron.replay as replay
 from prism_megatron.megatron import arguments, memory, runtime
 from prism_megatron.megatron.patches import Patch
 
@@ -59,7 +58,7 @@ class TrainingRecord:
         self.tracker: memory.LiveStorageTracker | None = None
 
     def before_step(self, model: list, optimizer: Any) -> None:
-        replay.mark_iteration_start()
+        runtime.iteration_begins(self.rt)
         if self.model is None:
             self.model, self.optimizer = model, optimizer
             if self.rt.device == "cpu":
@@ -67,6 +66,7 @@ class TrainingRecord:
                 self.tracker.label_model(model)
 
     def after_step(self, returned: tuple) -> None:
+        runtime.iteration_ends(self.rt)
         loss_dict, grad_norm = returned[0], returned[5]
         loss = loss_dict.get("lm loss") if isinstance(loss_dict, dict) else None
         self.iterations.append(

@@ -25,7 +25,6 @@ from megatron.core.pipeline_parallel import get_forward_backward_func
 from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 from megatron.core.utils import get_attr_wrapped_model
 
-import prism_megatron.replay as replay
 from prism_megatron.config import PrismConfig
 from prism_megatron.megatron import catalog, collectives, data, memory, model, pretrain_args, results, runtime
 
@@ -151,11 +150,11 @@ def train(args: argparse.Namespace, rt: runtime.Runtime) -> dict[str, Any]:
     iterations = []
     with tracker or memory.cuda_peak_scope():
         for iteration in range(args.train_iters):
-            if rt.world is not None:  # the replay engine times virtual peers; a plain run has none
-                replay.mark_iteration_start()
+            runtime.iteration_begins(rt)
             start_s = time.perf_counter()
             step = train_step(args, ddp_model, optimizer, iterators, forward_backward)
             step["time_s"] = time.perf_counter() - start_s
+            runtime.iteration_ends(rt)
             iterations.append(step)
             if tracker:
                 tracker.label_optimizer(optimizer)
@@ -192,11 +191,12 @@ def run(argv: list[str]) -> dict[str, Any]:
         pretrain_args.derive_world(args, dist.get_world_size())
         initialize_model_parallel(args, rt.sizes)
         runtime.before_model(rt)
-        results.check_writable(config, rt.virtual_rank)
+        results.check_writable(rt.config, rt.virtual_rank)
         with collectives.CollectiveRecorder() as recorder:
             out = train(args, rt)
         out["collectives"] = recorder.as_dict()
-        results.write(config, rt.virtual_rank, out)
+        runtime.finish_phase(rt, out)
+        results.write(rt.config, rt.virtual_rank, out)
         return out
     finally:
         parallel_state.destroy_model_parallel()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import time
 from typing import Any
 
 import torch
@@ -17,6 +18,7 @@ import torch.distributed as dist
 
 import prism_megatron.topology as topology
 from prism_megatron.config import PrismConfig
+from prism_megatron.emulation import rank as rank_phase
 from prism_megatron.megatron import control_flow, distributed, p2p, parallel_state, patches, shims_cpu
 
 
@@ -83,6 +85,8 @@ class Runtime:
     group_log: parallel_state.GroupLog = dataclasses.field(default_factory=parallel_state.GroupLog)
     applied: list[patches.AppliedPatches] = dataclasses.field(default_factory=list)
     p2p_class: Any = None
+    phase: rank_phase.InstantPhase | None = None
+    """The pass this process runs (capture, emulate or instant); set at bring-up."""
 
     @property
     def virtual_rank(self) -> int:
@@ -120,7 +124,12 @@ class Runtime:
 
 
 def start(config: PrismConfig) -> Runtime:
-    """Apply what must precede everything: the CPU device shim (only for the CPU device)."""
+    """Apply what must precede everything: the CPU device shim (only for the CPU device).
+
+    The run folder is fixed here (`OutputConfig.resolved_out`), the same in every process of a job.
+    """
+    out = config.output.resolved_out(os.environ, time.time())
+    config = dataclasses.replace(config, output=dataclasses.replace(config.output, out=out))
     device = config.emulation.resolved_device(torch.cuda.is_available())
     runtime = Runtime(config=config, device=device)
     if device == "cpu":
@@ -149,13 +158,38 @@ def bring_up(runtime: Runtime) -> None:
             roles=[layout.role_of(r) for r in range(layout.world_size)],
         )
         virtual_backend = runtime.world.backend
+        runtime.phase = rank_phase.make_phase(
+            config, virtual_rank=runtime.world.virtual_rank, layout=layout, real_ranks=real_ranks
+        )
     else:
         backend = "nccl" if runtime.device == "cuda" else "gloo"
         distributed.init_real_world(backend=backend, timeout_s=config.emulation.timeout_s)
         virtual_backend = None
+        runtime.phase = rank_phase.make_phase(
+            config, virtual_rank=dist.get_rank(), layout=None, real_ranks=()
+        )
     runtime.apply(
         (parallel_state.create_group_patch(virtual_backend=virtual_backend, log=runtime.group_log),)
     )
+
+
+def iteration_begins(runtime: Runtime) -> None:
+    """A training step starts (the entries call it; the pass marks, records and times it)."""
+    if runtime.phase is not None:
+        runtime.phase.iteration_begins()
+
+
+def iteration_ends(runtime: Runtime) -> None:
+    """The training step returned (the emulate pass folds it into the next schedule here)."""
+    if runtime.phase is not None:
+        runtime.phase.iteration_ends()
+
+
+def finish_phase(runtime: Runtime, out: dict[str, Any]) -> None:
+    """After training: the pass's files (capture file, op log) and its summary in the results."""
+    if runtime.phase is not None:
+        out["prism_phase"] = runtime.phase.summary()
+        runtime.phase.finish()
 
 
 def before_model(runtime: Runtime) -> None:
@@ -163,8 +197,29 @@ def before_model(runtime: Runtime) -> None:
     if runtime.world is None:
         return
     p2p_record = p2p.p2p_patch(runtime.world)
+    if runtime.phase is not None and runtime.phase.records_p2p_calls:
+        p2p_record = dataclasses.replace(p2p_record, make=_reporting_calls(p2p_record.make, runtime.phase))
     runtime.apply((p2p_record, *control_flow.core_fixes(runtime.world)))
     runtime.p2p_class = _installed_p2p_class()
+
+
+def _reporting_calls(make, phase: rank_phase.InstantPhase):
+    """The bound communicator, reporting the span of each call to the pass (the p2p ops one call
+    posts are one batch in the execution graph; the op log alone cannot tell where a call ends)."""
+
+    def make_reporting(original):
+        bound = make(original)
+
+        def _communicate(self, *args, **kwargs):
+            enter_ns = time.monotonic_ns()
+            try:
+                return bound._communicate(self, *args, **kwargs)
+            finally:
+                phase.p2p_call(enter_ns, time.monotonic_ns())
+
+        return type(bound.__name__, (bound,), {"_communicate": _communicate})
+
+    return make_reporting
 
 
 def _installed_p2p_class() -> Any:

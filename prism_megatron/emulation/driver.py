@@ -1,0 +1,178 @@
+"""The run's phases in order: capture the slice, build and simulate the graph, emulate, report.
+
+Each phase is a small function over the `RunPlan`; the real processes of a phase are launches
+(`launches.py`), and what they leave in the run folder is the next phase's input.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+from typing import Any
+
+from prism_megatron.emulation import files, outputs
+from prism_megatron.emulation.closed_loop import layout_kwargs, load_or_build_graph, network_cost
+from prism_megatron.emulation.launches import Launch, RunFailed, run_launch
+from prism_megatron.emulation.plan import RunPlan
+from prism_megatron.emulation.progress import Progress
+from prism_megatron.emulation.rank import NUM_WARMUP
+from prism_megatron.graph import ExecutionGraph, LayoutWorld, save_graph
+from prism_megatron.graph.capture import RankCapture, build_graph
+from prism_megatron.report import Failure, RunReport
+
+RUN_ENTRIES = ("report.json", "report.md", "timeline.json", "plots", "spans", "ops", files.GRAPH_DIR,
+               files.SIMULATION_DIR, files.CAPTURE_DIR, files.PROGRESS_DIR, files.LOGS_DIR)  # fmt: skip
+"""What a run writes at the top of its folder (cleared first under --prism-overwrite)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RunOutcome:
+    """How a run ended and what it left."""
+
+    plan: RunPlan
+    report: RunReport
+    sim_result: Any
+    """The simulation of the graph as captured (None when the run failed before it)."""
+    results: dict[int, dict[str, Any]]
+    """The emulated real ranks' results files, by virtual rank."""
+    phase_wall_s: dict[str, float]
+    written: dict[str, str]
+
+    @property
+    def ok(self) -> bool:
+        return self.report.status == "ok"
+
+
+def run(plan: RunPlan, progress: Progress | None = None) -> RunOutcome:
+    """Run every phase; a failure ends the run with status "failed" and what was measured kept."""
+    progress = progress or Progress()
+    prepare_run_dir(plan)
+    outputs.write_running(plan)
+    walls: dict[str, float] = {}
+    sim_result = None
+    failure = None
+    try:
+        graph = obtain_graph(plan, progress, walls)
+        sim_result = simulate(plan, graph, progress, walls)
+        emulate(plan, progress, walls)
+    except RunFailed as exc:
+        progress.end("failed")
+        failure = Failure(message=str(exc), dead_rank=exc.dead_rank, last_op=exc.last_op)
+    results = outputs.rank_results(plan.out_dir)
+    report = outputs.build_report(
+        plan, status="failed" if failure else "ok", sim_result=sim_result, results=results, failure=failure
+    )
+    progress.begin("report")
+    written = outputs.write_final(plan, report, sim_result)
+    walls["report"] = progress.end()
+    return RunOutcome(plan, report, sim_result, results, walls, dict(written.paths))
+
+
+def prepare_run_dir(plan: RunPlan) -> None:
+    """Create the run folder; under --prism-overwrite, first remove what an earlier run wrote there."""
+    if plan.config.output.overwrite and os.path.isdir(plan.out_dir):
+        for name in os.listdir(plan.out_dir):
+            path = os.path.join(plan.out_dir, name)
+            if name in RUN_ENTRIES or (name.startswith("rank-") and name.endswith(".json")):
+                shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
+    os.makedirs(plan.out_dir, exist_ok=True)
+
+
+def obtain_graph(plan: RunPlan, progress: Progress, walls: dict[str, float]) -> ExecutionGraph:
+    """The execution graph: --prism-graph's, or captured from the slice in passes; saved in graph/."""
+    if plan.reuses_graph:
+        progress.begin(f"graph: reusing {plan.config.capture.graph}")
+        graph = _load(plan.config.capture.graph, plan)
+        walls["graph"] = progress.end(f"{len(graph.roles)} roles")
+    else:
+        capture(plan, progress, walls)
+        progress.begin("graph: building from the capture")
+        paths = [files.capture_path(plan.path(files.CAPTURE_DIR), r) for r in plan.slice_ranks]
+        try:
+            captures = [RankCapture.load(path) for path in paths]
+            graph = build_graph(
+                captures, LayoutWorld(plan.layout), layout_kwargs(plan.layout), extra=_facts(plan)
+            )
+        except (OSError, ValueError) as exc:
+            raise RunFailed(f"the captured ops do not make a graph: {exc}") from exc
+        walls["graph"] = progress.end(f"{len(graph.roles)} roles, {graph.num_ops} ops")
+    save_graph(graph, plan.path(files.GRAPH_DIR))
+    return graph
+
+
+def _load(path: str, plan: RunPlan) -> ExecutionGraph:
+    try:
+        return load_or_build_graph(path, plan.layout, extra=_facts(plan))
+    except (OSError, ValueError) as exc:
+        raise RunFailed(str(exc)) from exc
+
+
+def _facts(plan: RunPlan) -> dict[str, object]:
+    flags = plan.flags
+    return {
+        "script": plan.script,
+        "num_layers": flags.num_layers,
+        "hidden_size": flags.hidden_size,
+        "seq_length": flags.seq_length,
+        "micro_batch_size": flags.micro_batch_size,
+        "num_microbatches": plan.num_microbatches,
+        "capture_iters": plan.config.capture.capture_iters,
+        "num_warmup": NUM_WARMUP,
+    }
+
+
+def capture(plan: RunPlan, progress: Progress, walls: dict[str, float]) -> None:
+    """Run the slice in passes of `plan.nproc` processes, each rank recording its ops."""
+    batches = plan.capture_batches
+    iterations = plan.config.capture.capture_iters
+    for number, batch in enumerate(batches, start=1):
+        launch = Launch(
+            name=f"capture-{number}",
+            ranks=batch,
+            out_dir=plan.path(files.CAPTURE_DIR),
+            flags=("--prism-phase", "capture", "--train-iters", str(iterations)),
+            num_iterations=iterations,
+        )
+        progress.begin(f"capture pass {number}/{len(batches)}")
+        run_launch(
+            launch, script=plan.script, user_args=plan.megatron_args, run_dir=plan.out_dir, progress=progress
+        )
+        walls[launch.name] = progress.end()
+
+
+def simulate(plan: RunPlan, graph: ExecutionGraph, progress: Progress, walls: dict[str, float]):
+    """Simulate one iteration of the whole job; write the real ranks' replay schedules."""
+    from prism_megatron.sim import DeadlockError, SimulationFault, WhatIf, replay_schedules
+    from prism_megatron.sim import simulate as simulate_graph
+
+    progress.begin("simulate")
+    what_if = WhatIf(stragglers=plan.config.emulation.stragglers())
+    try:
+        result = simulate_graph(
+            graph, LayoutWorld(plan.layout), network_cost(plan.config.cluster.cluster), what_if
+        )
+    except (DeadlockError, SimulationFault, ValueError) as exc:
+        raise RunFailed(f"the graph does not simulate: {exc}") from exc
+    directory = plan.path(files.SIMULATION_DIR)
+    os.makedirs(directory, exist_ok=True)
+    for rank, schedule in replay_schedules(result, plan.real_ranks).items():
+        schedule.save(os.path.join(directory, f"schedule-{rank}.json"))
+    walls["simulate"] = progress.end(f"predicted {result.iteration_time_ns / 1e6:.2f} ms per iteration")
+    return result
+
+
+def emulate(plan: RunPlan, progress: Progress, walls: dict[str, float]) -> None:
+    """The real ranks run the program; the replay engine serves every virtual peer."""
+    launch = Launch(
+        name="emulate",
+        ranks=plan.real_ranks,
+        out_dir=plan.out_dir,
+        flags=("--prism-phase", "emulate", "--prism-graph", plan.path(files.GRAPH_DIR)),
+        num_iterations=plan.flags.train_iters,
+    )
+    progress.begin(f"emulate ({len(plan.real_ranks)} real of {plan.layout.world_size} ranks)")
+    run_launch(
+        launch, script=plan.script, user_args=plan.megatron_args, run_dir=plan.out_dir, progress=progress
+    )
+    walls["emulate"] = progress.end()

@@ -1,0 +1,176 @@
+"""One launch of real processes: torch's own launcher (`torch.distributed.run`) on this machine.
+
+Each launch starts one process per rank of a batch, `python -m prism_megatron.launch SCRIPT` with
+the user's flags plus the launch's own (`--prism-ranks`, `--prism-phase`, `--prism-out`). Their
+output goes to files under `<run>/logs/<launch>/` (torchrun's per-process stdout.log and
+stderr.log, and the launcher's own launcher.log), so the terminal shows only the progress line.
+
+When a process dies, torchrun stops the others at once (SIGTERM; SIGKILL after its grace period)
+and exits non-zero, naming the first process that failed ("Root Cause"). `LaunchFailed` then says
+which virtual rank that was, how it ended, how far it got (its progress file), its last op (the
+flight recorder it printed on an uncaught exception) and the last error line it wrote.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import glob
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+
+from prism_megatron.emulation import files
+from prism_megatron.emulation.progress import Progress
+from prism_megatron.emulation.rank import read_progress
+
+POLL_S = 0.3
+_ROOT_CAUSE = re.compile(r"Root Cause.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", re.S)
+_RECORDER_LINE = re.compile(r"^\s+#\d+ ")
+_ERROR_LINE = re.compile(r"^(?:\w+\.)*\w*(?:Error|Exception)\b.*|^prism\S*: .*")
+
+
+@dataclasses.dataclass(frozen=True)
+class Launch:
+    """One start of real processes."""
+
+    name: str
+    """A label, also the log folder's name ("capture-1", "emulate")."""
+    ranks: tuple[int, ...]
+    """Virtual ranks by physical rank (process i runs ranks[i])."""
+    out_dir: str
+    """The processes' --prism-out."""
+    flags: tuple[str, ...]
+    """Flags added after the user's."""
+    num_iterations: int | None = None
+
+
+class RunFailed(RuntimeError):
+    """A phase of the run could not complete; the message says why and what to do."""
+
+    def __init__(self, message: str, *, dead_rank: int | None = None, last_op: str | None = None) -> None:
+        super().__init__(message)
+        self.dead_rank = dead_rank
+        self.last_op = last_op
+
+
+class LaunchFailed(RunFailed):
+    """A launch ended with a failed process."""
+
+
+def command(launch: Launch, script: str, user_args: Sequence[str], log_dir: str) -> list[str]:
+    ranks = ",".join(str(r) for r in launch.ranks)
+    return [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={len(launch.ranks)}",
+        f"--log-dir={log_dir}", "--redirects=3",
+        "-m", "prism_megatron.launch", script, *user_args,
+        "--prism-ranks", ranks, "--prism-out", launch.out_dir, *launch.flags,
+    ]  # fmt: skip
+
+
+def run_launch(
+    launch: Launch, *, script: str, user_args: Sequence[str], run_dir: str, progress: Progress
+) -> None:
+    """Start the launch and wait for it, updating `progress`.
+
+    Raises:
+        LaunchFailed: a process failed (see the module docstring).
+    """
+    log_dir = os.path.join(run_dir, files.LOGS_DIR, launch.name)
+    os.makedirs(log_dir, exist_ok=True)
+    launcher_log = os.path.join(log_dir, "launcher.log")
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    with open(launcher_log, "w", encoding="utf-8") as log:
+        process = subprocess.Popen(
+            command(launch, script, user_args, log_dir),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,  # ours alone to signal, as a group
+        )
+        try:
+            while process.poll() is None:
+                progress.update(_describe(launch))
+                time.sleep(POLL_S)
+        except BaseException:
+            _stop(process)
+            raise
+    if process.returncode != 0:
+        raise diagnose(launch, launcher_log, log_dir, process.returncode)
+
+
+def _stop(process: subprocess.Popen) -> None:
+    """Interrupted: stop the launcher and its processes (our own session only)."""
+    try:
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait(timeout=30)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+
+
+def _describe(launch: Launch) -> str:
+    done = []
+    for rank in launch.ranks:
+        state = read_progress(files.progress_path(launch.out_dir, rank))
+        done.append(state["iterations_done"] if state else 0)
+    total = f"/{launch.num_iterations}" if launch.num_iterations else ""
+    if not any(done):
+        return f"ranks {_ranks(launch.ranks)} starting"
+    return f"ranks {_ranks(launch.ranks)} at iteration {min(done)}{total}"
+
+
+def _ranks(ranks: Sequence[int]) -> str:
+    return ", ".join(map(str, ranks)) if len(ranks) <= 4 else f"{ranks[0]}, ... ({len(ranks)} ranks)"
+
+
+def diagnose(launch: Launch, launcher_log: str, log_dir: str, returncode: int) -> LaunchFailed:
+    """What went wrong in a failed launch, from torchrun's summary and the processes' own logs."""
+    text = _read(launcher_log)
+    match = _ROOT_CAUSE.search(text)
+    if match is None:
+        errors = [line for line in text.splitlines() if _ERROR_LINE.match(line.strip())]
+        reason = errors[-1].strip() if errors else f"exit status {returncode}"
+        return LaunchFailed(f"the {launch.name} launch of ranks {_ranks(launch.ranks)} failed: {reason}")
+    physical, exitcode = int(match.group(1)), int(match.group(2))
+    dead = launch.ranks[physical] if physical < len(launch.ranks) else None
+    stderr = _read_rank_log(log_dir, physical, "stderr.log")
+    last_op = _last_recorded_op(stderr)
+    state = read_progress(files.progress_path(launch.out_dir, dead)) if dead is not None else None
+    how = (
+        f"was killed by {signal.Signals(-exitcode).name}"
+        if exitcode < 0
+        else f"exited with status {exitcode}"
+    )
+    where = f"after {state['iterations_done']} iterations" if state else "before its first iteration"
+    parts = [f"virtual rank {dead} (process {physical}) {how} in the {launch.name} pass, {where}"]
+    parts.append(
+        f"last op: {last_op}" if last_op else "last op: not recorded (the process printed no flight recorder)"
+    )
+    errors = [line.strip() for line in stderr.splitlines() if _ERROR_LINE.match(line.strip())]
+    if errors:
+        parts.append(f"error: {errors[-1]}")
+    return LaunchFailed("; ".join(parts), dead_rank=dead, last_op=last_op)
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+def _read_rank_log(log_dir: str, physical_rank: int, name: str) -> str:
+    paths = glob.glob(os.path.join(log_dir, "*", "attempt_*", str(physical_rank), name))
+    return _read(sorted(paths)[-1]) if paths else ""
+
+
+def _last_recorded_op(stderr: str) -> str | None:
+    """The newest op of the last flight-recorder dump in a process's stderr."""
+    lines = [line.strip() for line in stderr.splitlines() if _RECORDER_LINE.match(line)]
+    return lines[-1] if lines else None

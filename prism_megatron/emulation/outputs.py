@@ -1,0 +1,137 @@
+"""The run's report from what the passes left in the run folder (`prism_megatron.report` renders it).
+
+`report.json` is written when the run starts (status "running"), and again at the end with status
+"ok" or "failed": a failed run keeps everything measured up to the failure (the graph, the
+simulation, the results and op logs of ranks that finished) and says why it failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import glob
+import json
+import os
+from typing import Any
+
+from prism_megatron.emulation.plan import RunPlan
+from prism_megatron.emulation.rank import NUM_WARMUP
+from prism_megatron.report import (
+    Failure,
+    ModelShape,
+    RankReport,
+    RoleReport,
+    RunReport,
+    TargetJob,
+    iterations_from_times,
+    median_iteration_time_s,
+    model_flops_per_iteration,
+    tflops_per_gpu,
+    write_report,
+)
+from prism_megatron.report.flops import padded_vocab_size
+
+
+def rank_results(directory: str) -> dict[int, dict[str, Any]]:
+    """The per-rank results files (`rank-<rank>.json`) in a folder, by virtual rank."""
+    out = {}
+    for path in sorted(glob.glob(os.path.join(directory, "rank-*.json"))):
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+        out[int(data["virtual_rank"])] = data
+    return out
+
+
+def target_job(plan: RunPlan) -> TargetJob:
+    flags, layout = plan.flags, plan.layout
+    mbs = flags.micro_batch_size or 1
+    gbs = flags.global_batch_size or mbs * layout.dp
+    return TargetJob.from_layout(
+        layout, micro_batch_size=mbs, global_batch_size=gbs, seq_length=flags.seq_length or 1
+    )
+
+
+def model_flops(plan: RunPlan) -> float | None:
+    """Model FLOPs of one iteration, when the flags give the model's shape."""
+    flags = plan.flags
+    if None in (flags.num_layers, flags.hidden_size, flags.num_attention_heads, flags.seq_length):
+        return None
+    vocab = padded_vocab_size(
+        flags.vocab_size or 32000, tp=plan.layout.tp, divisible_by=flags.make_vocab_size_divisible_by
+    )
+    shape = ModelShape.from_args(argparse.Namespace(**vars(flags), padded_vocab_size=vocab))
+    return model_flops_per_iteration(shape, target_job(plan).global_batch_size)
+
+
+def iteration_times(results: dict[int, dict[str, Any]]) -> list[float]:
+    """Per iteration, the slowest real rank's wall time (the job's step ends when its last rank's does)."""
+    per_rank = [r.get("prism_phase", {}).get("iteration_times_s", []) for r in results.values()]
+    per_rank = [times for times in per_rank if times]
+    if not per_rank:
+        return []
+    return [max(column) for column in zip(*per_rank, strict=False)]
+
+
+def build_report(
+    plan: RunPlan,
+    *,
+    status: str,
+    sim_result=None,
+    results: dict[int, dict[str, Any]] | None = None,
+    failure: Failure | None = None,
+) -> RunReport:
+    """The RunReport of what is known now (results: the emulated ranks' results files)."""
+    from prism_megatron.sim import breakdown, rank_breakdown
+
+    results = results or {}
+    iterations = iterations_from_times(iteration_times(results), num_warmup=NUM_WARMUP)
+    iteration_time_s = median_iteration_time_s(iterations)
+    flops = model_flops(plan)
+    ranks = {
+        v: RankReport.from_pieces(
+            v,
+            memory=data.get("memory"),
+            breakdown=rank_breakdown(sim_result, v) if sim_result is not None else None,
+            role=plan.layout.role_of(v).name,
+        )
+        for v, data in results.items()
+        if v in plan.real_ranks
+    }
+    patches: dict[str, int] = {}
+    for data in results.values():
+        for name, calls in (data.get("patches_used") or {}).items():
+            patches[name] = patches.get(name, 0) + int(calls)
+    return RunReport(
+        target=target_job(plan),
+        real_ranks=plan.real_ranks,
+        status=status,
+        iterations=iterations,
+        iteration_time_s=iteration_time_s,
+        ranks=ranks,
+        roles=tuple(RoleReport.from_breakdown(row) for row in breakdown(sim_result)) if sim_result else (),
+        simulated_iteration_time_s=sim_result.iteration_time_ns / 1e9 if sim_result is not None else None,
+        model_flops_per_iteration=flops,
+        tflops_per_gpu=(
+            tflops_per_gpu(flops, iteration_time_s, plan.layout.world_size)
+            if flops and iteration_time_s
+            else None
+        ),
+        failure=failure,
+        prism=dataclasses.asdict(plan.config),
+        patches=patches or None,
+    )
+
+
+def write_running(plan: RunPlan) -> None:
+    """report.json saying the run is under way (plain, without rendering: the run has just begun)."""
+    from prism_megatron.report import files, schema
+
+    doc = build_report(plan, status="running").to_json()
+    schema.validate(doc)
+    os.makedirs(plan.out_dir, exist_ok=True)
+    files.write_json(doc, plan.path("report.json"), indent=1)
+
+
+def write_final(plan: RunPlan, report: RunReport, sim_result=None):
+    """report.json, report.md, timeline.json and the plots; returns what was written."""
+    return write_report(report, plan.out_dir, sim_result=sim_result, layout=plan.layout)

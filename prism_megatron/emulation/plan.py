@@ -1,0 +1,208 @@
+"""The plan of one emulation run, made before any process starts: job, ranks, passes, run folder.
+
+Everything a user can get wrong on the command line is checked here, so a mistake costs one line
+and exit status 2 instead of a failed launch minutes later.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import time
+from collections.abc import Sequence
+
+from prism_megatron.config import PrismConfig, parse_prism_flags
+from prism_megatron.topology import Layout, select_ranks, virtual_pipeline_size
+
+BUILTIN = "builtin"
+
+_INT_FLAGS = {
+    "--tensor-model-parallel-size": 1,
+    "--pipeline-model-parallel-size": 1,
+    "--context-parallel-size": 1,
+    "--expert-model-parallel-size": 1,
+    "--expert-tensor-parallel-size": None,
+    "--num-layers": None,
+    "--num-layers-per-virtual-pipeline-stage": None,
+    "--virtual-pipeline-model-parallel-size": None,
+    "--hidden-size": None,
+    "--ffn-hidden-size": None,
+    "--num-attention-heads": None,
+    "--num-query-groups": None,
+    "--kv-channels": None,
+    "--seq-length": None,
+    "--vocab-size": None,
+    "--make-vocab-size-divisible-by": 128,
+    "--micro-batch-size": None,
+    "--global-batch-size": None,
+    "--train-iters": None,
+    "--num-experts": None,
+    "--moe-router-topk": 2,
+    "--moe-ffn-hidden-size": None,
+}
+_SWITCHES = (
+    "--use-tp-pp-dp-mapping",
+    "--untie-embeddings-and-output-weights",
+    "--swiglu",
+    "--group-query-attention",
+)
+
+
+def megatron_flags(megatron_args: Sequence[str]) -> argparse.Namespace:
+    """The flags the plan reads, as Megatron-LM names them (the script parses the rest)."""
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    for flag, default in _INT_FLAGS.items():
+        parser.add_argument(flag, type=int, default=default)
+    for flag in _SWITCHES:
+        parser.add_argument(flag, action="store_true")
+    try:
+        return parser.parse_known_args(list(megatron_args))[0]
+    except SystemExit:  # argparse already printed which flag has a bad value
+        raise ValueError("a Megatron flag has a value that is not a number (see above)") from None
+
+
+def target_layout(config: PrismConfig, flags: argparse.Namespace) -> Layout:
+    """The target job's layout from --prism-world-size and Megatron's parallel flags."""
+    vpp = virtual_pipeline_size(
+        pp=flags.pipeline_model_parallel_size,
+        num_layers=flags.num_layers,
+        num_layers_per_virtual_stage=flags.num_layers_per_virtual_pipeline_stage,
+        vpp=flags.virtual_pipeline_model_parallel_size,
+    )
+    return Layout(
+        world_size=config.emulation.world_size,
+        tp=flags.tensor_model_parallel_size,
+        pp=flags.pipeline_model_parallel_size,
+        cp=flags.context_parallel_size,
+        ep=flags.expert_model_parallel_size,
+        etp=flags.expert_tensor_parallel_size,
+        vpp=vpp,
+        order="tp-cp-ep-pp-dp" if flags.use_tp_pp_dp_mapping else "tp-cp-ep-dp-pp",
+        untie_embeddings=flags.untie_embeddings_and_output_weights,
+    )
+
+
+def real_ranks_of(config: PrismConfig, layout: Layout) -> tuple[int, ...]:
+    """The ranks --prism-ranks selects (default: one rank per role), sorted."""
+    spec = config.emulation.ranks
+    try:
+        ranks = layout.default_slice() if spec is None else select_ranks(layout, spec)
+    except ValueError as exc:
+        raise ValueError(f"--prism-ranks {spec}: {exc}") from None
+    return tuple(sorted(ranks))
+
+
+@dataclasses.dataclass(frozen=True)
+class RunPlan:
+    """One run of `prism-megatron emulate`: what is emulated, by whom, in which passes, where."""
+
+    config: PrismConfig
+    megatron_args: tuple[str, ...]
+    """The user's flags after `--` (Megatron's and --prism-*), passed on to every launch."""
+    script: str
+    flags: argparse.Namespace
+    layout: Layout
+    real_ranks: tuple[int, ...]
+    """Ranks the emulation runs for real (--prism-ranks), one process each."""
+    slice_ranks: tuple[int, ...]
+    """Ranks the capture runs: one per role of the job."""
+    nproc: int
+    """Real processes at once on this machine: the size of each capture pass."""
+    out_dir: str
+
+    @property
+    def capture_batches(self) -> list[tuple[int, ...]]:
+        """The slice in passes of `nproc` ranks (fewer devices than roles: several passes)."""
+        ranks = self.slice_ranks
+        return [ranks[i : i + self.nproc] for i in range(0, len(ranks), self.nproc)]
+
+    @property
+    def reuses_graph(self) -> bool:
+        return self.config.capture.graph is not None
+
+    def path(self, *parts: str) -> str:
+        return os.path.join(self.out_dir, *parts)
+
+    @property
+    def num_microbatches(self) -> int | None:
+        mbs, gbs = self.flags.micro_batch_size, self.flags.global_batch_size
+        if mbs is None:
+            return None
+        gbs = gbs if gbs is not None else mbs * self.layout.dp
+        return gbs // (mbs * self.layout.dp)
+
+
+def plan_run(
+    megatron_args: Sequence[str],
+    *,
+    script: str = BUILTIN,
+    nproc: int | None = None,
+    now_s: float | None = None,
+) -> RunPlan:
+    """Check the command line and plan the run (no process starts, nothing is written).
+
+    Raises:
+        ValueError: a flag, value or combination that cannot run; the message names it.
+    """
+    config = parse_prism_flags(list(megatron_args))
+    if not config.emulation.emulate:
+        raise ValueError("--prism-emulate is needed to emulate a job (with --prism-world-size)")
+    if config.emulation.phase != "auto":
+        raise ValueError(
+            f"--prism-phase {config.emulation.phase} is for processes started by hand; "
+            "prism-megatron emulate runs every pass itself"
+        )
+    if script != BUILTIN and not os.path.isfile(script):
+        raise ValueError(f"--script {script!r} is not a file; give a Megatron-LM training script")
+    flags = megatron_flags(megatron_args)
+    _check_batch(flags)
+    layout = target_layout(config, flags)
+    _check_global_batch(flags, layout)
+    real = real_ranks_of(config, layout)
+    nproc = len(real) if nproc is None else nproc
+    if nproc < len(real):
+        raise ValueError(
+            f"--nproc-per-node {nproc} is fewer than the {len(real)} real ranks --prism-ranks selects "
+            f"({', '.join(map(str, real[:8]))}); the emulation runs one process per real rank"
+        )
+    out_dir = config.output.resolved_out({}, time.time() if now_s is None else now_s)
+    check_out_dir(out_dir, overwrite=config.output.overwrite)
+    if config.capture.graph is not None and not os.path.exists(config.capture.graph):
+        raise ValueError(f"--prism-graph {config.capture.graph}: no such graph directory")
+    return RunPlan(
+        config=config,
+        megatron_args=tuple(megatron_args),
+        script=script,
+        flags=flags,
+        layout=layout,
+        real_ranks=real,
+        slice_ranks=tuple(layout.default_slice()),
+        nproc=nproc,
+        out_dir=out_dir,
+    )
+
+
+def _check_batch(flags: argparse.Namespace) -> None:
+    for flag in ("micro_batch_size", "train_iters", "num_layers"):
+        value = getattr(flags, flag)
+        if value is not None and value < 1:
+            raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {value}")
+
+
+def _check_global_batch(flags: argparse.Namespace, layout: Layout) -> None:
+    mbs, gbs = flags.micro_batch_size, flags.global_batch_size
+    if mbs is not None and gbs is not None and gbs % (mbs * layout.dp):
+        raise ValueError(
+            f"--global-batch-size {gbs} must be a multiple of --micro-batch-size x DP = {mbs} x {layout.dp}"
+        )
+
+
+def check_out_dir(out_dir: str, *, overwrite: bool) -> None:
+    """Refuse an existing non-empty run folder unless --prism-overwrite (a file is refused always)."""
+    if os.path.isfile(out_dir):
+        raise ValueError(f"--prism-out {out_dir} is a file; name a directory")
+    if os.path.isdir(out_dir) and os.listdir(out_dir) and not overwrite:
+        raise ValueError(
+            f"--prism-out {out_dir} already holds a run; pass --prism-overwrite or another --prism-out"
+        )

@@ -1,0 +1,223 @@
+"""What a real process does around each training iteration, in the pass it runs.
+
+The training entries (the built-in one and the Megatron-LM `train_step` hook) call
+`iteration_begins()` and `iteration_ends()` around every step, and the pipeline communicator
+reports each call (`p2p_call`); nothing here knows Megatron. Three passes (`--prism-phase`):
+
+* `InstantPhase` (no graph): virtual peers answer at once; iteration starts are marked so a loaded
+  schedule would count from them. What a plain functional emulation does.
+* `CapturePhase`: the same timing, and every op of every iteration is recorded; at the end the
+  rank writes `capture-<rank>.json` (`graph.capture.RankCapture`) into its --prism-out folder.
+* `EmulatePhase`: the replay engine plays the virtual peers from the graph's simulation, and after
+  each iteration past warm-up the closed loop folds what this rank measured and loads the next
+  schedule (`closed_loop.ClosedLoop`). At the end it writes its measured op log
+  (`ops/rank-<rank>.json`) for the report's timeline.
+
+Every pass measures each iteration's wall time between the two calls and keeps a small progress
+file (`progress/rank-<rank>.json`: pid, pass, iteration) that the orchestrator shows and uses to
+name a rank that died.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any
+
+import prism_megatron.replay as replay
+from prism_megatron.config import PrismConfig
+from prism_megatron.emulation import files
+from prism_megatron.emulation.closed_loop import ClosedLoop, load_or_build_graph, network_cost
+from prism_megatron.graph import LayoutWorld
+from prism_megatron.graph.capture import CapturedIteration, RankCapture, compute_intervals, iteration_streams
+from prism_megatron.graph.io import write_json_atomically
+from prism_megatron.topology import Layout
+
+NUM_WARMUP = 1
+"""Leading iterations of a pass that are warm-up (allocator, first touch): not used for the graph
+and not folded into the schedule; the report marks them."""
+
+
+class InstantPhase:
+    """Virtual peers answer at once (or no virtual world at all); iteration times only."""
+
+    name = "instant"
+    records_p2p_calls = False
+
+    def __init__(self, *, config: PrismConfig, virtual_rank: int, virtual_world: bool) -> None:
+        self.config = config
+        self.virtual_rank = virtual_rank
+        self.virtual_world = virtual_world
+        self.out_dir = config.output.out
+        self.starts_ns: list[int] = []
+        self.ends_ns: list[int] = []
+        self._progress_written_s = 0.0
+        self.write_progress("started")
+
+    def iteration_begins(self) -> None:
+        self.starts_ns.append(replay.mark_iteration_start() if self.virtual_world else time.monotonic_ns())
+
+    def iteration_ends(self) -> None:
+        self.ends_ns.append(time.monotonic_ns())
+        self.write_progress("running")
+
+    def p2p_call(self, enter_ns: int, exit_ns: int) -> None:
+        """A pipeline-communicator call ran from enter_ns to exit_ns (its p2p ops form a batch)."""
+
+    def iteration_times_s(self) -> list[float]:
+        return [(end - start) / 1e9 for start, end in zip(self.starts_ns, self.ends_ns, strict=False)]
+
+    def summary(self) -> dict[str, Any]:
+        """What the rank's results file keeps of this pass."""
+        return {"name": self.name, "num_warmup": NUM_WARMUP, "iteration_times_s": self.iteration_times_s()}
+
+    def finish(self) -> None:
+        self.write_progress("done")
+
+    def write_progress(self, state: str) -> None:
+        """At most a few writes a second: a progress file must not cost an iteration's time."""
+        now_s = time.monotonic()
+        if state == "running" and now_s - self._progress_written_s < 0.25:
+            return
+        self._progress_written_s = now_s
+        if self.out_dir is None:
+            return
+        path = files.progress_path(self.out_dir, self.virtual_rank)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        data = {"pid": os.getpid(), "virtual_rank": self.virtual_rank, "phase": self.name, "state": state,
+                "iterations_done": len(self.ends_ns), "wall_time_s": time.time()}  # fmt: skip
+        write_json_atomically(data, path)
+
+
+class _RecordingPhase(InstantPhase):
+    """Records every op of every iteration, and the pipeline-communicator calls."""
+
+    records_p2p_calls = True
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.iterations: list[CapturedIteration] = []
+        self._calls: list[tuple[int, int]] = []
+
+    def iteration_begins(self) -> None:
+        super().iteration_begins()
+        self._calls = []
+        replay.start_recording()
+
+    def iteration_ends(self) -> None:
+        events = tuple(replay.stop_recording())
+        super().iteration_ends()
+        iteration = CapturedIteration(self.starts_ns[-1], self.ends_ns[-1], events, tuple(self._calls))
+        self.iterations.append(iteration)
+        self.after_iteration(iteration)
+
+    def after_iteration(self, iteration: CapturedIteration) -> None:
+        """Hook for the emulate pass."""
+
+    def p2p_call(self, enter_ns: int, exit_ns: int) -> None:
+        self._calls.append((enter_ns, exit_ns))
+
+
+class CapturePhase(_RecordingPhase):
+    name = "capture"
+
+    def __init__(self, *, role: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.role = role
+
+    def finish(self) -> None:
+        capture = RankCapture(self.virtual_rank, self.role, tuple(self.iterations), num_warmup=NUM_WARMUP)
+        capture.save(files.capture_path(self.out_dir, self.virtual_rank))
+        super().finish()
+
+
+class EmulatePhase(_RecordingPhase):
+    name = "emulate"
+
+    def __init__(self, *, layout: Layout, real_ranks: tuple[int, ...], **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        config = self.config
+        self.world = LayoutWorld(layout)
+        graph = load_or_build_graph(config.capture.graph, layout)
+        from prism_megatron.sim import WhatIf
+
+        self.loop = ClosedLoop.start(
+            graph,
+            self.world,
+            network_cost(config.cluster.cluster),
+            virtual_rank=self.virtual_rank,
+            real_ranks=real_ranks,
+            what_if=WhatIf(stragglers=config.emulation.stragglers()),
+        )
+        self.simulated_ns: list[int] = []
+        self.not_folded: dict[int, str] = {}
+        replay.set_mode("replay")
+        replay.load_schedule(self.loop.schedule())
+
+    def iteration_begins(self) -> None:
+        self.simulated_ns.append(self.loop.iteration_time_ns)
+        super().iteration_begins()
+
+    def after_iteration(self, iteration: CapturedIteration) -> None:
+        number = len(self.iterations) - 1
+        if number < NUM_WARMUP:
+            return
+        streams = iteration_streams(iteration, self.world, self.virtual_rank)
+        reason = self.loop.fold(streams)
+        if reason is None:
+            replay.load_schedule(self.loop.schedule())
+        else:
+            self.not_folded[number] = reason
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            **super().summary(),
+            "simulated_iteration_times_s": [t / 1e9 for t in self.simulated_ns],
+            "closed_loop_final_s": self.loop.iteration_time_ns / 1e9,
+            "num_folded": self.loop.num_folded,
+            "not_folded": {str(k): v for k, v in self.not_folded.items()},
+        }
+
+    def finish(self) -> None:
+        from prism_megatron.report.oplog import ComputeSpan, OpLog, save_op_log
+
+        events = tuple(e for it in self.iterations for e in it.events)
+        compute = tuple(
+            ComputeSpan("compute", start_ns, end_ns)
+            for it in self.iterations
+            for start_ns, end_ns in compute_intervals(it)
+        )
+        log = OpLog(virtual_rank=self.virtual_rank, events=events, compute=compute,
+                    iteration_starts_ns=tuple(self.starts_ns))  # fmt: skip
+        save_op_log(self.out_dir, log)
+        super().finish()
+
+
+def make_phase(
+    config: PrismConfig, *, virtual_rank: int, layout: Layout | None, real_ranks: tuple[int, ...]
+) -> InstantPhase:
+    """The pass this process runs, from --prism-phase (auto: emulate when --prism-graph is given)."""
+    emulation = config.emulation
+    if not emulation.emulate or layout is None:
+        return InstantPhase(config=config, virtual_rank=virtual_rank, virtual_world=False)
+    phase = emulation.phase
+    if phase == "auto":
+        phase = "emulate" if config.capture.graph is not None else "instant"
+    common = dict(config=config, virtual_rank=virtual_rank, virtual_world=True)
+    if phase == "capture":
+        return CapturePhase(role=layout.role_of(virtual_rank).name, **common)
+    if phase == "emulate":
+        if config.capture.graph is None:
+            raise ValueError("--prism-phase emulate needs --prism-graph (a graph or capture folder)")
+        return EmulatePhase(layout=layout, real_ranks=real_ranks, **common)
+    return InstantPhase(**common)
+
+
+def read_progress(path: str) -> dict[str, Any] | None:
+    """A progress file, or None when it is absent or being replaced."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, json.JSONDecodeError):
+        return None

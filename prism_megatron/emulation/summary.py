@@ -1,0 +1,72 @@
+"""The few lines a finished run prints: emulated vs simulated time, roles, real ranks, outputs."""
+
+from __future__ import annotations
+
+import os
+import statistics
+
+from prism_megatron.emulation.driver import RunOutcome
+
+_MIB = 2**20
+
+
+def format_summary(outcome: RunOutcome) -> str:
+    report, plan = outcome.report, outcome.plan
+    lines = [f"run folder: {plan.out_dir} (status {report.status})"]
+    if report.failure is not None:
+        lines.append(f"failure: {report.failure.message}")
+    measured = [it for it in report.iterations if not it.warmup]
+    if report.iteration_time_s is not None:
+        lines.append(
+            f"emulated iteration time:  {report.iteration_time_s * 1e3:9.2f} ms  (median of {len(measured)} "
+            f"iterations after {len(report.iterations) - len(measured)} warm-up, slowest real rank)"
+        )
+    if report.simulated_iteration_time_s is not None:
+        lines.append(
+            f"simulated iteration time: {report.simulated_iteration_time_s * 1e3:9.2f} ms  (graph as captured)"
+        )
+    closed = _closed_loop_s(outcome)
+    if closed is not None:
+        lines.append(
+            f"closed loop, last schedule: {closed * 1e3:7.2f} ms  (simulation with the measured spans)"
+        )
+    if report.tflops_per_gpu is not None:
+        lines.append(f"model throughput: {report.tflops_per_gpu:.4f} TFLOP/s per GPU")
+    if report.roles:
+        lines.append("")
+        lines.append(
+            f"{'role':<14} {'ranks':>6} {'compute ms':>11} {'exposed comm ms':>16} {'bubble ms':>10}"
+        )
+        for role in report.roles:
+            lines.append(
+                f"{role.role:<14} {role.count:>6} {role.compute_s * 1e3:>11.2f} "
+                f"{role.exposed_comm_s * 1e3:>16.2f} {role.bubble_s * 1e3:>10.2f}"
+            )
+    if report.ranks:
+        lines.append("")
+        lines.append(f"{'real rank':>9} {'role':<14} {'peak memory MiB':>16}  at the peak (MiB)")
+        for rank, data in sorted(report.ranks.items()):
+            peak = (
+                "-"
+                if data.peak_memory_allocated_bytes is None
+                else f"{data.peak_memory_allocated_bytes / _MIB:.1f}"
+            )
+            parts = ", ".join(f"{k} {v / _MIB:.1f}" for k, v in data.memory_by_category.items() if v)
+            lines.append(f"{rank:>9} {data.role or '-':<14} {peak:>16}  {parts}")
+    lines.append("")
+    for name in ("report.md", "report.json", "timeline.json"):
+        if name in outcome.written or name.removesuffix(".json") in outcome.written:
+            lines.append(f"wrote {os.path.join(plan.out_dir, name)}")
+    lines.append(
+        f"wrote {os.path.join(plan.out_dir, 'graph')}/ (reuse: --prism-graph, prism-megatron simulate)"
+    )
+    return "\n".join(lines)
+
+
+def _closed_loop_s(outcome: RunOutcome) -> float | None:
+    finals = [
+        r["prism_phase"]["closed_loop_final_s"]
+        for r in outcome.results.values()
+        if "closed_loop_final_s" in r.get("prism_phase", {})
+    ]
+    return statistics.median(finals) if finals else None

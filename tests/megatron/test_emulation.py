@@ -1,0 +1,157 @@
+"""`prism-megatron emulate` end to end on CPU: capture, graph, simulation, emulation, report.
+
+The job: GPT on W=16 GPUs, TP2 PP2 (DP4), 4 micro-batches per iteration, with virtual ranks 0 and 8
+(two adjacent pipeline stages, so real pipeline traffic happens) run for real. Its slice has four
+roles, captured in two passes of two processes. One run is shared by the tests that read its
+outputs; the rerun with --prism-graph and the failure test start from its graph.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from launching import quiet_env
+
+from prism_megatron.graph import load_graph
+from prism_megatron.report import schema
+
+JOB = (
+    "--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
+    "--vocab-size", "1000", "--micro-batch-size", "1", "--global-batch-size", "16",
+    "--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2",
+    "--hidden-dropout", "0", "--attention-dropout", "0",
+    "--prism-emulate", "--prism-world-size", "16", "--prism-device", "cpu", "--prism-ranks", "pp=0,1;tp=0;dp=0",
+)  # fmt: skip
+REAL_RANKS = [0, 8]
+
+
+def emulate(*flags: str, timeout_s: float = 400) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "prism_megatron.cli", "emulate", "--", *JOB, *flags],
+        env=quiet_env(), capture_output=True, text=True, timeout=timeout_s,
+    )  # fmt: skip
+
+
+def read_json(path) -> dict:
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("run")
+    done = emulate("--train-iters", "4", "--prism-out", str(out))
+    assert done.returncode == 0, f"{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
+    return out
+
+
+@pytest.mark.slow
+def test_one_command_captures_simulates_emulates_and_writes_every_output(run_dir):
+    for name in ("report.json", "report.md", "timeline.json", "graph/graph.json", "rank-00000.json",
+                 "rank-00008.json", "ops/rank-00000.json", "simulation/schedule-8.json"):  # fmt: skip
+        assert os.path.isfile(run_dir / name), name
+    assert any(name.endswith(".png") for name in os.listdir(run_dir / "plots"))
+    assert sorted(os.listdir(run_dir / "capture")).count("capture-00001.json") == 1  # the slice: 0, 1, 8, 9
+    report = read_json(run_dir / "report.json")
+    schema.validate(report)
+    assert report["status"] == "ok" and report["real_ranks"] == REAL_RANKS
+    assert report["target"]["world_size"] == 16 and report["target"]["dp"] == 4
+    assert [it["warmup"] for it in report["iterations"]] == [True, False, False, False]
+    assert report["simulated_iteration_time_s"] > 0 and report["iteration_time_s"] > 0
+    assert set(report["roles"]) == {"pp0-tp0src", "pp0", "pp1-tp0src", "pp1"}
+    for rank in ("0", "8"):
+        assert report["ranks"][rank]["peak_memory_allocated_bytes"] > 0
+
+
+@pytest.mark.slow
+def test_the_timeline_is_a_chrome_trace_of_the_real_ranks_beside_replayed_virtual_ones(run_dir):
+    trace = read_json(run_dir / "timeline.json")
+    names = {e["pid"]: e["args"]["name"] for e in trace["traceEvents"] if e.get("name") == "process_name"}
+    real = [name for name in names.values() if name.endswith(" real")]
+    virtual = [name for name in names.values() if "virtual" in name]
+    assert len(real) == 2 and any(name.startswith("rank 8 ") for name in real)
+    assert virtual, "virtual peers are drawn from the simulation"
+    spans = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    assert {"compute", "p2p", "collective"} <= {e.get("cat") for e in spans if e["pid"] in (0, 8)}
+
+
+@pytest.mark.slow
+def test_every_emulated_iteration_after_warm_up_folds_its_measurements_into_the_next_schedule(run_dir):
+    for rank in REAL_RANKS:
+        phase = read_json(run_dir / f"rank-{rank:05d}.json")["prism_phase"]
+        assert phase["name"] == "emulate" and phase["num_folded"] == 3 and phase["not_folded"] == {}
+        simulated = phase["simulated_iteration_times_s"]
+        assert simulated[0] == simulated[1], "warm-up is not folded"
+        assert simulated[2] != simulated[1], "the schedule after a folded iteration is a new simulation"
+
+
+@pytest.mark.slow
+def test_rerunning_with_the_graph_skips_capture_and_gives_the_same_simulated_time(run_dir, tmp_path):
+    done = emulate(
+        "--train-iters", "2", "--prism-graph", str(run_dir / "graph"), "--prism-out", str(tmp_path)
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert not os.path.exists(tmp_path / "capture")
+    assert "capture pass" not in done.stderr
+    first, again = read_json(run_dir / "report.json"), read_json(tmp_path / "report.json")
+    assert again["simulated_iteration_time_s"] == first["simulated_iteration_time_s"]
+    assert load_graph(str(tmp_path / "graph")) == load_graph(str(run_dir / "graph"))
+
+
+def test_an_existing_run_folder_is_refused_before_any_process_starts(tmp_path):
+    (tmp_path / "report.json").write_text("{}")
+    done = emulate("--train-iters", "2", "--prism-out", str(tmp_path), timeout_s=60)
+    assert done.returncode == 2
+    assert done.stderr.strip().count("\n") == 0 and "--prism-overwrite" in done.stderr
+    assert os.listdir(tmp_path) == ["report.json"]
+
+
+@pytest.mark.parametrize(
+    "flags, named",
+    [
+        (("--prism-ranks", "pp=5"), "pp=5"),
+        (("--global-batch-size", "6"), "--global-batch-size 6"),
+        (("--prism-straggler", "99:2"), "--prism-straggler rank 99"),
+        (("--prism-graph", "no-such-graph"), "--prism-graph no-such-graph"),
+    ],
+)
+def test_invalid_flags_are_one_line_naming_the_flag_and_exit_2(flags, named, tmp_path):
+    done = emulate("--train-iters", "2", "--prism-out", str(tmp_path / "run"), *flags, timeout_s=60)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().count("\n") == 0 and named in done.stderr
+    assert not os.path.exists(tmp_path / "run")
+
+
+@pytest.mark.slow
+def test_a_killed_rank_fails_the_run_naming_it_and_the_others_stop(run_dir, tmp_path):
+    command = [sys.executable, "-m", "prism_megatron.cli", "emulate", "--", *JOB, "--train-iters", "400",
+               "--prism-graph", str(run_dir / "graph"), "--prism-out", str(tmp_path)]  # fmt: skip
+    process = subprocess.Popen(
+        command, env=quiet_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    progress = tmp_path / "progress" / "rank-00008.json"
+    deadline_s = time.monotonic() + 240
+    while time.monotonic() < deadline_s and process.poll() is None:
+        state = read_json(progress) if progress.exists() else {}
+        if state.get("phase") == "emulate" and state.get("iterations_done", 0) >= 2:
+            break
+        time.sleep(0.2)
+    assert process.poll() is None, "the run ended before the rank could be killed"
+    os.kill(state["pid"], signal.SIGKILL)
+    killed_s = time.monotonic()
+    stdout, stderr = process.communicate(timeout=120)
+    assert time.monotonic() - killed_s < 60, "the other real rank stops within a minute"
+    assert process.returncode == 1, stderr[-3000:]
+    report = read_json(tmp_path / "report.json")
+    schema.validate(report)
+    assert report["status"] == "failed"
+    assert report["failure"]["dead_rank"] == 8
+    assert "virtual rank 8" in report["failure"]["message"] and "SIGKILL" in report["failure"]["message"]
+    assert "virtual rank 8" in stdout
+    assert os.path.isfile(tmp_path / "graph" / "graph.json"), "what was made before the failure is kept"
