@@ -21,11 +21,12 @@ import statistics
 from collections.abc import Mapping, Sequence
 
 from prism_megatron.emulation import files
+from prism_megatron.emulation.schedule_index import ScheduleIndex
 from prism_megatron.graph import ExecutionGraph, LayoutWorld, Op, load_graph
 from prism_megatron.graph.capture import RankCapture, build_graph, compute_durations, first_difference
 from prism_megatron.graph.io import GRAPH_FILE
 from prism_megatron.replay.schedule import ReplaySchedule
-from prism_megatron.sim import NetworkCost, WhatIf, replay_schedules
+from prism_megatron.sim import NetworkCost, WhatIf
 from prism_megatron.sim.engine import SimResult, run_problem
 from prism_megatron.sim.problem import build_problem
 from prism_megatron.topology import Layout
@@ -83,6 +84,7 @@ class ClosedLoop:
     real_ranks: tuple[int, ...]
     graph_streams: Mapping[str, Sequence[Op]]
     measured: collections.deque
+    index: ScheduleIndex
     num_folded: int = 0
 
     @classmethod
@@ -99,18 +101,20 @@ class ClosedLoop:
     ) -> ClosedLoop:
         base = build_problem(graph, world, cost_fn, what_if)
         role = world.roles()[int(world.role_ids()[virtual_rank])]
+        result = run_problem(base)
         return cls(
             base=base,
-            result=run_problem(base),
+            result=result,
             role=role,
             virtual_rank=virtual_rank,
             real_ranks=tuple(real_ranks),
             graph_streams=graph.roles[role].streams,
             measured=collections.deque(maxlen=window),
+            index=ScheduleIndex(result, virtual_rank, tuple(real_ranks)),
         )
 
     def schedule(self) -> ReplaySchedule:
-        return replay_schedules(self.result, self.real_ranks)[self.virtual_rank]
+        return self.index.schedule(self.result)
 
     @property
     def iteration_time_ns(self) -> int:

@@ -13,9 +13,9 @@ reports each call (`p2p_call`); nothing here knows Megatron. Three passes (`--pr
   schedule (`closed_loop.ClosedLoop`). At the end it writes its measured op log
   (`ops/rank-<rank>.json`) for the report's timeline.
 
-Every pass measures each iteration's wall time between the two calls and keeps a small progress
-file (`progress/rank-<rank>.json`: pid, pass, iteration) that the orchestrator shows and uses to
-name a rank that died.
+Every pass measures each iteration's wall time between the two calls; capture and emulate keep a
+small progress file (`progress/rank-<rank>.json`: pid, pass, iteration) that the orchestrator shows
+and uses to say how far a rank that died got.
 """
 
 from __future__ import annotations
@@ -30,7 +30,13 @@ from prism_megatron.config import PrismConfig
 from prism_megatron.emulation import files
 from prism_megatron.emulation.closed_loop import ClosedLoop, load_or_build_graph, network_cost
 from prism_megatron.graph import LayoutWorld
-from prism_megatron.graph.capture import CapturedIteration, RankCapture, compute_intervals, iteration_streams
+from prism_megatron.graph.capture import (
+    CapturedIteration,
+    GroupNames,
+    RankCapture,
+    compute_intervals,
+    iteration_streams,
+)
 from prism_megatron.graph.io import write_json_atomically
 from prism_megatron.topology import Layout
 
@@ -44,6 +50,8 @@ class InstantPhase:
 
     name = "instant"
     records_p2p_calls = False
+    reports_progress = False
+    """Only the passes an orchestrator starts keep a progress file."""
 
     def __init__(self, *, config: PrismConfig, virtual_rank: int, virtual_world: bool) -> None:
         self.config = config
@@ -81,7 +89,7 @@ class InstantPhase:
         if state == "running" and now_s - self._progress_written_s < 0.25:
             return
         self._progress_written_s = now_s
-        if self.out_dir is None:
+        if self.out_dir is None or not self.reports_progress:
             return
         path = files.progress_path(self.out_dir, self.virtual_rank)
         os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -94,6 +102,7 @@ class _RecordingPhase(InstantPhase):
     """Records every op of every iteration, and the pipeline-communicator calls."""
 
     records_p2p_calls = True
+    reports_progress = True
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -106,8 +115,9 @@ class _RecordingPhase(InstantPhase):
         replay.start_recording()
 
     def iteration_ends(self) -> None:
+        self.ends_ns.append(time.monotonic_ns())  # before the op log is read out
         events = tuple(replay.stop_recording())
-        super().iteration_ends()
+        self.write_progress("running")
         iteration = CapturedIteration(self.starts_ns[-1], self.ends_ns[-1], events, tuple(self._calls))
         self.iterations.append(iteration)
         self.after_iteration(iteration)
@@ -139,6 +149,7 @@ class EmulatePhase(_RecordingPhase):
         super().__init__(**kwargs)
         config = self.config
         self.world = LayoutWorld(layout)
+        self.names = GroupNames(self.world, self.virtual_rank)
         graph = load_or_build_graph(config.capture.graph, layout)
         from prism_megatron.sim import WhatIf
 
@@ -163,7 +174,7 @@ class EmulatePhase(_RecordingPhase):
         number = len(self.iterations) - 1
         if number < NUM_WARMUP:
             return
-        streams = iteration_streams(iteration, self.world, self.virtual_rank)
+        streams = iteration_streams(iteration, self.names)
         reason = self.loop.fold(streams)
         if reason is None:
             replay.load_schedule(self.loop.schedule())

@@ -184,16 +184,34 @@ def _points(iteration: CapturedIteration) -> list[_Point]:
     return points
 
 
+class GroupNames:
+    """How one rank's ops name their groups and peers, cached (the same groups every iteration)."""
+
+    def __init__(self, world: World, virtual_rank: int, kinds: Sequence[str] = GROUP_KINDS) -> None:
+        self.world, self.virtual_rank, self.kinds = world, virtual_rank, kinds
+        self._kinds: dict[tuple[int, ...], str] = {}
+        self._peers: dict[int, tuple[str, int]] = {}
+
+    def collective(self, members: tuple[int, ...]) -> str:
+        if members not in self._kinds:
+            self._kinds[members] = group_kind_of(self.world, self.virtual_rank, members, self.kinds)
+        return self._kinds[members]
+
+    def peer(self, peer: int) -> tuple[str, int]:
+        if peer not in self._peers:
+            self._peers[peer] = peer_spec(self.world, self.virtual_rank, peer)
+        return self._peers[peer]
+
+
 class _StreamBuilder:
     """Appends ops to a role's streams, numbering collectives per group kind and p2p per peer."""
 
-    def __init__(self, world: World, virtual_rank: int, kinds: Sequence[str]) -> None:
-        self.world, self.virtual_rank, self.kinds = world, virtual_rank, kinds
+    def __init__(self, names: GroupNames) -> None:
+        self.names = names
         self.streams: dict[str, list[Op]] = {COMPUTE_STREAM: []}
         self.collective_seq: collections.Counter[str] = collections.Counter()
         self.p2p_seq: collections.Counter[tuple[OpKind, int]] = collections.Counter()
         self.posted: dict[OpEvent, Dep] = {}
-        self.kind_of: dict[tuple[int, ...], str] = {}
 
     def compute(self, duration_ns: int) -> None:
         self.streams[COMPUTE_STREAM].append(
@@ -203,16 +221,12 @@ class _StreamBuilder:
     def comm(self, event: OpEvent, *, coalesced: bool = False, deps: tuple[Dep, ...] = ()) -> Op:
         common = dict(size_bytes=event.size_bytes, dtype=event.dtype, coalesced=coalesced, deps=deps)
         if event.kind in (OpKind.SEND, OpKind.RECV):
-            kind, offset = peer_spec(self.world, self.virtual_rank, event.peer)
+            kind, offset = self.names.peer(event.peer)
             seq = self.p2p_seq[(event.kind, event.peer)]
             self.p2p_seq[(event.kind, event.peer)] += 1
             node = NodeType.SEND if event.kind == OpKind.SEND else NodeType.RECV
             return Op(type=node, group=kind, offset=offset, seq=seq, **common)
-        kind = self.kind_of.get(event.group)
-        if kind is None:
-            kind = self.kind_of[event.group] = group_kind_of(
-                self.world, self.virtual_rank, event.group, self.kinds
-            )
+        kind = self.names.collective(event.group)
         seq = self.collective_seq[kind]
         self.collective_seq[kind] += 1
         return Op(type=NodeType.COLLECTIVE, comm=event.kind, group=kind, seq=seq, **common)
@@ -233,15 +247,13 @@ class _StreamBuilder:
         self.streams[COMPUTE_STREAM].append(Op(type=NodeType.WAIT, deps=(self.posted[event],)))
 
 
-def iteration_streams(
-    iteration: CapturedIteration, world: World, virtual_rank: int, kinds: Sequence[str] = GROUP_KINDS
-) -> dict[str, tuple[Op, ...]]:
+def iteration_streams(iteration: CapturedIteration, names: GroupNames) -> dict[str, tuple[Op, ...]]:
     """One recorded iteration as streams of ops (see the module docstring); compute stream first.
 
     Raises:
         ValueError: an op's group is none of the rank's group kinds.
     """
-    builder = _StreamBuilder(world, virtual_rank, kinds)
+    builder = _StreamBuilder(names)
     cursor_ns = iteration.start_ns
     for point in _points(iteration):
         at_ns = max(point.time_ns, cursor_ns)
@@ -286,11 +298,18 @@ def first_difference(a: Mapping[str, Sequence[Op]], b: Mapping[str, Sequence[Op]
         return f"streams {list(a)} vs {list(b)}"
     for name in a:
         for index, (x, y) in enumerate(zip(a[name], b[name], strict=False)):
-            if dataclasses.replace(x, duration_ns=0) != dataclasses.replace(y, duration_ns=0):
+            if not _same_op(x, y):
                 return f"{name}[{index}]: {format_op(x)!r} vs {format_op(y)!r}"
         if len(a[name]) != len(b[name]):
             return f"{name}: {len(a[name])} vs {len(b[name])} ops"
     return None
+
+
+def _same_op(x: Op, y: Op) -> bool:
+    """Equal but for a compute span's duration (only COMPUTE ops have one)."""
+    if x.type == NodeType.COMPUTE or y.type == NodeType.COMPUTE:
+        return x.type == y.type and x.name == y.name
+    return x == y
 
 
 def compute_durations(streams: Mapping[str, Sequence[Op]]) -> list[int]:
@@ -304,7 +323,8 @@ def role_graph(capture: RankCapture, world: World, kinds: Sequence[str] = GROUP_
     Raises:
         ValueError: the recorded iterations do not issue the same ops (naming the first difference).
     """
-    per_iteration = [iteration_streams(it, world, capture.virtual_rank, kinds) for it in capture.recorded()]
+    names = GroupNames(world, capture.virtual_rank, kinds)
+    per_iteration = [iteration_streams(it, names) for it in capture.recorded()]
     first = per_iteration[0]
     for number, streams in enumerate(per_iteration[1:], start=1):
         difference = first_difference(first, streams)

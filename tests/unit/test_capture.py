@@ -13,9 +13,11 @@ import pytest
 from prism_megatron.graph import COMPUTE_STREAM, Dep, LayoutWorld, format_op
 from prism_megatron.graph.capture import (
     CapturedIteration,
+    GroupNames,
     RankCapture,
     build_graph,
     compute_durations,
+    compute_intervals,
     iteration_streams,
     role_graph,
 )
@@ -54,17 +56,25 @@ def test_gaps_between_blocking_ops_are_compute_and_ops_are_named_by_group_kind()
         [collective(OpKind.ALL_REDUCE, (0, 1), 100, 130), collective(OpKind.ALL_REDUCE, (0, 2), 250, 260)],
         end_us=400,
     )
-    assert printed(iteration_streams(it, WORLD, 0)) == {
+    assert printed(iteration_streams(it, GroupNames(WORLD, 0))) == {
         COMPUTE_STREAM: ["c:compute 100us", "AR tp#0 1KiB Float", "c:compute 120us", "AR dp#0 1KiB Float",
                          "c:compute 140us"],
     }  # fmt: skip
+
+
+def test_compute_intervals_are_the_gaps_on_the_clock_for_the_timeline():
+    it = iteration(
+        [collective(OpKind.ALL_REDUCE, (0, 1), 100, 130), collective(OpKind.ALL_REDUCE, (0, 2), 250, 260)],
+        end_us=400,
+    )
+    assert compute_intervals(it) == [(us(0), us(100)), (us(130), us(250)), (us(260), us(400))]
 
 
 def test_p2p_ops_of_one_communicator_call_are_one_batch_and_the_stream_resumes_when_it_returned():
     # send_forward_recv_backward: both posted in one call that returned at 80 us.
     events = [p2p(OpKind.SEND, 4, 50, 52), p2p(OpKind.RECV, 4, 51, 60), p2p(OpKind.SEND, 4, 150, 151)]
     it = iteration(events, end_us=200, calls=[(49, 80), (149, 160)])
-    assert printed(iteration_streams(it, WORLD, 0)) == {
+    assert printed(iteration_streams(it, GroupNames(WORLD, 0))) == {
         COMPUTE_STREAM: ["c:compute 50us", "S→pp+1#0 4KiB Float &", "R←pp+1#0 4KiB Float",
                          "c:compute 70us", "S→pp+1#1 4KiB Float", "c:compute 40us"],
     }  # fmt: skip
@@ -72,7 +82,7 @@ def test_p2p_ops_of_one_communicator_call_are_one_batch_and_the_stream_resumes_w
 
 def test_an_async_op_runs_on_a_side_stream_and_the_compute_stream_waits_where_it_completed():
     it = iteration([collective(OpKind.ALL_REDUCE, (0, 1), 100, 300, async_op=True)], end_us=500)
-    streams = iteration_streams(it, WORLD, 0)
+    streams = iteration_streams(it, GroupNames(WORLD, 0))
     assert printed(streams) == {
         COMPUTE_STREAM: ["c:compute 100us", "c:compute 200us", "w <async-tp:0", "c:compute 200us"],
         "async-tp": ["AR tp#0 1KiB Float <compute:0"],
@@ -83,7 +93,7 @@ def test_an_async_op_runs_on_a_side_stream_and_the_compute_stream_waits_where_it
 def test_an_async_op_not_waited_within_the_iteration_is_waited_at_its_end():
     pending = collective(OpKind.ALL_REDUCE, (0, 1), 100, 0, async_op=True)
     it = iteration([dataclasses.replace(pending, complete_ns=-1)], end_us=500)
-    streams = iteration_streams(it, WORLD, 0)
+    streams = iteration_streams(it, GroupNames(WORLD, 0))
     assert printed(streams)[COMPUTE_STREAM] == [
         "c:compute 100us",
         "c:compute 400us",

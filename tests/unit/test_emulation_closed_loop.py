@@ -1,0 +1,103 @@
+"""The closed loop: a real rank's measured compute re-times its virtual peers' next iteration.
+
+On a synthetic 1F1B job at full scale (W=8192, TP8 PP8; `sim.layout_pipeline_graph`), with the
+Megatron-shaped op set: TP all-reduces, pipeline p2p, DP gradient all-reduce, grad-norm reduction.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from prism_megatron.emulation.closed_loop import ClosedLoop, layout_kwargs, load_or_build_graph
+from prism_megatron.emulation.schedule_index import ScheduleIndex
+from prism_megatron.graph import COMPUTE_STREAM, LayoutWorld, NodeType, save_graph
+from prism_megatron.sim import (
+    AlphaBetaCost,
+    PipelineSpec,
+    WhatIf,
+    layout_pipeline_graph,
+    replay_schedules,
+    simulate,
+)
+from prism_megatron.topology import Layout
+
+LAYOUT = Layout(world_size=8192, tp=8, pp=8)
+WORLD = LayoutWorld(LAYOUT)
+SPEC = PipelineSpec(
+    num_microbatches=4, fwd_ns=1_000_000, bwd_ns=2_000_000, activation_bytes=1 << 20,
+    tp_allreduce_bytes=1 << 20, dp_grad_bytes=64 << 20, optimizer_ns=500_000,
+)  # fmt: skip
+GRAPH = layout_pipeline_graph(LAYOUT, SPEC)
+COST = AlphaBetaCost(latency_ns=5_000, ns_per_byte=0.01)
+REAL = (0, 1024)
+
+
+def slowed(streams, factor: float):
+    """The role's streams with every compute span `factor` times longer: what a slow real rank measures."""
+    return {
+        name: tuple(
+            dataclasses.replace(op, duration_ns=round(op.duration_ns * factor))
+            if op.type == NodeType.COMPUTE
+            else op
+            for op in ops
+        )
+        for name, ops in streams.items()
+    }
+
+
+def test_the_fast_schedule_equals_replay_schedules_for_every_real_rank_and_what_if():
+    for what_if in (None, WhatIf(stragglers={5: 1.5})):
+        result = simulate(GRAPH, WORLD, COST, what_if)
+        for rank in REAL:
+            index = ScheduleIndex(result, rank, REAL)
+            assert index.exact
+            assert index.schedule(result) == replay_schedules(result, REAL)[rank]
+
+
+def test_folding_a_slower_iteration_delays_the_virtual_peers_that_wait_for_this_rank():
+    loop = ClosedLoop.start(GRAPH, WORLD, COST, virtual_rank=1024, real_ranks=REAL)
+    before = loop.schedule()
+    assert loop.fold(slowed(GRAPH.roles["pp1"].streams, 2.0)) is None
+    after = loop.schedule()
+    assert loop.iteration_time_ns > simulate(GRAPH, WORLD, COST).iteration_time_ns
+    # The next stage (virtual rank 2048) now gets this rank's activations later, so it sends the
+    # gradients back later: the recv from it is scheduled later.
+    recv_before = before.p2p[(2048, "recv")]
+    recv_after = after.p2p[(2048, "recv")]
+    assert all(
+        b.arrival_offset_ns > a.arrival_offset_ns for a, b in zip(recv_before, recv_after, strict=True)
+    )
+    # Its TP peers (same role) follow it: they reach the first TP all-reduce when it does.
+    tp_group = LAYOUT.group("tp", 1024)
+    own_first_tp = next(t for t in loop.result.timeline(1024) if t.op.group == "tp")
+    assert after.collectives[tp_group][0].arrival_offset_ns == own_first_tp.start_ns
+    assert own_first_tp.start_ns > before.collectives[tp_group][0].arrival_offset_ns
+
+
+def test_the_loop_takes_the_median_of_the_last_measurements():
+    loop = ClosedLoop.start(GRAPH, WORLD, COST, virtual_rank=0, real_ranks=REAL, window=3)
+    streams = GRAPH.roles["pp0-tp0src"].streams
+    for factor in (1.0, 1.0, 9.0):  # one noisy iteration
+        loop.fold(slowed(streams, factor))
+    assert loop.iteration_time_ns == simulate(GRAPH, WORLD, COST).iteration_time_ns
+    assert loop.num_folded == 3
+
+
+def test_an_iteration_with_other_ops_than_the_graph_is_not_folded():
+    loop = ClosedLoop.start(GRAPH, WORLD, COST, virtual_rank=0, real_ranks=REAL)
+    streams = dict(GRAPH.roles["pp0-tp0src"].streams)
+    streams[COMPUTE_STREAM] = streams[COMPUTE_STREAM][:-1]
+    reason = loop.fold(streams)
+    assert reason is not None and "differ" in reason
+    assert loop.num_folded == 0
+
+
+def test_a_graph_of_another_job_is_refused(tmp_path):
+    save_graph(GRAPH, str(tmp_path))
+    assert load_or_build_graph(str(tmp_path), LAYOUT) == GRAPH
+    other = Layout(world_size=8192, tp=4, pp=8)
+    with pytest.raises(ValueError, match="describes the job"):
+        load_or_build_graph(str(tmp_path), other)
+    assert layout_kwargs(LAYOUT)["tp"] == 8
