@@ -5,8 +5,11 @@ arrived. Here that is measured, not assumed: real gloo processes on loopback iss
 cases use, for each group size and message size the cases use, with members arriving in a random
 order; an op's cost is the time from the last member's issue to each member's completion (one
 clock: every process reads this machine's CLOCK_MONOTONIC), median over members and repetitions.
-A line `latency + bytes * ns_per_byte` is then fitted per (op kind, group size). Ops are issued
-through the same Python calls megatron-core uses (`all_reduce`; `batch_isend_irecv` then `wait`),
+Costs between measured sizes are interpolated linearly (segment by segment: gloo switches
+algorithms with size, so one latency + bandwidth line fits it badly, e.g. a 4-byte all-reduce of four
+processes costs a fifth of a 512-byte one); beyond the largest size the last segment continues. Ops are issued
+through the same Python calls megatron-core uses (`all_reduce`; a pipeline exchange's
+`batch_isend_irecv` of a send and a receive, then `wait`),
 so the calls' own overhead is part of the cost, as it is part of the real run's time.
 
 Nothing here looks at the cases' iteration times: the cost model is fixed before any case runs.
@@ -15,6 +18,7 @@ Nothing here looks at the cases' iteration times: the cost model is fixed before
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import random
 import statistics
 import time
@@ -23,10 +27,10 @@ from collections.abc import Sequence
 import torch
 import torch.distributed as dist
 
-from prism_megatron.replay import CostLine, OpKind
+from prism_megatron.replay import OpKind
 
-P2P_KEY = (OpKind.SEND, 2)
-SIZES_BYTES = (4, 512, 4096, 32768, 131072)
+P2P_KEY_INT = (int(OpKind.SEND), 2)
+SIZES_BYTES = (4, 512, 4096, 16384, 32768)
 MAX_JITTER_S = 0.001
 
 
@@ -34,7 +38,9 @@ MAX_JITTER_S = 0.001
 class Plan:
     group_sizes: tuple[int, ...]
     sizes_bytes: tuple[int, ...] = SIZES_BYTES
-    repetitions: int = 25
+    repetitions: int = 20
+    warmup: int = 3
+    """Leading repetitions of each (group, size) left out (first-use costs of a fresh group)."""
 
 
 def _timed_collective(group, members: Sequence[int], size_bytes: int, rng: random.Random) -> float:
@@ -50,14 +56,18 @@ def _timed_collective(group, members: Sequence[int], size_bytes: int, rng: rando
     return float(done_ns - int(issues.max()))
 
 
-def _timed_p2p(group, peer: int, sender: bool, size_bytes: int, rng: random.Random) -> float:
-    """ns from the later of the two posts to this side's completion of one send/recv pair."""
-    tensor = torch.zeros(max(size_bytes // 4, 1))
+def _timed_exchange(group, peer: int, size_bytes: int, rng: random.Random) -> float:
+    """ns from the later of the two posts to this side's completion of one pipeline exchange.
+
+    An exchange is what megatron-core's batched p2p does in the steady state of a schedule: each
+    side posts a send to and a receive from the other in one `batch_isend_irecv`, then waits on both.
+    """
+    send, recv = torch.zeros(max(size_bytes // 4, 1)), torch.empty(max(size_bytes // 4, 1))
     dist.barrier(group=group)
     time.sleep(rng.random() * MAX_JITTER_S)
     issue_ns = time.monotonic_ns()
-    op = dist.P2POp(dist.isend if sender else dist.irecv, tensor, peer, group)
-    for request in dist.batch_isend_irecv([op]):
+    ops = [dist.P2POp(dist.isend, send, peer, group), dist.P2POp(dist.irecv, recv, peer, group)]
+    for request in dist.batch_isend_irecv(ops):
         request.wait()
     done_ns = time.monotonic_ns()
     issues = torch.zeros(2, dtype=torch.int64)
@@ -66,95 +76,92 @@ def _timed_p2p(group, peer: int, sender: bool, size_bytes: int, rng: random.Rand
 
 
 def measure(plan: Plan) -> dict[str, list[float]]:
-    """In each of max(group sizes) gloo processes: per (kind, n, size), this member's costs (ns)."""
+    """In each of max(group sizes) gloo processes: per (kind, n, size), this member's costs (ns).
+
+    Repetitions go round every (kind, group, size) in turn, so a burst of load from elsewhere on
+    the machine spreads over all of them instead of owning one.
+    """
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     rng = random.Random(rank)
     samples: dict[str, list[float]] = {}
     try:
-        for n in plan.group_sizes:
-            members = list(range(n))
-            group = dist.new_group(members)
-            if rank >= n:
+        groups = {n: dist.new_group(list(range(n))) for n in plan.group_sizes}
+        pair = groups[2] if 2 in groups else dist.new_group([0, 1])
+        for repetition in range(plan.warmup + plan.repetitions):
+            keep = repetition >= plan.warmup
+            for n, group in groups.items():
+                if rank >= n:
+                    continue
+                for size in plan.sizes_bytes:
+                    cost = _timed_collective(group, list(range(n)), size, rng)
+                    if keep:
+                        samples.setdefault(f"{int(OpKind.ALL_REDUCE)}/{n}/{size}", []).append(cost)
+            if rank >= 2:
                 continue
             for size in plan.sizes_bytes:
-                key = f"{int(OpKind.ALL_REDUCE)}/{n}/{size}"
-                samples[key] = [_timed_collective(group, members, size, rng) for _ in range(plan.repetitions)]
-        pair = dist.new_group([0, 1])
-        if rank < 2:
-            for size in plan.sizes_bytes:
-                key = f"{int(P2P_KEY[0])}/2/{size}"
-                samples[key] = [
-                    _timed_p2p(pair, 1 - rank, (rep + rank) % 2 == 0, size, rng)
-                    for rep in range(plan.repetitions)
-                ]
+                cost = _timed_exchange(pair, 1 - rank, size, rng)
+                if keep:
+                    samples.setdefault(f"{P2P_KEY_INT[0]}/2/{size}", []).append(cost)
     finally:
         dist.destroy_process_group()
     return samples
 
 
-def fit_line(points: Sequence[tuple[int, float]]) -> CostLine:
-    """Least-squares latency + ns/byte, both kept >= 0 (a negative slope means: latency only)."""
-    xs, ys = [p[0] for p in points], [p[1] for p in points]
-    mean_x, mean_y = statistics.fmean(xs), statistics.fmean(ys)
-    var_x = sum((x - mean_x) ** 2 for x in xs)
-    slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys, strict=True)) / var_x if var_x else 0.0
-    slope = max(slope, 0.0)
-    return CostLine(max(mean_y - slope * mean_x, 0.0), slope)
+def interpolate(points: Sequence[tuple[int, float]], size_bytes: int) -> float:
+    """Piecewise-linear through (size, ns) points sorted by size; flat below the first."""
+    if size_bytes <= points[0][0] or len(points) == 1:
+        return points[0][1]
+    for (x0, y0), (x1, y1) in itertools.pairwise(points):
+        if size_bytes <= x1 or (x1, y1) == points[-1]:
+            return max(y0 + (y1 - y0) * (size_bytes - x0) / (x1 - x0), 0.0)
+    raise AssertionError("unreachable")
 
 
 @dataclasses.dataclass(frozen=True)
 class LoopbackCost:
-    """A simulator cost function (`prism_megatron.sim.CostFn`) from fitted gloo lines.
+    """A simulator cost function (`prism_megatron.sim.CostFn`) from the measured gloo costs.
 
     Collectives of a kind not measured cost what an all-reduce of the same group size and bytes
     does; group sizes not measured take the nearest measured size.
     """
 
-    lines: dict[tuple[int, int], CostLine]
-    medians_ns: dict[str, float]
+    points: dict[tuple[int, int], tuple[tuple[int, float], ...]]
+    """(op kind, group size) -> (size_bytes, median cost ns) sorted by size."""
 
     def __call__(self, kind: OpKind, members: tuple[int, ...], size_bytes: int) -> float:
         n = len(members)
         if kind in (OpKind.SEND, OpKind.RECV):
-            line = self.lines[(int(OpKind.SEND), 2)]
-        else:
-            if n <= 1:
-                return 0.0
-            measured = [m for k, m in self.lines if k == int(OpKind.ALL_REDUCE)]
-            nearest = min(measured, key=lambda m: (abs(m - n), -m))
-            line = self.lines[(int(OpKind.ALL_REDUCE), nearest)]
-        return line.latency_ns + line.ns_per_byte * size_bytes
+            return interpolate(self.points[P2P_KEY_INT], size_bytes)
+        if n <= 1:
+            return 0.0
+        measured = [m for k, m in self.points if k == int(OpKind.ALL_REDUCE)]
+        nearest = min(measured, key=lambda m: (abs(m - n), -m))
+        return interpolate(self.points[(int(OpKind.ALL_REDUCE), nearest)], size_bytes)
 
     def as_dict(self) -> dict:
+        """Median cost in us per op kind, group size and message size."""
         return {
-            "lines": {
-                f"{OpKind(k).name}/n={n}": {
-                    "latency_us": line.latency_ns / 1e3,
-                    "ns_per_byte": line.ns_per_byte,
-                }
-                for (k, n), line in sorted(self.lines.items())
-            },
-            "medians_us": {key: value / 1e3 for key, value in sorted(self.medians_ns.items())},
+            f"{OpKind(k).name}/n={n}": {str(size): round(ns / 1e3, 1) for size, ns in points}
+            for (k, n), points in sorted(self.points.items())
         }
 
 
 def fit(per_process: Sequence[dict[str, list[float]]]) -> LoopbackCost:
-    """Median over members and repetitions per (kind, n, size); one line per (kind, n)."""
+    """Median over members and repetitions per (kind, n, size)."""
     merged: dict[str, list[float]] = {}
     for samples in per_process:
         for key, values in samples.items():
             merged.setdefault(key, []).extend(values)
-    medians = {key: statistics.median(values) for key, values in merged.items()}
     points: dict[tuple[int, int], list[tuple[int, float]]] = {}
-    for key, value in medians.items():
+    for key, values in merged.items():
         kind, n, size = (int(part) for part in key.split("/"))
-        points.setdefault((kind, n), []).append((size, value))
-    return LoopbackCost({key: fit_line(sorted(p)) for key, p in points.items()}, medians)
+        points.setdefault((kind, n), []).append((size, statistics.median(values)))
+    return LoopbackCost({key: tuple(sorted(p)) for key, p in points.items()})
 
 
-def calibrate(group_sizes: Sequence[int], repetitions: int = 25) -> LoopbackCost:
+def calibrate(group_sizes: Sequence[int], repetitions: int = 20) -> LoopbackCost:
     """Measure in max(group_sizes) forked gloo processes and fit."""
     from benchmarks.fidelity.processes import run_processes
 

@@ -147,8 +147,9 @@ def _build(job: Job, virtual_rank: int):
 
 
 def _train_step(job: Job, spec, model, optimizer, forward_backward) -> None:
-    """Megatron-LM's train_step: zero grads, forward/backward, optimizer step, the model-parallel
-    MIN/MAX reductions of its outcome, the data-parallel loss reduction on the last stage."""
+    """megatron-core's part of Megatron-LM's train_step: zero grads, forward/backward over the
+    micro-batches, optimizer step (with its grad-norm reduction), and the data-parallel loss
+    reduction on the last stage."""
     from megatron.core import parallel_state
 
     from prism_megatron.megatron import sleep_model
@@ -165,11 +166,7 @@ def _train_step(job: Job, spec, model, optimizer, forward_backward) -> None:
         micro_batch_size=spec.micro_batch_size,
         forward_only=False,
     )
-    update_successful, grad_norm, _ = optimizer.step()
-    group = parallel_state.get_model_parallel_group()
-    outcome = torch.tensor([float(update_successful), grad_norm or 0.0])
-    dist.all_reduce(outcome[:1], op=dist.ReduceOp.MIN, group=group)
-    dist.all_reduce(outcome[1:], op=dist.ReduceOp.MAX, group=group)
+    optimizer.step()
     if parallel_state.is_pipeline_last_stage(ignore_virtual=True):
         total = torch.cat([x["loss"] for x in losses]).sum().view(1)
         dist.all_reduce(total, group=parallel_state.get_data_parallel_group(with_context_parallel=True))
@@ -195,7 +192,7 @@ def _iterate(request: Request, step, count: int, iteration_base: int, starts_ns:
 
     previous_ns = ends_ns[-1] if ends_ns else time.monotonic_ns()
     for iteration in range(iteration_base, iteration_base + count):
-        if request.mode == "capture" and iteration == request.record_from:
+        if request.mode != "real" and iteration == request.record_from:
             replay.start_recording()
         starts_ns.append(replay.mark_iteration_start() if request.mode != "real" else previous_ns)
         step()
@@ -240,7 +237,7 @@ def run(request: Request) -> dict[str, Any]:
         starts_ns: list[int] = []
         ends_ns: list[int] = []
         _iterate(request, step, request.iterations, 0, starts_ns, ends_ns)
-        events = replay.stop_recording() if request.mode == "capture" else []
+        events = replay.stop_recording() if request.mode != "real" else []
         tracker = memory.LiveStorageTracker()
         tracker.label_model(model)
         tracker.label_optimizer(optimizer)

@@ -1,0 +1,88 @@
+"""The sleep-compute cases: three layouts, each with and without a straggler and overlapped grad reduce.
+
+Every layout has W = 16 ranks (16 real processes in the ground truth). Per layer and micro-batch,
+forward sleeps `FWD_MS` and backward twice that, so one iteration takes about a second and the
+gloo traffic (sub-millisecond p2p, a few milliseconds per data-parallel all-reduce on this
+machine's loopback) is small beside it. A straggler is a virtual rank of another data-parallel
+replica at another pipeline stage, 1.5 times slower: the real rank feels it only through its
+pipeline peers and the data-parallel gradient reduction. Rank numbers follow Megatron's default
+order tp-cp-ep-dp-pp (rank = tp + TP * (dp + DP * pp)).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from benchmarks.fidelity.workload import Job
+
+FWD_MS = 30.0
+STRAGGLER_FACTOR = 1.5
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SleepCase:
+    """One comparison: a real run of `job` against its emulation with `real_ranks` real."""
+
+    name: str
+    job: Job
+    real_ranks: tuple[int, ...]
+    iterations: int = 10
+    """Timed iterations of each run."""
+    warmup: int = 3
+    """Leading iterations left out of the medians."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _Layout:
+    name: str
+    tp: int
+    pp: int
+    dp: int
+    vpp: int | None
+    num_layers: int
+    fwd_ms: float
+    real_ranks: tuple[int, ...]
+    straggler: int
+
+
+LAYOUTS = (
+    _Layout(name="pp4-dp4", tp=1, pp=4, dp=4, vpp=None, num_layers=8, fwd_ms=FWD_MS / 2,
+            real_ranks=(4,), straggler=9),
+    _Layout(name="pp8-vpp2-dp2", tp=1, pp=8, dp=2, vpp=2, num_layers=16, fwd_ms=FWD_MS / 2,
+            real_ranks=(2,), straggler=9),
+    _Layout(name="tp2-pp4-dp2", tp=2, pp=4, dp=2, vpp=None, num_layers=4, fwd_ms=FWD_MS,
+            real_ranks=(4, 5), straggler=10),
+)  # fmt: skip
+"""pp4-dp4: real rank 4 (stage 1, replica 0), straggler 9 (stage 2, replica 1).
+pp8-vpp2-dp2: real rank 2 (stage 1, replica 0), straggler 9 (stage 4, replica 1).
+tp2-pp4-dp2: real ranks 4 and 5 (the TP pair of stage 1, replica 0: their TP all-reduces are real),
+straggler 10 (stage 2, replica 1, TP rank 0)."""
+
+
+def sleep_cases(layouts=LAYOUTS, num_microbatches: int = 8) -> list[SleepCase]:
+    """Every layout with and without overlapped grad reduce, with and without a straggler."""
+    cases = []
+    for layout in layouts:
+        for overlap in (False, True):
+            for straggler in (False, True):
+                job = Job(
+                    tp=layout.tp,
+                    pp=layout.pp,
+                    dp=layout.dp,
+                    vpp=layout.vpp,
+                    num_microbatches=num_microbatches,
+                    num_layers=layout.num_layers,
+                    fwd_ms=layout.fwd_ms,
+                    bwd_ms=2 * layout.fwd_ms,
+                    overlap_grad_reduce=overlap,
+                    stragglers=((layout.straggler, STRAGGLER_FACTOR),) if straggler else (),
+                )
+                name = layout.name + ("-overlap" if overlap else "") + ("-straggler" if straggler else "")
+                cases.append(SleepCase(name=name, job=job, real_ranks=layout.real_ranks))
+    return cases
+
+
+def smoke_case() -> SleepCase:
+    """The CI's case: PP2 x DP2, one real rank, a few short iterations."""
+    job = Job(tp=1, pp=2, dp=2, num_microbatches=4, num_layers=2, fwd_ms=10.0, bwd_ms=20.0)
+    return SleepCase(name="smoke-pp2-dp2", job=job, real_ranks=(2,), iterations=6, warmup=2)

@@ -1,0 +1,170 @@
+"""One sleep-compute case end to end: the real run, the capture, the simulation, the emulation, the numbers.
+
+1. Ground truth: all W ranks real, one forked process each, gloo on loopback.
+2. Capture: each slice rank (one per role) runs alone among virtual peers that arrive at once
+   (instant mode), recording every op; the graph is built from those recordings.
+   The graph is built by the project's own capture (`prism_megatron.graph.capture`).
+3. Simulation of the whole job over the calibrated loopback costs (with the case's straggler as a
+   what-if) gives the replay schedule of each real rank.
+4. Emulation: only the case's real ranks run, the replay engine times their virtual peers.
+
+The error of a real rank is (emulated median - real median) / real median of its iteration time,
+medians over the timed iterations after warm-up. Memory is the rank's peak of live tensor storage
+in both runs.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from typing import Any
+
+from benchmarks.fidelity import workload
+from benchmarks.fidelity.cases import SleepCase
+from benchmarks.fidelity.processes import run_processes
+
+CAPTURE_ITERATIONS = 8
+CAPTURE_WARMUP = 2
+
+
+def iteration_times_ms(result: dict) -> list[float]:
+    return [(end - start) / 1e6 for start, end in zip(result["starts_ns"], result["ends_ns"], strict=True)]
+
+
+def _captures(job: workload.Job, layout) -> list:
+    """Each slice rank alone among instant virtual peers, recording; one `RankCapture` each."""
+    from prism_megatron.graph.capture import CapturedIteration, RankCapture
+
+    requests = [
+        workload.Request(
+            job=job, mode="capture", iterations=CAPTURE_ITERATIONS, real_ranks=(rank,), memory_iterations=0
+        )
+        for rank in layout.default_slice()
+    ]
+    captures = []
+    for recorded in run_processes(workload.run, requests, connected=False):
+        iterations = tuple(
+            CapturedIteration(
+                start_ns=start,
+                end_ns=end,
+                events=tuple(e for e in recorded["events"] if start <= e.issue_ns < end),
+                p2p_calls=tuple(c for c in recorded["exchanges_ns"] if start <= c[0] < end),
+            )
+            for start, end in zip(recorded["starts_ns"], recorded["ends_ns"], strict=True)
+        )
+        rank = recorded["virtual_rank"]
+        captures.append(
+            RankCapture(
+                virtual_rank=rank,
+                role=layout.role_of(rank).name,
+                iterations=iterations,
+                num_warmup=CAPTURE_WARMUP,
+            )
+        )
+    return captures
+
+
+def _simulate(case: SleepCase, captures: list, cost_fn):
+    from prism_megatron.graph import LayoutWorld
+    from prism_megatron.graph.capture import build_graph
+    from prism_megatron.sim import WhatIf, replay_schedules, simulate
+    from prism_megatron.topology import Layout
+
+    world = LayoutWorld(Layout(**case.job.layout_kwargs()))
+    graph = build_graph(captures, world, case.job.layout_kwargs(), extra={"model": "sleep"})
+    what_if = WhatIf(stragglers=dict(case.job.stragglers)) if case.job.stragglers else None
+    result = simulate(graph, world, cost_fn, what_if)
+    return result, replay_schedules(result, case.real_ranks)
+
+
+def _rank_record(case: SleepCase, real: dict, emulated: dict, simulated_ns: int) -> dict[str, Any]:
+    real_ms = iteration_times_ms(real)[case.warmup :]
+    emulated_ms = iteration_times_ms(emulated)[case.warmup :]
+    real_median, emulated_median = statistics.median(real_ms), statistics.median(emulated_ms)
+    real_peak, emulated_peak = real["memory"]["peak_bytes"], emulated["memory"]["peak_bytes"]
+    return {
+        "virtual_rank": real["virtual_rank"],
+        "real_median_ms": real_median,
+        "emulated_median_ms": emulated_median,
+        "simulated_ms": simulated_ns / 1e6,
+        "error_pct": 100.0 * (emulated_median - real_median) / real_median,
+        "real_iterations_ms": real_ms,
+        "emulated_iterations_ms": emulated_ms,
+        "real_peak_bytes": real_peak,
+        "emulated_peak_bytes": emulated_peak,
+        "memory_diff_bytes": emulated_peak - real_peak,
+    }
+
+
+def group_sizes(job: workload.Job) -> list[int]:
+    """Sizes of the groups the case communicates in: p2p pairs, TP, DP, model-parallel (TP x PP)."""
+    return sorted({2, job.tp, job.dp, job.tp * job.pp} - {1})
+
+
+def run_case(case: SleepCase, cost_fn=None) -> dict[str, Any]:
+    """Run the case's passes and compare (see the module docstring).
+
+    Args:
+        cost_fn: the simulator's communication costs; None calibrates gloo on loopback right before
+            the case, for the group sizes it uses (so the costs are those of the machine as loaded
+            at the time of the case).
+    """
+    from benchmarks.fidelity.calibrate import calibrate
+    from prism_megatron.topology import Layout
+
+    job = case.job
+    wall = {}
+    begin = time.monotonic()
+    if cost_fn is None:
+        cost_fn = calibrate(group_sizes(job))
+    wall["calibrate_s"] = time.monotonic() - begin
+    load_before = os.getloadavg()[0]
+    begin = time.monotonic()
+    real = run_processes(
+        workload.run, [workload.Request(job=job, mode="real", iterations=case.iterations)] * job.world_size
+    )
+    wall["real_s"] = time.monotonic() - begin
+    begin = time.monotonic()
+    captures = _captures(job, Layout(**job.layout_kwargs()))
+    result, schedules = _simulate(case, captures, cost_fn)
+    wall["capture_and_simulate_s"] = time.monotonic() - begin
+    begin = time.monotonic()
+    emulated = run_processes(
+        workload.run,
+        [
+            workload.Request(
+                job=job,
+                mode="emulate",
+                iterations=case.iterations,
+                real_ranks=case.real_ranks,
+                schedule=schedules[r],
+            )
+            for r in case.real_ranks
+        ],
+    )
+    wall["emulate_s"] = time.monotonic() - begin
+    ranks = [
+        _rank_record(case, real[r], e, result.finish_ns(r))
+        for r, e in zip(case.real_ranks, emulated, strict=True)
+    ]
+    return {
+        "case": case.name,
+        "kind": "sleep-compute",
+        "layout": job.layout_kwargs() | {"dp": job.dp},
+        "num_microbatches": job.num_microbatches,
+        "num_layers": job.num_layers,
+        "fwd_ms_per_layer": job.fwd_ms,
+        "bwd_ms_per_layer": job.bwd_ms,
+        "overlap_grad_reduce": job.overlap_grad_reduce,
+        "stragglers": [list(s) for s in job.stragglers],
+        "real_ranks": list(case.real_ranks),
+        "num_real_processes_ground_truth": job.world_size,
+        "simulated_iteration_ms": result.iteration_time_ns / 1e6,
+        "ranks": ranks,
+        "error_pct": statistics.fmean(r["error_pct"] for r in ranks),
+        "memory_diff_bytes": max((r["memory_diff_bytes"] for r in ranks), key=abs),
+        "wall": wall,
+        "load_average_1min": {"before": load_before, "after": os.getloadavg()[0]},
+        "calibration_us": cost_fn.as_dict() if hasattr(cost_fn, "as_dict") else None,
+    }
