@@ -82,7 +82,8 @@ def _summary(report: RunReport) -> list[str]:
     versus = "n/a"
     if measured is not None and simulated:
         versus = f"{(measured - simulated) / simulated * 100:+.2f} %"
-    tflops = "n/a" if report.tflops_per_gpu is None else f"{report.tflops_per_gpu:.1f}"
+    # Three significant figures: CPU demo models run at milli-TFLOP/s, production ones at hundreds.
+    tflops = "n/a" if report.tflops_per_gpu is None else f"{report.tflops_per_gpu:.3g}"
     rows = [
         ["iteration time (median after warm-up)", _seconds(measured)],
         ["simulated iteration time", _seconds(simulated)],
