@@ -10,6 +10,13 @@ every other role's virtual ranks react to that through the simulated dependencie
 
 A rank folds its own role only: it measures nothing of the other real ranks' roles, which keep
 their captured durations in its simulation (they talk to it for real anyway).
+
+One span cannot be measured in replay mode: the compute before waiting on an async op (a TP
+all-reduce overlapped with the weight-gradient GEMM) when the op completed at its scheduled time.
+The backend completes it when the program waits on it or when the replay schedule says, whichever
+is later, so such a completion hides when the program began to wait. Folding it would count the
+wait as compute, the next schedule would make the peers later still, and spans would only ever
+grow; `blocked_waits` finds these and the loop keeps their previous value.
 """
 
 from __future__ import annotations
@@ -18,13 +25,20 @@ import collections
 import dataclasses
 import os
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 from prism_megatron.emulation import files
 from prism_megatron.emulation.schedule_index import ScheduleIndex
-from prism_megatron.graph import ExecutionGraph, LayoutWorld, Op, load_graph
-from prism_megatron.graph.capture import RankCapture, build_graph, compute_durations, first_difference
+from prism_megatron.graph import COMPUTE_STREAM, Dep, ExecutionGraph, LayoutWorld, NodeType, Op, load_graph
+from prism_megatron.graph.capture import (
+    CapturedIteration,
+    RankCapture,
+    build_graph,
+    compute_durations,
+    first_difference,
+)
 from prism_megatron.graph.io import GRAPH_FILE
+from prism_megatron.replay.events import OpEvent
 from prism_megatron.replay.schedule import ReplaySchedule
 from prism_megatron.sim import NetworkCost, WhatIf
 from prism_megatron.sim.engine import SimResult, run_problem
@@ -32,6 +46,9 @@ from prism_megatron.sim.problem import build_problem
 from prism_megatron.topology import Layout
 
 DEFAULT_WINDOW = 3
+WAIT_TOLERANCE_NS = 200_000
+"""A completion this close to the scheduled one counts as the program having waited for it (the
+backend's local work and the wake-up after a timed wait take tens of microseconds)."""
 
 
 def layout_kwargs(layout: Layout) -> dict[str, object]:
@@ -85,6 +102,8 @@ class ClosedLoop:
     graph_streams: Mapping[str, Sequence[Op]]
     measured: collections.deque
     index: ScheduleIndex
+    current: list[int]
+    """The role's compute durations the current simulation uses."""
     num_folded: int = 0
 
     @classmethod
@@ -111,6 +130,7 @@ class ClosedLoop:
             graph_streams=graph.roles[role].streams,
             measured=collections.deque(maxlen=window),
             index=ScheduleIndex(result, virtual_rank, tuple(real_ranks)),
+            current=compute_durations(graph.roles[role].streams),
         )
 
     def schedule(self) -> ReplaySchedule:
@@ -120,17 +140,58 @@ class ClosedLoop:
     def iteration_time_ns(self) -> int:
         return self.result.iteration_time_ns
 
-    def fold(self, streams: Mapping[str, Sequence[Op]]) -> str | None:
+    def fold(self, streams: Mapping[str, Sequence[Op]], keep: Collection[int] = ()) -> str | None:
         """Fold one measured iteration (`graph.capture.iteration_streams`) and re-simulate.
+
+        Args:
+            keep: positions (among the compute ops) whose measurement cannot be trusted; they keep
+                the value the current simulation uses.
 
         Returns None when folded, else why not (the iteration issued other ops than the graph).
         """
         difference = first_difference(self.graph_streams, streams)
         if difference is not None:
             return f"the iteration's ops differ from the graph's at {difference}"
-        self.measured.append(compute_durations(streams))
-        durations = [round(statistics.median(values)) for values in zip(*self.measured, strict=True)]
-        problem = self.base.with_compute_durations({self.role: durations})
-        self.result = run_problem(problem)
+        measured = compute_durations(streams)
+        for position in keep:
+            measured[position] = self.current[position]
+        self.measured.append(measured)
+        self.current = [round(statistics.median(values)) for values in zip(*self.measured, strict=True)]
+        self.result = run_problem(self.base.with_compute_durations({self.role: self.current}))
         self.num_folded += 1
         return None
+
+
+def blocked_waits(
+    iteration: CapturedIteration,
+    streams: Mapping[str, Sequence[Op]],
+    posted: Mapping[OpEvent, Dep],
+    schedule: ReplaySchedule,
+) -> set[int]:
+    """Positions (among the compute ops) of the spans that end where the program waited on an async
+    op that then completed at its scheduled time (see the module docstring).
+
+    Args:
+        posted: the async ops' events and their side-stream ops (`iteration_streams(..., posted=)`).
+        schedule: the replay schedule the iteration ran with (the engine counts a group's ops in
+            issue order, so the n-th op issued on a group is the schedule's n-th for it).
+    """
+    slot_index: collections.Counter[tuple[int, ...]] = collections.Counter()
+    blocked: set[Dep] = set()
+    collectives = sorted((e for e in iteration.events if e.peer < 0), key=lambda e: e.issue_ns)
+    for event in collectives:
+        index = slot_index[event.group]
+        slot_index[event.group] += 1
+        if event not in posted or not event.has_virtual:
+            continue
+        ops = schedule.collectives.get(event.group, ())
+        cost_ns = max(ops[index].cost_ns, 0) if index < len(ops) else 0
+        if event.complete_ns <= event.start_ns + cost_ns + WAIT_TOLERANCE_NS:
+            blocked.add(posted[event])
+    positions, compute_position = set(), -1
+    for op in streams[COMPUTE_STREAM]:
+        if op.type == NodeType.COMPUTE:
+            compute_position += 1
+        elif op.type == NodeType.WAIT and blocked.intersection(op.deps):
+            positions.add(compute_position)
+    return positions

@@ -28,7 +28,7 @@ from typing import Any
 import prism_megatron.replay as replay
 from prism_megatron.config import PrismConfig
 from prism_megatron.emulation import files
-from prism_megatron.emulation.closed_loop import ClosedLoop, load_or_build_graph, network_cost
+from prism_megatron.emulation.closed_loop import ClosedLoop, blocked_waits, load_or_build_graph, network_cost
 from prism_megatron.graph import LayoutWorld
 from prism_megatron.graph.capture import (
     CapturedIteration,
@@ -163,8 +163,11 @@ class EmulatePhase(_RecordingPhase):
         )
         self.simulated_ns: list[int] = []
         self.not_folded: dict[int, str] = {}
+        self.num_kept = 0
+        """Spans that ended in a wait the schedule decided, kept at their previous value."""
         replay.set_mode("replay")
-        replay.load_schedule(self.loop.schedule())
+        self.loaded = self.loop.schedule()
+        replay.load_schedule(self.loaded)
 
     def iteration_begins(self) -> None:
         self.simulated_ns.append(self.loop.iteration_time_ns)
@@ -174,10 +177,14 @@ class EmulatePhase(_RecordingPhase):
         number = len(self.iterations) - 1
         if number < NUM_WARMUP:
             return
-        streams = iteration_streams(iteration, self.names)
-        reason = self.loop.fold(streams)
+        posted: dict = {}
+        streams = iteration_streams(iteration, self.names, posted=posted)
+        keep = blocked_waits(iteration, streams, posted, self.loaded)
+        self.num_kept += len(keep)
+        reason = self.loop.fold(streams, keep)
         if reason is None:
-            replay.load_schedule(self.loop.schedule())
+            self.loaded = self.loop.schedule()
+            replay.load_schedule(self.loaded)
         else:
             self.not_folded[number] = reason
 
@@ -187,6 +194,7 @@ class EmulatePhase(_RecordingPhase):
             "simulated_iteration_times_s": [t / 1e9 for t in self.simulated_ns],
             "closed_loop_final_s": self.loop.iteration_time_ns / 1e9,
             "num_folded": self.loop.num_folded,
+            "num_spans_kept": self.num_kept,
             "not_folded": {str(k): v for k, v in self.not_folded.items()},
         }
 

@@ -247,8 +247,13 @@ class _StreamBuilder:
         self.streams[COMPUTE_STREAM].append(Op(type=NodeType.WAIT, deps=(self.posted[event],)))
 
 
-def iteration_streams(iteration: CapturedIteration, names: GroupNames) -> dict[str, tuple[Op, ...]]:
+def iteration_streams(
+    iteration: CapturedIteration, names: GroupNames, *, posted: dict[OpEvent, Dep] | None = None
+) -> dict[str, tuple[Op, ...]]:
     """One recorded iteration as streams of ops (see the module docstring); compute stream first.
+
+    Args:
+        posted: filled with each async op's event and where its op went (side stream, index).
 
     Raises:
         ValueError: an op's group is none of the rank's group kinds.
@@ -266,6 +271,8 @@ def iteration_streams(iteration: CapturedIteration, names: GroupNames) -> dict[s
             builder.blocking(point.events)
         cursor_ns = max(at_ns, point.end_ns)
     builder.compute(max(iteration.end_ns - cursor_ns, 0))
+    if posted is not None:
+        posted.update(builder.posted)
     return {name: tuple(ops) for name, ops in builder.streams.items()}
 
 

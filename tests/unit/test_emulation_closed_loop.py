@@ -101,3 +101,38 @@ def test_a_graph_of_another_job_is_refused(tmp_path):
     with pytest.raises(ValueError, match="describes the job"):
         load_or_build_graph(str(tmp_path), other)
     assert layout_kwargs(LAYOUT)["tp"] == 8
+
+
+def _async_iteration(complete_after_start_us: float):
+    """One async TP all-reduce issued at 100 us whose peers arrive at 300 us (the schedule's)."""
+    from prism_megatron.graph.capture import CapturedIteration
+    from prism_megatron.replay import OpEvent, OpKind
+
+    start_ns = 10**9
+    event = OpEvent(OpKind.ALL_REDUCE, (0, 1), -1, 0, 1024, "Float", start_ns + 100_000, start_ns + 300_000,
+                    start_ns + 300_000 + round(complete_after_start_us * 1000), True, True)  # fmt: skip
+    return CapturedIteration(start_ns, start_ns + 5_000_000, (event,), ())
+
+
+def test_a_wait_that_ended_at_the_scheduled_completion_is_not_measured_as_compute():
+    from prism_megatron.emulation.closed_loop import blocked_waits
+    from prism_megatron.graph.capture import GroupNames, iteration_streams
+    from prism_megatron.replay import OpKind, ReplaySchedule, ScheduledOp
+
+    world = LayoutWorld(Layout(world_size=8, tp=2, pp=2))
+    schedule = ReplaySchedule(0, {(0, 1): (ScheduledOp(OpKind.ALL_REDUCE, 1024, 200_000, 10_000),)}, {})
+    for after_us, blocked in ((10 + 30, True), (2_000, False)):
+        iteration = _async_iteration(after_us)
+        posted: dict = {}
+        streams = iteration_streams(iteration, GroupNames(world, 0), posted=posted)
+        # compute ops: [0] before the post, [1] from the post to the wait, [2] after the wait
+        assert blocked_waits(iteration, streams, posted, schedule) == ({1} if blocked else set())
+
+
+def test_kept_spans_stay_at_the_value_the_simulation_used():
+    loop = ClosedLoop.start(GRAPH, WORLD, COST, virtual_rank=0, real_ranks=REAL)
+    streams = GRAPH.roles["pp0-tp0src"].streams
+    before = list(loop.current)
+    loop.fold(slowed(streams, 3.0), keep={0, 1})
+    assert loop.current[:2] == before[:2]
+    assert loop.current[2] == 3 * before[2]
