@@ -1,8 +1,11 @@
-"""Show what prism-megatron does, on a production-size GPT job (interim: the topology view).
+"""Emulate a GPT job on 8192 GPUs (TP8 PP8 DP128) with two real ranks on this machine's CPU.
 
-Until the emulation pipeline is complete, the demo shows its first step on the default demo job:
-an 8192-rank GPT run with TP 8 and PP 8 (DP 128), its roles, and the slice of real ranks that
-stands for all 8192.
+The demo runs what `prism-megatron emulate` runs, on a job small enough per rank for a CPU: the
+topology and slice of the 8192-rank job first, then the capture of its ten roles in passes of two
+processes, the simulation of the whole job, and the emulation of virtual ranks 0 and 1024 (the first
+two pipeline stages, so real pipeline traffic flows between them) while the replay engine plays
+the other 8190. It ends with the summary: emulated against simulated iteration time, the per-role
+breakdown, peak memory per real rank and where the outputs are.
 """
 
 from __future__ import annotations
@@ -13,31 +16,68 @@ from prism_megatron.commands.topology import render
 from prism_megatron.topology import Layout
 
 NAME = "demo"
-HELP = "show the topology and slice of an 8192-rank GPT job (TP8 PP8 DP128)"
+HELP = "emulate an 8192-GPU GPT job (TP8 PP8 DP128) with two real ranks on this CPU"
 
 DEMO_JOB = dict(world_size=8192, tp=8, pp=8)
-"""The default demo job: a GPT run on 8192 GPUs, tensor-parallel 8, pipeline-parallel 8."""
+"""The demo job: a GPT run on 8192 GPUs, tensor-parallel 8, pipeline-parallel 8."""
+REAL_RANKS = "pp=0,1;tp=0;dp=0"
+"""Virtual ranks 0 and 1024: TP rank 0 of DP replica 0 on the first two pipeline stages."""
+
+MODEL_FLAGS = (
+    "--num-layers", "8", "--hidden-size", "64", "--num-attention-heads", "8", "--seq-length", "64",
+    "--vocab-size", "1000", "--micro-batch-size", "1", "--global-batch-size", "512",
+    "--tensor-model-parallel-size", "8", "--pipeline-model-parallel-size", "8",
+    "--hidden-dropout", "0", "--attention-dropout", "0", "--log-interval", "1000",
+)  # fmt: skip
+"""A GPT small enough per rank for a CPU (hidden 64, one layer per stage); 4 micro-batches per
+data-parallel replica (global batch 512 = 1 x 128 x 4)."""
 
 INTRO = """\
 prism-megatron emulates a production-scale Megatron-LM job on a few devices. The ranks you care
 about run the real training program; a replay engine speaks for every other rank of the job.
 
 Target job: GPT on 8192 ranks, TP 8 x PP 8 (DP 128). Ranks that behave alike share a role; the
-slice runs one real rank per role and expands what it records into the whole job. Below: the roles,
-the slice, and for each slice rank the members of every group megatron-core would build for it.
+slice runs one real rank per role and expands what it records into the whole job.
 """
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = __doc__.splitlines()[0]
+    parser.add_argument("--out", default=None, help="run folder (default: a new prism-out/<YYYYmmdd-HHMMSS>)")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing run folder")
+    parser.add_argument("--train-iters", type=int, default=6, help="emulated iterations (default: 6)")
+    parser.add_argument("--capture-iters", type=int, default=3, help="capture iterations (default: 3)")
+
+
+def demo_flags(args: argparse.Namespace) -> list[str]:
+    """The Megatron and --prism-* flags of the demo run."""
+    flags = [
+        *MODEL_FLAGS,
+        "--train-iters", str(args.train_iters),
+        "--prism-emulate", "--prism-world-size", str(DEMO_JOB["world_size"]), "--prism-device", "cpu",
+        "--prism-ranks", REAL_RANKS, "--prism-capture-iters", str(args.capture_iters),
+    ]  # fmt: skip
+    if args.out is not None:
+        flags += ["--prism-out", args.out]
+    if args.overwrite:
+        flags.append("--prism-overwrite")
+    return flags
 
 
 def run(args: argparse.Namespace) -> int:
+    from prism_megatron.emulation import Progress, format_summary, plan_run, run_plan
+
     layout = Layout(**DEMO_JOB)
+    plan = plan_run(demo_flags(args))  # checks the flags and the run folder first
     print(INTRO)
-    print(render(layout, layout.default_slice()))
+    print(render(layout, []))
     print(
-        f"\n{len(layout.default_slice())} real ranks of {layout.world_size} "
-        f"({len(layout.default_slice()) / layout.world_size:.2%}) cover every role of this job."
+        f"real ranks: {', '.join(map(str, plan.real_ranks))} of {layout.world_size} "
+        f"({len(plan.real_ranks) / layout.world_size:.3%}); the other {layout.world_size - len(plan.real_ranks)} "
+        "are virtual\n",
+        flush=True,
     )
-    return 0
+    outcome = run_plan(plan, Progress())
+    print()
+    print(format_summary(outcome))
+    return 0 if outcome.ok else 1
