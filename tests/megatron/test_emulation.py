@@ -155,3 +155,37 @@ def test_a_killed_rank_fails_the_run_naming_it_and_the_others_stop(run_dir, tmp_
     assert "virtual rank 8" in report["failure"]["message"] and "SIGKILL" in report["failure"]["message"]
     assert "virtual rank 8" in stdout
     assert os.path.isfile(tmp_path / "graph" / "graph.json"), "what was made before the failure is kept"
+
+
+MEGATRON_LM_DIR = os.environ.get("MEGATRON_LM_DIR")
+MEGATRON_LM_FLAGS = (
+    "--max-position-embeddings", "32", "--lr", "1e-4", "--mock-data", "--tokenizer-type", "NullTokenizer",
+    "--transformer-impl", "local", "--no-gradient-accumulation-fusion", "--no-masked-softmax-fusion",
+    "--no-bias-gelu-fusion", "--no-bias-dropout-fusion", "--no-persist-layer-norm", "--eval-iters", "0",
+    "--eval-interval", "1000", "--log-interval", "1",
+)  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.megatron_lm
+@pytest.mark.skipif(
+    not (MEGATRON_LM_DIR and os.path.isfile(os.path.join(MEGATRON_LM_DIR, "pretrain_gpt.py"))),
+    reason="needs a Megatron-LM checkout (tag core_v0.16.1) in MEGATRON_LM_DIR",
+)
+def test_megatron_lms_pretrain_gpt_runs_both_passes_and_writes_every_output(tmp_path):
+    for module in ("six", "regex", "triton", "pydantic"):
+        pytest.importorskip(module, reason="Megatron-LM's training code imports it")
+    script = os.path.join(MEGATRON_LM_DIR, "pretrain_gpt.py")
+    done = subprocess.run(
+        [sys.executable, "-m", "prism_megatron.cli", "emulate", "--script", script, "--", *JOB, *MEGATRON_LM_FLAGS,
+         "--train-iters", "3", "--prism-out", str(tmp_path)],
+        env=quiet_env(), capture_output=True, text=True, timeout=400,
+    )  # fmt: skip
+    assert done.returncode == 0, f"{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
+    report = read_json(tmp_path / "report.json")
+    schema.validate(report)
+    assert report["status"] == "ok" and report["real_ranks"] == REAL_RANKS
+    for name in ("report.md", "timeline.json", "graph/graph.json", "ops/rank-00008.json"):
+        assert os.path.isfile(tmp_path / name), name
+    phase = read_json(tmp_path / "rank-00008.json")["prism_phase"]
+    assert phase["name"] == "emulate" and phase["num_folded"] == 2 and phase["not_folded"] == {}
