@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import warnings
 from pathlib import Path
 
 NAME = "plan"
@@ -83,6 +84,9 @@ def run(args: argparse.Namespace) -> int:
     if not argv:
         raise CommandLineError(f"plan: give a configuration file or Megatron-LM flags, e.g. {_USAGE_EXAMPLE}")
 
+    # megatron-core warns at import that Transformer Engine and apex are missing and at config time
+    # about deprecated CUDA-graph scopes; the plan builds on the meta device and needs neither.
+    warnings.filterwarnings("ignore", category=UserWarning, module=r"megatron\.core\..*")
     from prism_megatron.megatron.plan import layout_of, plan_ranks
     from prism_megatron.megatron.plan_args import job_from_flags
     from prism_megatron.megatron.plan_report import format_text, job_summary, rank_dict
