@@ -83,6 +83,10 @@ def run_both_passes(megatron_args: list[str], *, script: str, nproc: int | None)
     from prism_megatron.emulation import Progress, format_summary, plan_run, run_plan
 
     plan = plan_run(megatron_args, script=script, nproc=nproc)
-    outcome = run_plan(plan, Progress())
+    try:
+        outcome = run_plan(plan, Progress())
+    except KeyboardInterrupt:
+        print(f"prism-megatron emulate: interrupted; {plan.out_dir}/report.json says so", file=sys.stderr)
+        return 130
     print(format_summary(outcome))
     return 0 if outcome.ok else 1

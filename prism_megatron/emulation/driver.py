@@ -59,6 +59,13 @@ def run(plan: RunPlan, progress: Progress | None = None) -> RunOutcome:
     except RunFailed as exc:
         progress.end("failed")
         failure = Failure(message=str(exc), dead_rank=exc.dead_rank, last_op=exc.last_op)
+    except KeyboardInterrupt:  # the launch stopped its processes; the run folder says so
+        progress.end("interrupted")
+        stopped = Failure(message="interrupted: the real processes were stopped")
+        outputs.write_final(plan, outputs.build_report(plan, status="failed", sim_result=sim_result,
+                                                       results=outputs.rank_results(plan.out_dir),
+                                                       failure=stopped), sim_result)  # fmt: skip
+        raise
     results = outputs.rank_results(plan.out_dir)
     report = outputs.build_report(
         plan, status="failed" if failure else "ok", sim_result=sim_result, results=results, failure=failure
