@@ -207,7 +207,9 @@ def test_recording_exports_every_op_and_the_interceptors_p2p_events(activate):
     group = dist.new_group(list(TP))
     replay.start_recording()
     dist.all_reduce(torch.ones(4, dtype=torch.bfloat16), group=group)
-    pending = dist.all_gather_single(torch.empty(16), torch.ones(2), group=group, async_op=True)
+    # torch 2.11 (the GPU machine's) predates the all_gather_single name; both issue one all-gather.
+    all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    pending = all_gather_single(torch.empty(16), torch.ones(2), group=group, async_op=True)
     now = time.monotonic_ns()
     replay.record_p2p(
         kind=OpKind.SEND,
