@@ -46,8 +46,9 @@ format: $(STAMP)
 bench: build
 	$(PY) -m benchmarks.run
 
-# Compile (not run) the CUDA build with a CUDA torch in a separate venv: the check that the GPU
-# code paths still build on a machine without a GPU.
+# The CUDA build with a CUDA torch in a separate venv, on a machine without a GPU: it must compile,
+# import, and run the prism backend (activation and collectives on CPU tensors, one and two
+# processes), since a build that imports can still crash when torch first constructs a backend.
 cuda-check:
 	test -x .venv-cuda/bin/python || $(PYTHON) -m venv .venv-cuda
 	.venv-cuda/bin/python -m pip install -q torch==2.14.1 ninja numpy setuptools wheel
@@ -55,6 +56,7 @@ cuda-check:
 	CUDA_HOME=/usr/local/cuda .venv-cuda/bin/python setup.py -q build_ext --build-lib build/cuda-check --build-temp build/cuda-check/tmp
 	# torch first: the extension links libc10, which importing torch loads. No kernel is launched.
 	cd build/cuda-check && ../../.venv-cuda/bin/python -c "import torch, prism_megatron._C as C; assert C.with_cuda; assert hasattr(C.clock, 'cuda_wait_until'); print('CUDA build imports:', sorted(n for n in dir(C) if not n.startswith('_')))"
+	PYTHONPATH=$(CURDIR) .venv-cuda/bin/python -X faulthandler benchmarks/backend/build_smoke.py --native-dir build/cuda-check/prism_megatron
 
 clean:
 	rm -rf build $(SO_STAMP) prism_megatron/_C*.so
