@@ -104,6 +104,18 @@ def test_rerunning_with_the_graph_skips_capture_and_gives_the_same_simulated_tim
     assert load_graph(str(tmp_path / "graph")) == load_graph(str(run_dir / "graph"))
 
 
+@pytest.mark.slow
+def test_a_virtual_straggler_slows_the_real_ranks_as_the_simulation_says(run_dir, tmp_path):
+    # Virtual rank 9 is real rank 8's TP peer; three times slower, it holds every TP all-reduce.
+    done = emulate("--train-iters", "3", "--prism-graph", str(run_dir / "graph"), "--prism-straggler", "9:3",
+                   "--prism-out", str(tmp_path))  # fmt: skip
+    assert done.returncode == 0, done.stderr[-4000:]
+    base, slowed = read_json(run_dir / "report.json"), read_json(tmp_path / "report.json")
+    assert slowed["simulated_iteration_time_s"] > 1.5 * base["simulated_iteration_time_s"]
+    assert slowed["iteration_time_s"] > 1.5 * base["iteration_time_s"]
+    assert slowed["iteration_time_s"] == pytest.approx(slowed["simulated_iteration_time_s"], rel=0.25)
+
+
 def test_an_existing_run_folder_is_refused_before_any_process_starts(tmp_path):
     (tmp_path / "report.json").write_text("{}")
     done = emulate("--train-iters", "2", "--prism-out", str(tmp_path), timeout_s=60)
