@@ -173,6 +173,12 @@ class PrismConfig:
     output: OutputConfig = dataclasses.field(default_factory=OutputConfig)
     patches: PatchConfig = dataclasses.field(default_factory=PatchConfig)
 
+    def __post_init__(self) -> None:
+        if self.emulation.phase == "emulate" and self.capture.graph is None:
+            raise ValueError(
+                "--prism-phase emulate needs --prism-graph (a graph folder, or a folder of capture files)"
+            )
+
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> PrismConfig:
         """Build from a namespace parsed by a parser that `add_prism_arguments` extended."""

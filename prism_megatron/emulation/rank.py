@@ -38,6 +38,7 @@ from prism_megatron.graph.capture import (
     iteration_streams,
 )
 from prism_megatron.graph.io import write_json_atomically
+from prism_megatron.sim import WhatIf
 from prism_megatron.topology import Layout
 
 NUM_WARMUP = 1
@@ -151,8 +152,6 @@ class EmulatePhase(_RecordingPhase):
         self.world = LayoutWorld(layout)
         self.names = GroupNames(self.world, self.virtual_rank)
         graph = load_or_build_graph(config.capture.graph, layout)
-        from prism_megatron.sim import WhatIf
-
         self.loop = ClosedLoop.start(
             graph,
             self.world,
@@ -227,8 +226,6 @@ def make_phase(
     if phase == "capture":
         return CapturePhase(role=layout.role_of(virtual_rank).name, **common)
     if phase == "emulate":
-        if config.capture.graph is None:
-            raise ValueError("--prism-phase emulate needs --prism-graph (a graph or capture folder)")
         return EmulatePhase(layout=layout, real_ranks=real_ranks, **common)
     return InstantPhase(**common)
 

@@ -78,6 +78,8 @@ def test_flags_land_in_their_sections_with_units_in_field_names():
         (("--prism-capture-iters", "0"), "--prism-capture-iters must be >= 1"),
         (("--prism-ranks", " "), "--prism-ranks must not be empty"),
         (("--prism-out", ""), "--prism-out must name a directory"),
+        (("--prism-phase", "capture"), "--prism-phase capture needs --prism-emulate"),
+        (("--prism-emulate", "--prism-world-size", "8", "--prism-phase", "emulate"), "needs --prism-graph"),
     ],
 )
 def test_invalid_values_name_the_flag(argv, message):
