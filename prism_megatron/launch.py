@@ -7,6 +7,13 @@ which then runs unmodified. ARGS are the script's Megatron flags plus `--prism-*
 
 Under srun without torchrun, the SLURM task variables stand in for torchrun's (RANK, WORLD_SIZE,
 LOCAL_RANK); MASTER_ADDR and MASTER_PORT must be set by the job script.
+
+Which pass the processes run is `--prism-phase` (see `prism_megatron.emulation.rank`): `capture`
+records the ops of the ranks `--prism-ranks` selects into `--prism-out`; `emulate` replays every
+virtual peer from `--prism-graph` (a graph folder, or a folder of capture files that each process
+builds into the same graph) with the closed loop; without either, virtual peers answer at once.
+`prism-megatron emulate` runs them in order on one machine; across machines, launch each pass
+yourself with a run folder every node sees (`prism_megatron.emulation` says how).
 """
 
 from __future__ import annotations
