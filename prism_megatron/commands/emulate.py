@@ -42,6 +42,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(default: the built-in megatron-core GPT entry)",
     )
     parser.add_argument(
+        "--report-only",
+        action="store_true",
+        help="only write the report of the run folder (--prism-out) whose passes you launched yourself "
+        "(several machines: see prism_megatron.emulation)",
+    )
+    parser.add_argument(
         "megatron_args", nargs=argparse.REMAINDER, help="-- then Megatron and --prism-* flags"
     )
 
@@ -75,7 +81,21 @@ def run(args: argparse.Namespace) -> int:
     if not config.emulation.emulate or config.emulation.phase != "auto":
         nproc = args.nproc_per_node if args.nproc_per_node is not None else default_nproc(megatron_args)
         return subprocess.call(launcher_command(nproc, args.script, megatron_args))
+    if args.report_only:
+        return report_only(megatron_args, script=args.script)
     return run_both_passes(megatron_args, script=args.script, nproc=args.nproc_per_node)
+
+
+def report_only(megatron_args: list[str], *, script: str) -> int:
+    from prism_megatron.emulation import Progress, format_summary, plan_run
+    from prism_megatron.emulation.driver import report_existing
+
+    if "--prism-out" not in megatron_args:
+        raise CommandLineError("--report-only needs --prism-out: the run folder the passes wrote to")
+    plan = plan_run(megatron_args, script=script, existing_run=True)
+    outcome = report_existing(plan, Progress())
+    print(format_summary(outcome))
+    return 0 if outcome.ok else 1
 
 
 def run_both_passes(megatron_args: list[str], *, script: str, nproc: int | None) -> int:

@@ -76,6 +76,29 @@ def run(plan: RunPlan, progress: Progress | None = None) -> RunOutcome:
     return RunOutcome(plan, report, sim_result, results, walls, dict(written.paths))
 
 
+def report_existing(plan: RunPlan, progress: Progress | None = None) -> RunOutcome:
+    """The report of a run whose passes were launched by hand (several machines): the graph from
+    --prism-graph (or the folder's graph/), simulated here; the real ranks' results and op logs
+    from the run folder. Status "ok" when every real rank left its results, else "failed"."""
+    progress = progress or Progress()
+    source = plan.config.capture.graph or plan.path(files.GRAPH_DIR)
+    graph = _load(source, plan)
+    if not os.path.isfile(os.path.join(plan.path(files.GRAPH_DIR), "graph.json")):
+        save_graph(graph, plan.path(files.GRAPH_DIR))
+    walls: dict[str, float] = {}
+    sim_result = simulate(plan, graph, progress, walls)
+    results = outputs.rank_results(plan.out_dir)
+    missing = [r for r in plan.real_ranks if r not in results]
+    failure = Failure(message=f"real ranks {missing} left no results in {plan.out_dir}") if missing else None
+    report = outputs.build_report(
+        plan, status="failed" if failure else "ok", sim_result=sim_result, results=results, failure=failure
+    )
+    progress.begin("report")
+    written = outputs.write_final(plan, report, sim_result)
+    walls["report"] = progress.end()
+    return RunOutcome(plan, report, sim_result, results, walls, dict(written.paths))
+
+
 def prepare_run_dir(plan: RunPlan) -> None:
     """Create the run folder; under --prism-overwrite, first remove what an earlier run wrote there."""
     if plan.config.output.overwrite and os.path.isdir(plan.out_dir):

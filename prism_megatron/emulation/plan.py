@@ -139,8 +139,11 @@ def plan_run(
     script: str = BUILTIN,
     nproc: int | None = None,
     now_s: float | None = None,
+    existing_run: bool = False,
 ) -> RunPlan:
     """Check the command line and plan the run (no process starts, nothing is written).
+
+    `existing_run`: plan the report of a run folder that already holds the passes' outputs.
 
     Raises:
         ValueError: a flag, value or combination that cannot run; the message names it.
@@ -167,7 +170,10 @@ def plan_run(
             f"({', '.join(map(str, real[:8]))}); the emulation runs one process per real rank"
         )
     out_dir = config.output.resolved_out({}, time.time() if now_s is None else now_s)
-    check_out_dir(out_dir, overwrite=config.output.overwrite)
+    if existing_run and not os.path.isdir(out_dir):
+        raise ValueError(f"--prism-out {out_dir} is not a run folder; give the one the passes wrote to")
+    if not existing_run:
+        check_out_dir(out_dir, overwrite=config.output.overwrite)
     if config.capture.graph is not None and not os.path.exists(config.capture.graph):
         raise ValueError(f"--prism-graph {config.capture.graph}: no such graph directory")
     return RunPlan(

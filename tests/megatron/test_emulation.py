@@ -31,9 +31,11 @@ JOB = (
 REAL_RANKS = [0, 8]
 
 
-def emulate(*flags: str, timeout_s: float = 400) -> subprocess.CompletedProcess:
+def emulate(
+    *flags: str, timeout_s: float = 400, flags_before: tuple[str, ...] = ()
+) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "prism_megatron.cli", "emulate", "--", *JOB, *flags],
+        [sys.executable, "-m", "prism_megatron.cli", "emulate", *flags_before, "--", *JOB, *flags],
         env=quiet_env(), capture_output=True, text=True, timeout=timeout_s,
     )  # fmt: skip
 
@@ -114,6 +116,28 @@ def test_a_virtual_straggler_slows_the_real_ranks_as_the_simulation_says(run_dir
     assert slowed["simulated_iteration_time_s"] > 1.5 * base["simulated_iteration_time_s"]
     assert slowed["iteration_time_s"] > 1.5 * base["iteration_time_s"]
     assert slowed["iteration_time_s"] == pytest.approx(slowed["simulated_iteration_time_s"], rel=0.25)
+
+
+@pytest.mark.slow
+def test_an_emulation_pass_launched_by_hand_builds_the_graph_from_capture_files_and_reports(
+    run_dir, tmp_path
+):
+    """What several machines do: each pass under the user's torchrun, then --report-only."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+               "-m", "prism_megatron.launch", "builtin", *JOB, "--train-iters", "3", "--prism-phase", "emulate",
+               "--prism-graph", str(run_dir / "capture"), "--prism-out", str(tmp_path)]  # fmt: skip
+    done = subprocess.run(command, env=quiet_env(), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert sorted(os.listdir(tmp_path / "ops")) == ["rank-00000.json", "rank-00008.json"]
+    done = emulate("--train-iters", "3", "--prism-graph", str(run_dir / "capture"), "--prism-out", str(tmp_path),
+                   flags_before=("--report-only",))  # fmt: skip
+    assert done.returncode == 0, done.stderr[-4000:]
+    report = read_json(tmp_path / "report.json")
+    assert report["status"] == "ok" and len(report["iterations"]) == 3
+    assert (
+        report["simulated_iteration_time_s"]
+        == read_json(run_dir / "report.json")["simulated_iteration_time_s"]
+    )
 
 
 def test_an_existing_run_folder_is_refused_before_any_process_starts(tmp_path):
