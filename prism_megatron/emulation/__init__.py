@@ -24,8 +24,9 @@ Several machines: run the passes by hand with your own torchrun or srun (`python
 prism_megatron.launch SCRIPT <flags> --prism-emulate ...`): each capture batch with
 `--prism-phase capture --prism-ranks <batch> --prism-out RUN/capture`, then the emulation with
 `--prism-phase emulate --prism-graph RUN/capture` (a folder of capture files is built into the
-graph by every rank alike) or `--prism-graph <a graph folder>`. RUN must be on a filesystem every
-node sees.
+graph by every rank alike) or `--prism-graph <a graph folder>`, `--prism-out RUN`; then
+`prism-megatron emulate --report-only -- <the same flags> --prism-graph ... --prism-out RUN` writes
+the report. RUN must be on a filesystem every node sees.
 
 Knows no Megatron internals: the real processes run `prism_megatron.launch`, and the per-process
 passes (`rank.py`) are called by the training entries through `prism_megatron.megatron.runtime`.
