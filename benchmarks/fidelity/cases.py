@@ -20,12 +20,13 @@ STRAGGLER_FACTOR = 1.5
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class SleepCase:
+class Case:
     """One comparison: a real run of `job` against its emulation with `real_ranks` real."""
 
     name: str
     job: Job
     real_ranks: tuple[int, ...]
+    kind: str = "sleep-compute"
     iterations: int = 10
     """Timed iterations of each run."""
     warmup: int = 3
@@ -59,7 +60,7 @@ tp2-pp4-dp2: real ranks 4 and 5 (the TP pair of stage 1, replica 0: their TP all
 straggler 10 (stage 2, replica 1, TP rank 0)."""
 
 
-def sleep_cases(layouts=LAYOUTS, num_microbatches: int = 8) -> list[SleepCase]:
+def sleep_cases(layouts=LAYOUTS, num_microbatches: int = 8) -> list[Case]:
     """Every layout with and without overlapped grad reduce, with and without a straggler."""
     cases = []
     for layout in layouts:
@@ -78,11 +79,30 @@ def sleep_cases(layouts=LAYOUTS, num_microbatches: int = 8) -> list[SleepCase]:
                     stragglers=((layout.straggler, STRAGGLER_FACTOR),) if straggler else (),
                 )
                 name = layout.name + ("-overlap" if overlap else "") + ("-straggler" if straggler else "")
-                cases.append(SleepCase(name=name, job=job, real_ranks=layout.real_ranks))
+                cases.append(Case(name=name, job=job, real_ranks=layout.real_ranks))
     return cases
 
 
-def smoke_case() -> SleepCase:
+TINY_GPT = (
+    "--num-layers", "4", "--hidden-size", "128", "--num-attention-heads", "4", "--seq-length", "128",
+    "--vocab-size", "1024", "--micro-batch-size", "2", "--hidden-dropout", "0", "--attention-dropout", "0",
+    "--train-iters", "1",
+)  # fmt: skip
+"""The built-in entry's GPT at a size whose step takes a few hundred ms on one core."""
+
+
+def real_compute_cases(num_microbatches: int = 4) -> list[Case]:
+    """Two real processes (PP2, DP2, TP2) against rank 1 real and rank 0 virtual."""
+    cases = []
+    for name, tp, pp, dp in (("real-pp2", 1, 2, 1), ("real-dp2", 1, 1, 2), ("real-tp2", 2, 1, 1)):
+        global_batch = 2 * num_microbatches * dp
+        flags = (*TINY_GPT, "--global-batch-size", str(global_batch))
+        job = Job(tp=tp, pp=pp, dp=dp, gpt_flags=flags)
+        cases.append(Case(name=name, job=job, real_ranks=(1,), kind="real-compute", iterations=12, warmup=3))
+    return cases
+
+
+def smoke_case() -> Case:
     """The CI's case: PP2 x DP2, one real rank, a few short iterations."""
     job = Job(tp=1, pp=2, dp=2, num_microbatches=4, num_layers=2, fwd_ms=10.0, bwd_ms=20.0)
-    return SleepCase(name="smoke-pp2-dp2", job=job, real_ranks=(2,), iterations=6, warmup=2)
+    return Case(name="smoke-pp2-dp2", job=job, real_ranks=(2,), iterations=6, warmup=2)

@@ -2,7 +2,9 @@
 
 1. Ground truth: all W ranks real, one forked process each, gloo on loopback.
 2. Capture: each slice rank (one per role) runs alone among virtual peers that arrive at once
-   (instant mode), recording every op; the graph is built from those recordings.
+   (instant mode), recording every op; the graph is built from those recordings. Sleep-compute
+   slice ranks run at the same time (each in its own virtual world); real-compute ones one after
+   the other, as their compute needs a core each.
    The graph is built by the project's own capture (`prism_megatron.graph.capture`).
 3. Simulation of the whole job over the calibrated loopback costs (with the case's straggler as a
    what-if) gives the replay schedule of each real rank.
@@ -10,7 +12,8 @@
 
 The error of a real rank is (emulated median - real median) / real median of its iteration time,
 medians over the timed iterations after warm-up. Memory is the rank's peak of live tensor storage
-in both runs.
+in both runs. The rank's compute time (inside megatron-core's forward_step and backward_step) is
+recorded in both runs too, for the overhead suite.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import time
 from typing import Any
 
 from benchmarks.fidelity import workload
-from benchmarks.fidelity.cases import SleepCase
+from benchmarks.fidelity.cases import Case
 from benchmarks.fidelity.processes import run_processes
 
 CAPTURE_ITERATIONS = 8
@@ -42,8 +45,12 @@ def _captures(job: workload.Job, layout) -> list:
         )
         for rank in layout.default_slice()
     ]
+    if job.gpt_flags:  # compute-bound: one at a time, so slice ranks do not share the cores
+        recordings = [run_processes(workload.run, [r], connected=False)[0] for r in requests]
+    else:  # sleeping: together, each alone in its own virtual world
+        recordings = run_processes(workload.run, requests, connected=False)
     captures = []
-    for recorded in run_processes(workload.run, requests, connected=False):
+    for recorded in recordings:
         iterations = tuple(
             CapturedIteration(
                 start_ns=start,
@@ -65,7 +72,7 @@ def _captures(job: workload.Job, layout) -> list:
     return captures
 
 
-def _simulate(case: SleepCase, captures: list, cost_fn):
+def _simulate(case: Case, captures: list, cost_fn):
     from prism_megatron.graph import LayoutWorld
     from prism_megatron.graph.capture import build_graph
     from prism_megatron.sim import WhatIf, replay_schedules, simulate
@@ -78,11 +85,13 @@ def _simulate(case: SleepCase, captures: list, cost_fn):
     return result, replay_schedules(result, case.real_ranks)
 
 
-def _rank_record(case: SleepCase, real: dict, emulated: dict, simulated_ns: int) -> dict[str, Any]:
+def _rank_record(case: Case, real: dict, emulated: dict, simulated_ns: int) -> dict[str, Any]:
     real_ms = iteration_times_ms(real)[case.warmup :]
     emulated_ms = iteration_times_ms(emulated)[case.warmup :]
     real_median, emulated_median = statistics.median(real_ms), statistics.median(emulated_ms)
     real_peak, emulated_peak = real["memory"]["peak_bytes"], emulated["memory"]["peak_bytes"]
+    real_compute = statistics.median(real["compute_ns"][case.warmup :]) / 1e6
+    emulated_compute = statistics.median(emulated["compute_ns"][case.warmup :]) / 1e6
     return {
         "virtual_rank": real["virtual_rank"],
         "real_median_ms": real_median,
@@ -94,6 +103,11 @@ def _rank_record(case: SleepCase, real: dict, emulated: dict, simulated_ns: int)
         "real_peak_bytes": real_peak,
         "emulated_peak_bytes": emulated_peak,
         "memory_diff_bytes": emulated_peak - real_peak,
+        "real_compute_median_ms": real_compute,
+        "emulated_compute_median_ms": emulated_compute,
+        "compute_overhead_pct": 100.0 * (emulated_compute - real_compute) / real_compute
+        if real_compute
+        else None,
     }
 
 
@@ -102,7 +116,7 @@ def group_sizes(job: workload.Job) -> list[int]:
     return sorted({2, job.tp, job.dp, job.tp * job.pp} - {1})
 
 
-def run_case(case: SleepCase, cost_fn=None) -> dict[str, Any]:
+def run_case(case: Case, cost_fn=None) -> dict[str, Any]:
     """Run the case's passes and compare (see the module docstring).
 
     Args:
@@ -150,12 +164,16 @@ def run_case(case: SleepCase, cost_fn=None) -> dict[str, Any]:
     ]
     return {
         "case": case.name,
-        "kind": "sleep-compute",
+        "kind": case.kind,
         "layout": job.layout_kwargs() | {"dp": job.dp},
-        "num_microbatches": job.num_microbatches,
-        "num_layers": job.num_layers,
-        "fwd_ms_per_layer": job.fwd_ms,
-        "bwd_ms_per_layer": job.bwd_ms,
+        "model": {"gpt_flags": list(job.gpt_flags)}
+        if job.gpt_flags
+        else {
+            "num_microbatches": job.num_microbatches,
+            "num_layers": job.num_layers,
+            "fwd_ms_per_layer": job.fwd_ms,
+            "bwd_ms_per_layer": job.bwd_ms,
+        },
         "overlap_grad_reduce": job.overlap_grad_reduce,
         "stragglers": [list(s) for s in job.stragglers],
         "real_ranks": list(case.real_ranks),

@@ -29,6 +29,7 @@ import argparse
 import statistics
 import sys
 import time
+import traceback
 import warnings
 
 from benchmarks.common import RESULTS_DIR, environment, today, write_results
@@ -45,12 +46,11 @@ def _imports() -> None:
 
 
 def run_suite(only: list[str] | None, quick: bool, smoke: bool = False) -> dict:
-    from benchmarks.fidelity import real_compute
     from benchmarks.fidelity.calibrate import calibrate
-    from benchmarks.fidelity.cases import sleep_cases, smoke_case
+    from benchmarks.fidelity.cases import real_compute_cases, sleep_cases, smoke_case
     from benchmarks.fidelity.compare import group_sizes, run_case
 
-    cases = [smoke_case()] if smoke else sleep_cases()
+    cases = [smoke_case()] if smoke else sleep_cases() + real_compute_cases()
     if quick:
         cases = [c for c in cases if c.name.startswith("pp4-dp4")][:2]
     if only:
@@ -59,16 +59,22 @@ def run_suite(only: list[str] | None, quick: bool, smoke: bool = False) -> dict:
     sizes = sorted({n for case in cases for n in group_sizes(case.job)} | {2})
     cost = calibrate(sizes, repetitions=10 if smoke else 30)
     calibration_s = time.monotonic() - begin
-    records = []
+    records, failures = [], []
     for case in cases:
         print(f"fidelity: {case.name} ...", file=sys.stderr, flush=True)
-        records.append(run_case(case, cost))
-    if not (quick or smoke) and (not only or any(name.startswith("real-") for name in only)):
-        for case in real_compute.CASES:
-            if only and case.name not in only:
-                continue
-            print(f"fidelity: {case.name} ...", file=sys.stderr, flush=True)
-            records.append(real_compute.run_case(case))
+        try:
+            record = run_case(case, cost)
+        except Exception:  # a failed case is reported, and the others still run
+            failures.append({"case": case.name, "error": traceback.format_exc()})
+            print(failures[-1]["error"], file=sys.stderr, flush=True)
+            continue
+        records.append(record)
+        print(
+            f"fidelity: {case.name}: error {record['error_pct']:+.2f} %, memory difference "
+            f"{record['memory_diff_bytes']} B",
+            file=sys.stderr,
+            flush=True,
+        )
     return {
         "suite": "fidelity",
         "date": today(),
@@ -81,6 +87,7 @@ def run_suite(only: list[str] | None, quick: bool, smoke: bool = False) -> dict:
         },
         "summary": summarize(records),
         "cases": records,
+        "failed_cases": failures,
     }
 
 
@@ -120,6 +127,10 @@ def markdown(record: dict) -> str:
                 f"| {rank['real_peak_bytes']} | {rank['emulated_peak_bytes']} | {rank['memory_diff_bytes']} "
                 f"| {case['load_average_1min']['before']:.1f} |"
             )
+    for failure in record["failed_cases"]:
+        lines.append(
+            f"| {failure['case']} | failed: {failure['error'].strip().splitlines()[-1][:120]} | | | | | | | |"
+        )
     if summary:
         lines += [
             "",

@@ -13,7 +13,9 @@ barrier, and its time is measured on this process alone.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import gc
 import os
 import time
 from typing import Any
@@ -21,25 +23,30 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from benchmarks.fidelity import programs
+
 MODES = ("real", "capture", "emulate")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Job:
-    """The target job of a case: parallel sizes, schedule, and the sleep model's shape."""
+    """The target job of a case: parallel sizes, and the sleep model's shape or the GPT's flags."""
 
     tp: int
     pp: int
     dp: int
     vpp: int | None = None
-    num_microbatches: int
-    num_layers: int
-    fwd_ms: float
-    bwd_ms: float
+    num_microbatches: int = 8
+    num_layers: int = 4
+    fwd_ms: float = 0.0
+    bwd_ms: float = 0.0
     overlap_grad_reduce: bool = False
     params_per_layer: int = 4096
     stragglers: tuple[tuple[int, float], ...] = ()
-    """(virtual rank, compute factor) of each slow rank."""
+    """(virtual rank, compute factor) of each slow rank (sleep model)."""
+    gpt_flags: tuple[str, ...] = ()
+    """Non-empty: the built-in entry's GPT with these Megatron-LM flags (parallel sizes are added
+    from the fields above) instead of the sleep model."""
 
     @property
     def world_size(self) -> int:
@@ -81,8 +88,6 @@ def _one_thread() -> None:
 
 def _bring_up(request: Request):
     """The distributed world and megatron-core's topology; returns the prism runtime."""
-    from megatron.core import parallel_state
-
     from prism_megatron.config import EmulationConfig, PrismConfig
     from prism_megatron.megatron import runtime
 
@@ -97,83 +102,26 @@ def _bring_up(request: Request):
     rt = runtime.start(PrismConfig(emulation=emulation))
     rt.sizes = runtime.ParallelSizes(tp=job.tp, pp=job.pp, vpp=job.vpp)
     runtime.bring_up(rt)
-    parallel_state.initialize_model_parallel(
-        tensor_model_parallel_size=job.tp,
-        pipeline_model_parallel_size=job.pp,
-        virtual_pipeline_model_parallel_size=job.vpp,
-        create_gloo_process_groups=False,
-    )
+    programs.initialize_model_parallel(job)
     runtime.before_model(rt)
     return rt
 
 
-def _build(job: Job, virtual_rank: int):
-    from megatron.core.distributed import (
-        DistributedDataParallel,
-        DistributedDataParallelConfig,
-        finalize_model_grads,
-    )
-    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
-
-    from prism_megatron.megatron import sleep_model
-
-    spec = sleep_model.SleepSpec(
-        num_layers=job.num_layers,
-        fwd_ms=job.fwd_ms,
-        bwd_ms=job.bwd_ms,
-        params_per_layer=job.params_per_layer,
-        slowdown=job.slowdown(virtual_rank),
-    )
-    config = sleep_model.transformer_config(spec, tp=job.tp, pp=job.pp, vpp=job.vpp)
-    chunks = sleep_model.build_chunks(spec, config)
-    ddp_config = DistributedDataParallelConfig(
-        overlap_grad_reduce=job.overlap_grad_reduce,
-        bucket_size=job.params_per_layer if job.overlap_grad_reduce else None,  # a bucket per layer
-    )
-    model = [
-        DistributedDataParallel(config=config, ddp_config=ddp_config, module=chunk, disable_bucketing=i > 0)
-        for i, chunk in enumerate(chunks)
-    ]
-    optimizer = get_megatron_optimizer(
-        OptimizerConfig(optimizer="adam", lr=1e-4, clip_grad=1.0), model, use_gloo_process_groups=False
-    )
-    if job.overlap_grad_reduce:  # as Megatron-LM's train() wires the schedule to DDP
-        no_sync = [chunk.no_sync for chunk in model]
-        grad_sync = [chunk.start_grad_sync for chunk in model]
-        config.no_sync_func = no_sync[0] if len(model) == 1 else no_sync
-        config.grad_sync_func = grad_sync[0] if len(model) == 1 else grad_sync
-    config.finalize_model_grads_func = finalize_model_grads
-    return spec, model, optimizer
-
-
-def _train_step(job: Job, spec, model, optimizer, forward_backward) -> None:
-    """megatron-core's part of Megatron-LM's train_step: zero grads, forward/backward over the
-    micro-batches, optimizer step (with its grad-norm reduction), and the data-parallel loss
-    reduction on the last stage."""
-    from megatron.core import parallel_state
-
-    from prism_megatron.megatron import sleep_model
-
-    for chunk in model:
-        chunk.zero_grad_buffer()
-    optimizer.zero_grad()
-    losses = forward_backward(
-        forward_step_func=sleep_model.forward_step,
-        data_iterator=[None] * len(model) if len(model) > 1 else None,
-        model=model if len(model) > 1 else model[0],
-        num_microbatches=job.num_microbatches,
-        seq_length=spec.seq_length,
-        micro_batch_size=spec.micro_batch_size,
-        forward_only=False,
-    )
-    optimizer.step()
-    if parallel_state.is_pipeline_last_stage(ignore_virtual=True):
-        total = torch.cat([x["loss"] for x in losses]).sum().view(1)
-        dist.all_reduce(total, group=parallel_state.get_data_parallel_group(with_context_parallel=True))
+@contextlib.contextmanager
+def _without_cycle_collection():
+    """Tensors held by reference cycles die when the cycle collector runs, and when it runs depends
+    on every Python allocation, which the real and the emulated program make differently; with the
+    collector off (after one full collection) a tensor dies at the same point of both programs."""
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
 
 
 def _record_exchanges(p2p_class, windows: list[tuple[int, int]]) -> None:
-    """Capture: note when each pipeline exchange starts and returns (its ops form one batch)."""
+    """Note when each pipeline exchange starts and returns (in a capture its ops form one batch)."""
     communicate = p2p_class._communicate
 
     def recorded(self, **kwargs):
@@ -186,7 +134,27 @@ def _record_exchanges(p2p_class, windows: list[tuple[int, int]]) -> None:
     p2p_class._communicate = recorded
 
 
-def _iterate(request: Request, step, count: int, iteration_base: int, starts_ns: list, ends_ns: list) -> None:
+def _time_compute(spans_ns: list[int]) -> None:
+    """Add the time spent in megatron-core's forward_step and backward_step to spans_ns[-1]."""
+    from megatron.core.pipeline_parallel import schedules
+
+    def timed(original):
+        def wrapper(*args, **kwargs):
+            begin_ns = time.monotonic_ns()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                spans_ns[-1] += time.monotonic_ns() - begin_ns
+
+        return wrapper
+
+    schedules.forward_step = timed(schedules.forward_step)
+    schedules.backward_step = timed(schedules.backward_step)
+
+
+def _iterate(
+    request: Request, step, count: int, iteration_base: int, starts_ns: list, ends_ns: list, compute_ns: list
+) -> None:
     """`count` iterations, each timed from the end of the previous one (no barrier)."""
     import prism_megatron.replay as replay
 
@@ -195,6 +163,7 @@ def _iterate(request: Request, step, count: int, iteration_base: int, starts_ns:
         if request.mode != "real" and iteration == request.record_from:
             replay.start_recording()
         starts_ns.append(replay.mark_iteration_start() if request.mode != "real" else previous_ns)
+        compute_ns.append(0)
         step()
         previous_ns = time.monotonic_ns()
         ends_ns.append(previous_ns)
@@ -207,7 +176,6 @@ def run(request: Request) -> dict[str, Any]:
     (its dispatch hook costs CPU time per op, so it stays out of the timed ones).
     """
     from megatron.core import parallel_state
-    from megatron.core.pipeline_parallel import get_forward_backward_func
 
     import prism_megatron.replay as replay
     from prism_megatron.megatron import memory
@@ -218,7 +186,7 @@ def run(request: Request) -> dict[str, Any]:
     rt = _bring_up(request)
     try:
         virtual_rank = dist.get_rank()
-        spec, model, optimizer = _build(request.job, virtual_rank)
+        program = programs.build(request.job, virtual_rank)
         if request.mode == "emulate":
             replay.set_mode("replay")
             replay.load_schedule(request.schedule)
@@ -229,25 +197,24 @@ def run(request: Request) -> dict[str, Any]:
             from megatron.core.pipeline_parallel import schedules
 
             _record_exchanges(schedules.P2PCommunicator, exchanges_ns)
-        forward_backward = get_forward_backward_func()
-
-        def step() -> None:
-            _train_step(request.job, spec, model, optimizer, forward_backward)
-
         starts_ns: list[int] = []
         ends_ns: list[int] = []
-        _iterate(request, step, request.iterations, 0, starts_ns, ends_ns)
+        compute_ns: list[int] = []
+        _time_compute(compute_ns)
+        _iterate(request, program.step, request.iterations, 0, starts_ns, ends_ns, compute_ns)
         events = replay.stop_recording() if request.mode != "real" else []
-        tracker = memory.LiveStorageTracker()
-        tracker.label_model(model)
-        tracker.label_optimizer(optimizer)
-        with tracker:
-            _iterate(request, step, request.memory_iterations, request.iterations, [], [])
+        with _without_cycle_collection():
+            tracker = memory.LiveStorageTracker()
+            tracker.label_model(program.model)
+            tracker.label_optimizer(program.optimizer)
+            with tracker:
+                _iterate(request, program.step, request.memory_iterations, request.iterations, [], [], [0])
         return {
             "virtual_rank": virtual_rank,
             "mode": request.mode,
             "starts_ns": starts_ns,
             "ends_ns": ends_ns,
+            "compute_ns": compute_ns,
             "memory": tracker.report().as_dict(),
             "events": events,
             "exchanges_ns": exchanges_ns,

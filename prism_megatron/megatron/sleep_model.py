@@ -76,7 +76,7 @@ def transformer_config(spec: SleepSpec, *, tp: int, pp: int, vpp: int | None) ->
     return TransformerConfig(
         num_layers=spec.num_layers,
         hidden_size=spec.hidden_size,
-        num_attention_heads=1,
+        num_attention_heads=tp,  # the config requires heads divisible by TP; nothing attends
         tensor_model_parallel_size=tp,
         pipeline_model_parallel_size=pp,
         virtual_pipeline_model_parallel_size=vpp,
