@@ -8,8 +8,10 @@ unless a what-if makes ranks differ: milliseconds) and loads the new schedule. I
 the same role (its data-parallel peers, every rank that behaves like it) then run as it ran, and
 every other role's virtual ranks react to that through the simulated dependencies.
 
-A rank folds its own role only: it measures nothing of the other real ranks' roles, which keep
-their captured durations in its simulation (they talk to it for real anyway).
+The real ranks share what they measured: each publishes its role's current durations in the
+rendezvous store after every fold, and folds the latest the others published (`others`), so every
+real rank's virtual peers follow every real rank. A value is at most one iteration old; the store
+is read without waiting, so a slower rank never holds a faster one back.
 
 One span cannot be measured in replay mode: the compute before waiting on an async op (a TP
 all-reduce overlapped with the weight-gradient GEMM) when the op completed at its scheduled time.
@@ -140,12 +142,18 @@ class ClosedLoop:
     def iteration_time_ns(self) -> int:
         return self.result.iteration_time_ns
 
-    def fold(self, streams: Mapping[str, Sequence[Op]], keep: Collection[int] = ()) -> str | None:
+    def fold(
+        self,
+        streams: Mapping[str, Sequence[Op]],
+        keep: Collection[int] = (),
+        others: Mapping[str, Sequence[int]] | None = None,
+    ) -> str | None:
         """Fold one measured iteration (`graph.capture.iteration_streams`) and re-simulate.
 
         Args:
             keep: positions (among the compute ops) whose measurement cannot be trusted; they keep
                 the value the current simulation uses.
+            others: other roles' current durations, as the other real ranks measured them.
 
         Returns None when folded, else why not (the iteration issued other ops than the graph).
         """
@@ -157,7 +165,8 @@ class ClosedLoop:
             measured[position] = self.current[position]
         self.measured.append(measured)
         self.current = [round(statistics.median(values)) for values in zip(*self.measured, strict=True)]
-        self.result = run_problem(self.base.with_compute_durations({self.role: self.current}))
+        durations = {role: list(values) for role, values in (others or {}).items() if role != self.role}
+        self.result = run_problem(self.base.with_compute_durations({**durations, self.role: self.current}))
         self.num_folded += 1
         return None
 

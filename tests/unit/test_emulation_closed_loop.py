@@ -136,3 +136,16 @@ def test_kept_spans_stay_at_the_value_the_simulation_used():
     loop.fold(slowed(streams, 3.0), keep={0, 1})
     assert loop.current[:2] == before[:2]
     assert loop.current[2] == 3 * before[2]
+
+
+def test_what_the_other_real_ranks_measured_is_folded_for_their_roles():
+    from prism_megatron.graph.capture import compute_durations
+
+    loop = ClosedLoop.start(GRAPH, WORLD, COST, virtual_rank=0, real_ranks=REAL)
+    own = GRAPH.roles["pp0-tp0src"].streams
+    slower_pp1 = [3 * d for d in compute_durations(GRAPH.roles["pp1"].streams)]
+    loop.fold(own, others={"pp1": slower_pp1, "pp0-tp0src": [0] * len(loop.current)})
+    assert loop.iteration_time_ns > simulate(GRAPH, WORLD, COST).iteration_time_ns
+    assert loop.current == compute_durations(own), "its own role comes from its own measurement"
+    stage1 = next(t for t in loop.result.timeline(1024) if t.op.type == NodeType.COMPUTE)
+    assert stage1.end_ns - stage1.start_ns == slower_pp1[0]
