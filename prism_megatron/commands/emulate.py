@@ -86,6 +86,24 @@ def run(args: argparse.Namespace) -> int:
     return run_both_passes(megatron_args, script=args.script, nproc=args.nproc_per_node)
 
 
+def check_builtin_flags(megatron_args: list[str], world_size: int) -> None:
+    """The built-in entry's own checks, as one ValueError line (its parser would print its usage)."""
+    from prism_megatron.megatron import pretrain_args
+
+    def one_line(message: str):
+        raise ValueError(message)
+
+    parser = pretrain_args.build_parser()
+    parser.error = one_line  # type: ignore[method-assign]
+    args, unknown = parser.parse_known_args(megatron_args)
+    if unknown:
+        raise ValueError(
+            f"the built-in entry does not support {' '.join(unknown)}; run a Megatron-LM script with --script"
+        )
+    pretrain_args.derive(args)
+    pretrain_args.derive_world(args, world_size)
+
+
 def report_only(megatron_args: list[str], *, script: str) -> int:
     from prism_megatron.emulation import Progress, format_summary, plan_run
     from prism_megatron.emulation.driver import report_existing
@@ -103,6 +121,8 @@ def run_both_passes(megatron_args: list[str], *, script: str, nproc: int | None)
     from prism_megatron.emulation import Progress, format_summary, plan_run, run_plan
 
     plan = plan_run(megatron_args, script=script, nproc=nproc)
+    if script == "builtin":  # its whole flag set is known here: check it before any process starts
+        check_builtin_flags(megatron_args, plan.layout.world_size)
     try:
         outcome = run_plan(plan, Progress())
     except KeyboardInterrupt:

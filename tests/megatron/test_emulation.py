@@ -155,6 +155,8 @@ def test_an_existing_run_folder_is_refused_before_any_process_starts(tmp_path):
         (("--global-batch-size", "6"), "--global-batch-size 6"),
         (("--prism-straggler", "99:2"), "--prism-straggler rank 99"),
         (("--prism-graph", "no-such-graph"), "--prism-graph no-such-graph"),
+        (("--num-layers", "3"), "--num-layers 3 must be divisible"),
+        (("--no-such-flag", "3"), "does not support --no-such-flag 3"),
     ],
 )
 def test_invalid_flags_are_one_line_naming_the_flag_and_exit_2(flags, named, tmp_path):
