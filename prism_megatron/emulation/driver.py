@@ -63,10 +63,10 @@ def run(plan: RunPlan, progress: Progress | None = None) -> RunOutcome:
         progress.end("interrupted")
         stopped = Failure(message="interrupted: the real processes were stopped")
         outputs.write_final(plan, outputs.build_report(plan, status="failed", sim_result=sim_result,
-                                                       results=outputs.rank_results(plan.out_dir),
+                                                       results=outputs.measured_results(plan),
                                                        failure=stopped), sim_result)  # fmt: skip
         raise
-    results = outputs.rank_results(plan.out_dir)
+    results = outputs.measured_results(plan) if failure else outputs.rank_results(plan.out_dir)
     report = outputs.build_report(
         plan, status="failed" if failure else "ok", sim_result=sim_result, results=results, failure=failure
     )

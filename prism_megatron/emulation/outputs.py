@@ -14,8 +14,9 @@ import json
 import os
 from typing import Any
 
+from prism_megatron.emulation import files
 from prism_megatron.emulation.plan import RunPlan
-from prism_megatron.emulation.rank import NUM_WARMUP
+from prism_megatron.emulation.rank import NUM_WARMUP, read_progress
 from prism_megatron.report import (
     Failure,
     ModelShape,
@@ -40,6 +41,18 @@ def rank_results(directory: str) -> dict[int, dict[str, Any]]:
             data = json.load(f)
         out[int(data["virtual_rank"])] = data
     return out
+
+
+def measured_results(plan: RunPlan) -> dict[int, dict[str, Any]]:
+    """The real ranks' results; for a rank that wrote none (the run failed first), the iteration
+    times its progress file holds, so a failed run's report keeps what was measured."""
+    results = rank_results(plan.out_dir)
+    for rank in plan.real_ranks:
+        progress = None if rank in results else read_progress(files.progress_path(plan.out_dir, rank))
+        if progress and progress.get("phase") == "emulate" and progress.get("iteration_times_s"):
+            phase = {"iteration_times_s": progress["iteration_times_s"], "num_warmup": NUM_WARMUP}
+            results[rank] = {"virtual_rank": rank, "prism_phase": phase, "partial": True}
+    return results
 
 
 def target_job(plan: RunPlan) -> TargetJob:

@@ -14,8 +14,8 @@ reports each call (`p2p_call`); nothing here knows Megatron. Three passes (`--pr
   (`ops/rank-<rank>.json`) for the report's timeline.
 
 Every pass measures each iteration's wall time between the two calls; capture and emulate keep a
-small progress file (`progress/rank-<rank>.json`: pid, pass, iteration) that the orchestrator shows
-and uses to say how far a rank that died got.
+small progress file (`progress/rank-<rank>.json`: pid, pass, iterations and their times) that the
+orchestrator shows, and reads when a run fails before the ranks wrote their results.
 """
 
 from __future__ import annotations
@@ -95,7 +95,8 @@ class InstantPhase:
         path = files.progress_path(self.out_dir, self.virtual_rank)
         os.makedirs(os.path.dirname(path), exist_ok=True)
         data = {"pid": os.getpid(), "virtual_rank": self.virtual_rank, "phase": self.name, "state": state,
-                "iterations_done": len(self.ends_ns), "wall_time_s": time.time()}  # fmt: skip
+                "iterations_done": len(self.ends_ns), "wall_time_s": time.time(),
+                "iteration_times_s": self.iteration_times_s()}  # fmt: skip
         write_json_atomically(data, path)
 
 

@@ -193,6 +193,7 @@ def test_a_killed_rank_fails_the_run_naming_it_and_the_others_stop(run_dir, tmp_
     assert "virtual rank 8" in report["failure"]["message"] and "SIGKILL" in report["failure"]["message"]
     assert "virtual rank 8" in stdout
     assert os.path.isfile(tmp_path / "graph" / "graph.json"), "what was made before the failure is kept"
+    assert len(report["iterations"]) >= 2, "and what the ranks measured before it"
 
 
 MEGATRON_LM_DIR = os.environ.get("MEGATRON_LM_DIR")
