@@ -4,7 +4,8 @@ Why: the issue promises the demo "finishes within about three minutes" on a 2-co
 measures it as a user runs it (`python -m prism_megatron.cli demo`, a fresh process each time, the
 extension already built) and records, per run, the phases' wall times (from the progress lines),
 the emulated and simulated iteration times and the emulation's error against the simulation, with
-the machine's load before each run (the machine is shared; a loaded one is slower).
+the machine's load before and after each run (the machine is shared: a loaded one is slower, and
+load that changes between the capture and the emulation shows as error against the simulation).
 
 Run: ``python -m benchmarks.demo.run [--repeats N] [--out DIR]``. Writes
 ``<DIR>/<YYYY-MM-DD>-demo.json`` and ``.md`` (DIR defaults to benchmarks/results/). Medians over
@@ -53,6 +54,7 @@ def run_once(out_dir: str) -> dict:
     return {
         "wall_s": round(wall_s, 2),
         "load_average_1min_before": load,
+        "load_average_1min_after": os.getloadavg()[0],
         "status": report["status"],
         "phases_s": phases,
         "emulated_iteration_ms": round(emulated * 1e3, 2),
@@ -72,14 +74,15 @@ def markdown(record: dict) -> str:
         f"{BUDGET_S:.0f} s. Median wall time **{record['median_wall_s']:.1f} s**; median emulated vs "
         f"simulated iteration time {record['median_emulated_vs_simulated_pct']:+.2f} %.",
         "",
-        "| run | load before | wall s | capture s | emulate s | emulated ms | simulated ms | error % |",
+        "| run | load before / after | wall s | capture s | emulate s | emulated ms | simulated ms | error % |",
         "|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for number, run in enumerate(record["runs"], start=1):
         capture_s = sum(v for k, v in run["phases_s"].items() if k.startswith("capture pass"))
         emulate_s = next((v for k, v in run["phases_s"].items() if k.startswith("emulate")), float("nan"))
         lines.append(
-            f"| {number} | {run['load_average_1min_before']:.1f} | {run['wall_s']:.1f} | {capture_s:.1f} | "
+            f"| {number} | {run['load_average_1min_before']:.1f} / {run['load_average_1min_after']:.1f} | "
+            f"{run['wall_s']:.1f} | {capture_s:.1f} | "
             f"{emulate_s:.1f} | {run['emulated_iteration_ms']:.1f} | {run['simulated_iteration_ms']:.1f} | "
             f"{run['emulated_vs_simulated_pct']:+.2f} |"
         )

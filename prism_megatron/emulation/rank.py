@@ -16,6 +16,11 @@ reports each call (`p2p_call`); nothing here knows Megatron. Three passes (`--pr
 Every pass measures each iteration's wall time between the two calls; capture and emulate keep a
 small progress file (`progress/rank-<rank>.json`: pid, pass, iterations and their times) that the
 orchestrator shows, and reads when a run fails before the ranks wrote their results.
+
+Times are the host's CLOCK_MONOTONIC. On CPU that is when the work happens; on CUDA the host runs
+ahead of the device, so the spans it sees between ops are launch gaps, not kernel time: a capture
+on GPU still gives the right ops but not yet the right compute spans (CUDA events around the
+compute stream would give them; not done).
 """
 
 from __future__ import annotations
