@@ -97,8 +97,8 @@ class EmulationConfig:
 class CaptureConfig:
     """The slicing pass that records the execution graph."""
 
-    capture_iters: int = 2
-    """Iterations the slice runs to record the graph (the first is warm-up and is not used)."""
+    capture_iters: int = 4
+    """Iterations the slice runs to record the graph (the first is warm-up; each span is the median of the rest)."""
     graph: str | None = None
     """Reuse a captured execution graph (a directory holding graph.json, such as a run's graph/) instead of capturing."""
 

@@ -46,7 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default=None, help="run folder (default: a new prism-out/<YYYYmmdd-HHMMSS>)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing run folder")
     parser.add_argument("--train-iters", type=int, default=6, help="emulated iterations (default: 6)")
-    parser.add_argument("--capture-iters", type=int, default=3, help="capture iterations (default: 3)")
+    parser.add_argument("--capture-iters", type=int, default=4, help="capture iterations (default: 4)")
 
 
 def demo_flags(args: argparse.Namespace) -> list[str]:

@@ -25,7 +25,10 @@ Collectives are named by group kind (`group_kind_of`), p2p peers by (group kind,
 warm-up iterations, checks the others agree op for op, and takes the median of each compute span.
 Limits: an async op waited in a later iteration (a parameter all-gather overlapped with the next
 forward) is waited at the end of its own; p2p ops left pending by an overlapping schedule
-(`overlap_p2p_comm`) count as waited when their call returned.
+(`overlap_p2p_comm`) count as waited when their call returned; an async op whose real peers (other
+ranks of the same capture pass) arrive after the program began to wait on it completes with them,
+so the span before its wait includes that wait (the median over iterations bounds one such
+outlier; ranks of one pass are alike, so they arrive close together).
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ FROZEN_FLAGS = {
     "--prism-timeout": 300.0,
     "--prism-straggler": None,
     "--prism-phase": "auto",
-    "--prism-capture-iters": 2,
+    "--prism-capture-iters": 4,
     "--prism-graph": None,
     "--prism-cluster": "default",
     "--prism-out": None,

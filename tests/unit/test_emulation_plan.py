@@ -65,8 +65,8 @@ def test_what_the_command_cannot_run_is_refused_naming_the_flag(extra, message):
 
 
 def test_the_demo_is_the_8192_gpu_job_with_two_adjacent_real_stages(tmp_path):
-    args = argparse.Namespace(out=str(tmp_path / "run"), overwrite=False, train_iters=6, capture_iters=3)
+    args = argparse.Namespace(out=str(tmp_path / "run"), overwrite=False, train_iters=6, capture_iters=4)
     plan = plan_run(demo.demo_flags(args))
     assert (plan.layout.world_size, plan.layout.tp, plan.layout.pp, plan.layout.dp) == (8192, 8, 8, 128)
     assert plan.real_ranks == (0, 1024)
-    assert len(plan.capture_batches) == 5 and plan.config.capture.capture_iters == 3
+    assert len(plan.capture_batches) == 5 and plan.config.capture.capture_iters == 4
