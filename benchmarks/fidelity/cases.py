@@ -1,9 +1,12 @@
 """The sleep-compute cases: three layouts, each with and without a straggler and overlapped grad reduce.
 
-Every layout has W = 16 ranks (16 real processes in the ground truth). Per layer and micro-batch,
-forward sleeps `FWD_MS` and backward twice that, so one iteration takes about a second and the
-gloo traffic (sub-millisecond p2p, a few milliseconds per data-parallel all-reduce on this
-machine's loopback) is small beside it. A straggler is a virtual rank of another data-parallel
+Every layout has W = 16 ranks (16 real processes in the ground truth). Per pipeline stage and
+micro-batch, forward sleeps `FWD_MS` (split over the stage's layers and model chunks) and backward
+twice that, so one iteration takes 1.3-2 s and the gloo traffic (sub-millisecond p2p, a few
+milliseconds per data-parallel all-reduce on this machine's loopback) is small beside it. Long
+sleeps and few micro-batches keep the ground truth honest: every step of every process costs some
+CPU time that 16 processes on two cores delay each other in, and the longer the step, the smaller
+that delay is beside it. A straggler is a virtual rank of another data-parallel
 replica at another pipeline stage, 1.5 times slower: the real rank feels it only through its
 pipeline peers and the data-parallel gradient reduction. Rank numbers follow Megatron's default
 order tp-cp-ep-dp-pp (rank = tp + TP * (dp + DP * pp)).
@@ -15,7 +18,7 @@ import dataclasses
 
 from benchmarks.fidelity.workload import Job
 
-FWD_MS = 30.0
+FWD_MS = 60.0
 STRAGGLER_FACTOR = 1.5
 
 
@@ -30,7 +33,9 @@ class Case:
     iterations: int = 10
     """Timed iterations of each run."""
     warmup: int = 3
-    """Leading iterations left out of the medians."""
+    """Leading iterations of each run left out of the medians."""
+    rounds: int = 1
+    """Real and emulated runs alternate this many times; their iterations are pooled."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -42,17 +47,18 @@ class _Layout:
     vpp: int | None
     num_layers: int
     fwd_ms: float
+    num_microbatches: int
     real_ranks: tuple[int, ...]
     straggler: int
 
 
 LAYOUTS = (
     _Layout(name="pp4-dp4", tp=1, pp=4, dp=4, vpp=None, num_layers=8, fwd_ms=FWD_MS / 2,
-            real_ranks=(4,), straggler=9),
+            num_microbatches=4, real_ranks=(4,), straggler=9),
     _Layout(name="pp8-vpp2-dp2", tp=1, pp=8, dp=2, vpp=2, num_layers=16, fwd_ms=FWD_MS / 2,
-            real_ranks=(2,), straggler=9),
+            num_microbatches=8, real_ranks=(2,), straggler=9),
     _Layout(name="tp2-pp4-dp2", tp=2, pp=4, dp=2, vpp=None, num_layers=4, fwd_ms=FWD_MS,
-            real_ranks=(4, 5), straggler=10),
+            num_microbatches=4, real_ranks=(4, 5), straggler=10),
 )  # fmt: skip
 """pp4-dp4: real rank 4 (stage 1, replica 0), straggler 9 (stage 2, replica 1).
 pp8-vpp2-dp2: real rank 2 (stage 1, replica 0), straggler 9 (stage 4, replica 1).
@@ -60,7 +66,7 @@ tp2-pp4-dp2: real ranks 4 and 5 (the TP pair of stage 1, replica 0: their TP all
 straggler 10 (stage 2, replica 1, TP rank 0)."""
 
 
-def sleep_cases(layouts=LAYOUTS, num_microbatches: int = 8) -> list[Case]:
+def sleep_cases(layouts=LAYOUTS) -> list[Case]:
     """Every layout with and without overlapped grad reduce, with and without a straggler."""
     cases = []
     for layout in layouts:
@@ -71,7 +77,7 @@ def sleep_cases(layouts=LAYOUTS, num_microbatches: int = 8) -> list[Case]:
                     pp=layout.pp,
                     dp=layout.dp,
                     vpp=layout.vpp,
-                    num_microbatches=num_microbatches,
+                    num_microbatches=layout.num_microbatches,
                     num_layers=layout.num_layers,
                     fwd_ms=layout.fwd_ms,
                     bwd_ms=2 * layout.fwd_ms,
@@ -98,7 +104,9 @@ def real_compute_cases(num_microbatches: int = 4) -> list[Case]:
         global_batch = 2 * num_microbatches * dp
         flags = (*TINY_GPT, "--global-batch-size", str(global_batch))
         job = Job(tp=tp, pp=pp, dp=dp, gpt_flags=flags)
-        cases.append(Case(name=name, job=job, real_ranks=(1,), kind="real-compute", iterations=12, warmup=3))
+        cases.append(
+            Case(name=name, job=job, real_ranks=(1,), kind="real-compute", iterations=6, warmup=2, rounds=3)
+        )
     return cases
 
 

@@ -1,18 +1,19 @@
-"""One sleep-compute case end to end: the real run, the capture, the simulation, the emulation, the numbers.
+"""One fidelity case end to end: the capture, the simulation, the real run, the emulation, the numbers.
 
-1. Ground truth: all W ranks real, one forked process each, gloo on loopback.
-2. Capture: each slice rank (one per role) runs alone among virtual peers that arrive at once
+1. Capture: each slice rank (one per role) runs alone among virtual peers that arrive at once
    (instant mode), recording every op; the graph is built from those recordings. Sleep-compute
    slice ranks run at the same time (each in its own virtual world); real-compute ones one after
    the other, as their compute needs a core each.
    The graph is built by the project's own capture (`prism_megatron.graph.capture`).
-3. Simulation of the whole job over the calibrated loopback costs (with the case's straggler as a
+2. Simulation of the whole job over the calibrated loopback costs (with the case's straggler as a
    what-if) gives the replay schedule of each real rank.
+3. Ground truth: all W ranks real, one forked process each, gloo on loopback.
 4. Emulation: only the case's real ranks run, the replay engine times their virtual peers.
+Steps 3 and 4 alternate `Case.rounds` times, and each side's iterations are pooled.
 
 The error of a real rank is (emulated median - real median) / real median of its iteration time,
 medians over the timed iterations after warm-up. Memory is the rank's peak of live tensor storage
-in both runs. The rank's compute time (inside megatron-core's forward_step and backward_step) is
+in both runs (the highest over rounds). The rank's compute time (inside megatron-core's forward_step and backward_step) is
 recorded in both runs too, for the overhead suite.
 """
 
@@ -85,15 +86,26 @@ def _simulate(case: Case, captures: list, cost_fn):
     return result, replay_schedules(result, case.real_ranks)
 
 
-def _rank_record(case: Case, real: dict, emulated: dict, simulated_ns: int) -> dict[str, Any]:
-    real_ms = iteration_times_ms(real)[case.warmup :]
-    emulated_ms = iteration_times_ms(emulated)[case.warmup :]
+def _pooled(runs: list[dict], key: str, warmup: int) -> list[float]:
+    """Per-iteration values (ms) of every run after its warm-up, in run order."""
+    if key == "iterations":
+        return [t for run in runs for t in iteration_times_ms(run)[warmup:]]
+    return [v / 1e6 for run in runs for v in run[key][warmup:]]
+
+
+def _rank_record(case: Case, real: list[dict], emulated: list[dict], simulated_ns: int) -> dict[str, Any]:
+    """One real rank's numbers, its runs' iterations after warm-up pooled (see `Case.rounds`)."""
+    real_ms, emulated_ms = (
+        _pooled(real, "iterations", case.warmup),
+        _pooled(emulated, "iterations", case.warmup),
+    )
     real_median, emulated_median = statistics.median(real_ms), statistics.median(emulated_ms)
-    real_peak, emulated_peak = real["memory"]["peak_bytes"], emulated["memory"]["peak_bytes"]
-    real_compute = statistics.median(real["compute_ns"][case.warmup :]) / 1e6
-    emulated_compute = statistics.median(emulated["compute_ns"][case.warmup :]) / 1e6
+    real_peak = max(run["memory"]["peak_bytes"] for run in real)
+    emulated_peak = max(run["memory"]["peak_bytes"] for run in emulated)
+    real_compute = statistics.median(_pooled(real, "compute_ns", case.warmup))
+    emulated_compute = statistics.median(_pooled(emulated, "compute_ns", case.warmup))
     return {
-        "virtual_rank": real["virtual_rank"],
+        "virtual_rank": real[0]["virtual_rank"],
         "real_median_ms": real_median,
         "emulated_median_ms": emulated_median,
         "simulated_ms": simulated_ns / 1e6,
@@ -103,12 +115,35 @@ def _rank_record(case: Case, real: dict, emulated: dict, simulated_ns: int) -> d
         "real_peak_bytes": real_peak,
         "emulated_peak_bytes": emulated_peak,
         "memory_diff_bytes": emulated_peak - real_peak,
+        "peak_bytes_every_run": {
+            "real": [run["memory"]["peak_bytes"] for run in real],
+            "emulated": [run["memory"]["peak_bytes"] for run in emulated],
+        },
         "real_compute_median_ms": real_compute,
         "emulated_compute_median_ms": emulated_compute,
-        "compute_overhead_pct": 100.0 * (emulated_compute - real_compute) / real_compute
-        if real_compute
-        else None,
+        "compute_overhead_pct": 100.0 * (emulated_compute - real_compute) / real_compute,
     }
+
+
+def _real_run(case: Case) -> list[dict]:
+    """All W ranks real, one forked process each; results by virtual rank."""
+    request = workload.Request(job=case.job, mode="real", iterations=case.iterations)
+    return run_processes(workload.run, [request] * case.job.world_size)
+
+
+def _emulated_run(case: Case, schedules) -> list[dict]:
+    """The case's real ranks only, each replaying its schedule; results in `case.real_ranks` order."""
+    requests = [
+        workload.Request(
+            job=case.job,
+            mode="emulate",
+            iterations=case.iterations,
+            real_ranks=case.real_ranks,
+            schedule=schedules[r],
+        )
+        for r in case.real_ranks
+    ]
+    return run_processes(workload.run, requests)
 
 
 def group_sizes(job: workload.Job) -> list[int]:
@@ -135,32 +170,21 @@ def run_case(case: Case, cost_fn=None) -> dict[str, Any]:
     wall["calibrate_s"] = time.monotonic() - begin
     load_before = os.getloadavg()[0]
     begin = time.monotonic()
-    real = run_processes(
-        workload.run, [workload.Request(job=job, mode="real", iterations=case.iterations)] * job.world_size
-    )
-    wall["real_s"] = time.monotonic() - begin
-    begin = time.monotonic()
-    captures = _captures(job, Layout(**job.layout_kwargs()))
-    result, schedules = _simulate(case, captures, cost_fn)
+    result, schedules = _simulate(case, _captures(job, Layout(**job.layout_kwargs())), cost_fn)
     wall["capture_and_simulate_s"] = time.monotonic() - begin
-    begin = time.monotonic()
-    emulated = run_processes(
-        workload.run,
-        [
-            workload.Request(
-                job=job,
-                mode="emulate",
-                iterations=case.iterations,
-                real_ranks=case.real_ranks,
-                schedule=schedules[r],
-            )
-            for r in case.real_ranks
-        ],
-    )
-    wall["emulate_s"] = time.monotonic() - begin
+    real_runs, emulated_runs = [], []
+    for _ in range(case.rounds):  # alternate, so a change of load on the machine hits both alike
+        begin = time.monotonic()
+        real_runs.append(_real_run(case))
+        wall["real_s"] = wall.get("real_s", 0.0) + time.monotonic() - begin
+        begin = time.monotonic()
+        emulated_runs.append(_emulated_run(case, schedules))
+        wall["emulate_s"] = wall.get("emulate_s", 0.0) + time.monotonic() - begin
     ranks = [
-        _rank_record(case, real[r], e, result.finish_ns(r))
-        for r, e in zip(case.real_ranks, emulated, strict=True)
+        _rank_record(
+            case, [run[r] for run in real_runs], [run[i] for run in emulated_runs], result.finish_ns(r)
+        )
+        for i, r in enumerate(case.real_ranks)
     ]
     return {
         "case": case.name,
@@ -178,6 +202,7 @@ def run_case(case: Case, cost_fn=None) -> dict[str, Any]:
         "stragglers": [list(s) for s in job.stragglers],
         "real_ranks": list(case.real_ranks),
         "num_real_processes_ground_truth": job.world_size,
+        "rounds": case.rounds,
         "simulated_iteration_ms": result.iteration_time_ns / 1e6,
         "ranks": ranks,
         "error_pct": statistics.fmean(r["error_pct"] for r in ranks),

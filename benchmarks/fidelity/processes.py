@@ -17,9 +17,20 @@ import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from benchmarks.fidelity.workload import environment_for
-
 _TORCHRUN_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")
+
+
+def environment_for(physical_rank: int, num_processes: int, port: int) -> dict[str, str]:
+    """torchrun's variables for one of `num_processes` processes on this machine."""
+    return {
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+        "RANK": str(physical_rank),
+        "LOCAL_RANK": str(physical_rank),
+        "WORLD_SIZE": str(num_processes),
+        "LOCAL_WORLD_SIZE": str(num_processes),
+        "OMP_NUM_THREADS": "1",
+    }
 
 
 def free_port() -> int:

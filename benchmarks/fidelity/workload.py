@@ -1,7 +1,7 @@
-"""One process of a sleep-compute case: megatron-core schedules, DDP and optimizer around the sleep model.
+"""One process of a fidelity case: megatron-core's schedules, DDP and optimizer around a model.
 
 The same function runs every process of the three kinds of run a case needs, so the program the
-emulation times is the program the real run timed:
+emulation times is the program the real run timed (the model and step are `programs.py`'s):
 
 * ``real``: one of W real processes on gloo (the ground truth);
 * ``capture``: a real rank among virtual peers that arrive at once, recording every op (the slice);
@@ -9,6 +9,10 @@ emulation times is the program the real run timed:
 
 An iteration starts where the previous optimizer step ended (the first after set-up), with no
 barrier, and its time is measured on this process alone.
+
+Every process is forked for one run and ends with it, so the measuring hooks below (a wrapper
+around megatron-core's forward_step and backward_step, and around the pipeline communicator's
+`_communicate`) are set on the process's own modules and never undone.
 """
 
 from __future__ import annotations
@@ -16,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import gc
-import os
 import time
 from typing import Any
 
@@ -74,8 +77,9 @@ class Request:
     """capture: the first iteration whose ops are recorded (earlier ones warm up)."""
     memory_iterations: int = 2
     """Iterations after the timed ones, under the live-storage tracker (peak memory)."""
-    trace_exchanges: bool = False
-    """real: also note when each pipeline exchange starts and returns (for diagnosing a case)."""
+    trace: bool = False
+    """real: also note when each pipeline exchange and each all-reduce starts and returns
+    (`diagnose.py` lays them beside the simulated timeline)."""
 
 
 def _one_thread() -> None:
@@ -132,6 +136,20 @@ def _record_exchanges(p2p_class, windows: list[tuple[int, int]]) -> None:
             windows.append((enter_ns, time.monotonic_ns()))
 
     p2p_class._communicate = recorded
+
+
+def _record_all_reduces(windows: list[tuple[int, int]]) -> None:
+    """Note when each `torch.distributed.all_reduce` is called and returns (async ones: issued)."""
+    all_reduce = dist.all_reduce
+
+    def recorded(*args, **kwargs):
+        issue_ns = time.monotonic_ns()
+        try:
+            return all_reduce(*args, **kwargs)
+        finally:
+            windows.append((issue_ns, time.monotonic_ns()))
+
+    dist.all_reduce = recorded
 
 
 def _time_compute(spans_ns: list[int]) -> None:
@@ -193,10 +211,12 @@ def run(request: Request) -> dict[str, Any]:
         exchanges_ns: list[tuple[int, int]] = []
         if request.mode == "capture" and rt.p2p_class is not None:
             _record_exchanges(rt.p2p_class, exchanges_ns)
-        if request.mode == "real" and request.trace_exchanges:
+        all_reduces_ns: list[tuple[int, int]] = []
+        if request.mode == "real" and request.trace:
             from megatron.core.pipeline_parallel import schedules
 
             _record_exchanges(schedules.P2PCommunicator, exchanges_ns)
+            _record_all_reduces(all_reduces_ns)
         starts_ns: list[int] = []
         ends_ns: list[int] = []
         compute_ns: list[int] = []
@@ -218,24 +238,8 @@ def run(request: Request) -> dict[str, Any]:
             "memory": tracker.report().as_dict(),
             "events": events,
             "exchanges_ns": exchanges_ns,
+            "all_reduces_ns": all_reduces_ns,
         }
     finally:
         parallel_state.destroy_model_parallel()
         rt.close()
-
-
-def environment_for(physical_rank: int, num_processes: int, port: int) -> dict[str, str]:
-    """torchrun's variables for one of `num_processes` processes on this machine."""
-    return {
-        "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(port),
-        "RANK": str(physical_rank),
-        "LOCAL_RANK": str(physical_rank),
-        "WORLD_SIZE": str(num_processes),
-        "LOCAL_WORLD_SIZE": str(num_processes),
-        "OMP_NUM_THREADS": "1",
-    }
-
-
-def apply_environment(variables: dict[str, str]) -> None:
-    os.environ.update(variables)

@@ -1,0 +1,98 @@
+"""Why a fidelity case misses: the real run's exchanges and all-reduces beside the simulated ones.
+
+For one case: calibrate, run the ground truth with the real rank's pipeline exchanges and
+all-reduces traced, capture and simulate as the suite does, and print, for one iteration of the
+first real rank, each step's start and end in the real run and in the simulation (ms from the
+iteration start) and how far apart their ends are. A drift that grows step by step is compute or
+latency the simulation lacks; a jump at one op is that op's cost.
+
+Run: ``python -m benchmarks.fidelity.diagnose CASE [--iteration N]``.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import argparse
+import sys
+import warnings
+
+
+def _simulated_steps(result, virtual_rank: int) -> list[tuple[float, float, str]]:
+    """(start ms, end ms, ops) of each blocking step of the rank: p2p batches and collectives."""
+    from prism_megatron.graph import NodeType
+    from prism_megatron.graph.printable import format_op
+
+    steps, batch = [], None
+    for timing in result.timeline(virtual_rank):
+        if timing.stream != "compute" or timing.op.type in (NodeType.COMPUTE, NodeType.WAIT):
+            continue
+        if batch is None:
+            batch = [timing.start_ns / 1e6, timing.end_ns / 1e6, format_op(timing.op)]
+        else:
+            batch[1] = max(batch[1], timing.end_ns / 1e6)
+            batch[2] += " + " + format_op(timing.op)
+        if not timing.op.coalesced:
+            steps.append(tuple(batch))
+            batch = None
+    return steps
+
+
+def diagnose(name: str, iteration: int | None) -> None:
+    from benchmarks.fidelity import compare, workload
+    from benchmarks.fidelity.calibrate import calibrate
+    from benchmarks.fidelity.cases import real_compute_cases, sleep_cases, smoke_case
+    from benchmarks.fidelity.processes import run_processes
+    from prism_megatron.topology import Layout
+
+    cases = {c.name: c for c in [smoke_case(), *sleep_cases(), *real_compute_cases()]}
+    if name not in cases:
+        raise ValueError(f"no case {name!r}; cases: {', '.join(cases)}")
+    case = cases[name]
+    cost = calibrate(compare.group_sizes(case.job))
+    request = workload.Request(job=case.job, mode="real", iterations=case.iterations, trace=True)
+    real = run_processes(workload.run, [request] * case.job.world_size)
+    result, _ = compare._simulate(case, compare._captures(case.job, Layout(**case.job.layout_kwargs())), cost)
+    rank = real[case.real_ranks[0]]
+    times = compare.iteration_times_ms(rank)
+    index = case.iterations - 1 if iteration is None else iteration
+    start, end = rank["starts_ns"][index], rank["ends_ns"][index]
+    windows = sorted(
+        [(a, b, "exchange") for a, b in rank["exchanges_ns"]]
+        + [(a, b, "all-reduce") for a, b in rank["all_reduces_ns"]]
+    )
+    windows = [((a - start) / 1e6, (b - start) / 1e6, what) for a, b, what in windows if start <= a < end]
+    print(
+        f"{name}: virtual rank {rank['virtual_rank']}, real iterations {[round(t, 1) for t in times]} ms, "
+        f"simulated {result.finish_ns(rank['virtual_rank']) / 1e6:.1f} ms; iteration {index}:"
+    )
+    print(
+        f"{'real':>10} {'start':>9} {'end':>9}   {'sim start':>9} {'sim end':>9}   {'end diff':>8}  simulated ops"
+    )
+    for (a, b, what), (sa, sb, ops) in zip(
+        windows, _simulated_steps(result, rank["virtual_rank"]), strict=False
+    ):
+        print(f"{what:>10} {a:9.2f} {b:9.2f}   {sa:9.2f} {sb:9.2f}   {b - sb:+8.2f}  {ops}")
+    print(
+        f"{'end':>10} {(end - start) / 1e6:9.2f}   simulated {result.finish_ns(rank['virtual_rank']) / 1e6:9.2f}"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("case")
+    parser.add_argument(
+        "--iteration", type=int, default=None, help="which timed iteration (default: the last)"
+    )
+    args = parser.parse_args(argv)
+    warnings.filterwarnings("ignore")
+    import megatron.core  # noqa: F401  (once here; the forked processes inherit it)
+
+    diagnose(args.case, args.iteration)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
