@@ -7,7 +7,8 @@ order; an op's cost is the time from the last member's issue to each member's co
 clock: every process reads this machine's CLOCK_MONOTONIC), median over members and repetitions.
 Costs between measured sizes are interpolated linearly (segment by segment: gloo switches
 algorithms with size, so one latency + bandwidth line fits it badly, e.g. a 4-byte all-reduce of four
-processes costs a fifth of a 512-byte one); beyond the largest size the last segment continues. Ops are issued
+processes costs a fifth of a 512-byte one), over medians made non-decreasing in size; beyond the
+largest size the last segment continues. Sizes go up to the largest message a case sends. Ops are issued
 through the same Python calls megatron-core uses (`all_reduce`; a pipeline exchange's
 `batch_isend_irecv` of a send and a receive, then `wait`),
 so the calls' own overhead is part of the cost, as it is part of the real run's time.
@@ -30,7 +31,11 @@ import torch.distributed as dist
 from prism_megatron.replay import OpKind
 
 P2P_KEY_INT = (int(OpKind.SEND), 2)
-SIZES_BYTES = (4, 512, 4096, 16384, 32768)
+SIZES_BYTES = (4, 512, 4096, 32768)
+LARGE_SIZES_BYTES = (262144, 2097152, 8388608)
+"""Measured for pairs only (p2p and two-member all-reduce): the cases move activations and
+gradients of megabytes only between two ranks (the GPT's TP and DP, the pipeline); their groups
+of four and eight reduce a few kilobytes."""
 MAX_JITTER_S = 0.001
 
 
@@ -38,6 +43,7 @@ MAX_JITTER_S = 0.001
 class Plan:
     group_sizes: tuple[int, ...]
     sizes_bytes: tuple[int, ...] = SIZES_BYTES
+    large_sizes_bytes: tuple[int, ...] = LARGE_SIZES_BYTES
     repetitions: int = 20
     warmup: int = 3
     """Leading repetitions of each (group, size) left out (first-use costs of a fresh group)."""
@@ -94,13 +100,13 @@ def measure(plan: Plan) -> dict[str, list[float]]:
             for n, group in groups.items():
                 if rank >= n:
                     continue
-                for size in plan.sizes_bytes:
+                for size in plan.sizes_bytes + (plan.large_sizes_bytes if n == 2 else ()):
                     cost = _timed_collective(group, list(range(n)), size, rng)
                     if keep:
                         samples.setdefault(f"{int(OpKind.ALL_REDUCE)}/{n}/{size}", []).append(cost)
             if rank >= 2:
                 continue
-            for size in plan.sizes_bytes:
+            for size in plan.sizes_bytes + plan.large_sizes_bytes:
                 cost = _timed_exchange(pair, 1 - rank, size, rng)
                 if keep:
                     samples.setdefault(f"{P2P_KEY_INT[0]}/2/{size}", []).append(cost)
@@ -109,13 +115,24 @@ def measure(plan: Plan) -> dict[str, list[float]]:
     return samples
 
 
+def monotone(points: Sequence[tuple[int, float]]) -> tuple[tuple[int, float], ...]:
+    """Each cost raised to the highest at any smaller size: moving more bytes never costs less, so a
+    median below a smaller size's is noise (and would make extrapolation fall with size)."""
+    out, highest = [], 0.0
+    for size, cost in sorted(points):
+        highest = max(highest, cost)
+        out.append((size, highest))
+    return tuple(out)
+
+
 def interpolate(points: Sequence[tuple[int, float]], size_bytes: int) -> float:
-    """Piecewise-linear through (size, ns) points sorted by size; flat below the first."""
+    """Piecewise-linear through (size, ns) points sorted by size and non-decreasing; flat below the
+    first, the last segment's slope beyond the last."""
     if size_bytes <= points[0][0] or len(points) == 1:
         return points[0][1]
     for (x0, y0), (x1, y1) in itertools.pairwise(points):
         if size_bytes <= x1 or (x1, y1) == points[-1]:
-            return max(y0 + (y1 - y0) * (size_bytes - x0) / (x1 - x0), 0.0)
+            return y0 + (y1 - y0) * (size_bytes - x0) / (x1 - x0)
     raise AssertionError("unreachable")
 
 
@@ -128,7 +145,7 @@ class LoopbackCost:
     """
 
     points: dict[tuple[int, int], tuple[tuple[int, float], ...]]
-    """(op kind, group size) -> (size_bytes, median cost ns) sorted by size."""
+    """(op kind, group size) -> (size_bytes, median cost ns), sorted by size, made non-decreasing."""
 
     def __call__(self, kind: OpKind, members: tuple[int, ...], size_bytes: int) -> float:
         n = len(members)
@@ -158,7 +175,7 @@ def fit(per_process: Sequence[dict[str, list[float]]]) -> LoopbackCost:
     for key, values in merged.items():
         kind, n, size = (int(part) for part in key.split("/"))
         points.setdefault((kind, n), []).append((size, statistics.median(values)))
-    return LoopbackCost({key: tuple(sorted(p)) for key, p in points.items()})
+    return LoopbackCost({key: monotone(p) for key, p in points.items()})
 
 
 def calibrate(group_sizes: Sequence[int], repetitions: int = 20) -> LoopbackCost:

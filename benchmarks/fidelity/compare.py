@@ -8,7 +8,9 @@
 2. Simulation of the whole job over the calibrated loopback costs (with the case's straggler as a
    what-if) gives the replay schedule of each real rank.
 3. Ground truth: all W ranks real, one forked process each, gloo on loopback.
-4. Emulation: only the case's real ranks run, the replay engine times their virtual peers.
+4. Emulation: only the case's real ranks run, the replay engine times their virtual peers; each
+   real rank folds what it measures into the next iteration's schedule (the emulation pass's
+   closed loop, `loop.py`), unless the case is run `static`.
 Steps 3 and 4 alternate `Case.rounds` times, and each side's iterations are pooled.
 
 The error of a real rank is (emulated median - real median) / real median of its iteration time,
@@ -26,6 +28,7 @@ from typing import Any
 
 from benchmarks.fidelity import workload
 from benchmarks.fidelity.cases import Case
+from benchmarks.fidelity.loop import ReplayInputs
 from benchmarks.fidelity.processes import run_processes
 
 CAPTURE_ITERATIONS = 8
@@ -80,10 +83,10 @@ def _simulate(case: Case, captures: list, cost_fn):
     from prism_megatron.topology import Layout
 
     world = LayoutWorld(Layout(**case.job.layout_kwargs()))
-    graph = build_graph(captures, world, case.job.layout_kwargs(), extra={"model": "sleep"})
+    graph = build_graph(captures, world, case.job.layout_kwargs(), extra={"model": case.kind})
     what_if = WhatIf(stragglers=dict(case.job.stragglers)) if case.job.stragglers else None
     result = simulate(graph, world, cost_fn, what_if)
-    return result, replay_schedules(result, case.real_ranks)
+    return graph, result, replay_schedules(result, case.real_ranks)
 
 
 def _pooled(runs: list[dict], key: str, warmup: int) -> list[float]:
@@ -122,6 +125,7 @@ def _rank_record(case: Case, real: list[dict], emulated: list[dict], simulated_n
         "real_compute_median_ms": real_compute,
         "emulated_compute_median_ms": emulated_compute,
         "compute_overhead_pct": 100.0 * (emulated_compute - real_compute) / real_compute,
+        "replay": [run["replay"] for run in emulated],
     }
 
 
@@ -131,19 +135,16 @@ def _real_run(case: Case) -> list[dict]:
     return run_processes(workload.run, [request] * case.job.world_size)
 
 
-def _emulated_run(case: Case, schedules) -> list[dict]:
-    """The case's real ranks only, each replaying its schedule; results in `case.real_ranks` order."""
-    requests = [
-        workload.Request(
-            job=case.job,
-            mode="emulate",
-            iterations=case.iterations,
-            real_ranks=case.real_ranks,
-            schedule=schedules[r],
-        )
-        for r in case.real_ranks
-    ]
-    return run_processes(workload.run, requests)
+def _emulated_run(case: Case, inputs: ReplayInputs) -> list[dict]:
+    """The case's real ranks only, each replaying; results in `case.real_ranks` order."""
+    request = workload.Request(
+        job=case.job,
+        mode="emulate",
+        iterations=case.iterations,
+        real_ranks=case.real_ranks,
+        replay_inputs=inputs,
+    )
+    return run_processes(workload.run, [request] * len(case.real_ranks))
 
 
 def group_sizes(job: workload.Job) -> list[int]:
@@ -151,10 +152,12 @@ def group_sizes(job: workload.Job) -> list[int]:
     return sorted({2, job.tp, job.dp, job.tp * job.pp} - {1})
 
 
-def run_case(case: Case, cost_fn=None) -> dict[str, Any]:
+def run_case(case: Case, cost_fn=None, *, static: bool = False) -> dict[str, Any]:
     """Run the case's passes and compare (see the module docstring).
 
     Args:
+        static: the emulated ranks keep the first replay schedule throughout instead of folding
+            what they measure into the next (the emulation pass's closed loop).
         cost_fn: the simulator's communication costs; None calibrates gloo on loopback right before
             the case, for the group sizes it uses (so the costs are those of the machine as loaded
             at the time of the case).
@@ -170,15 +173,23 @@ def run_case(case: Case, cost_fn=None) -> dict[str, Any]:
     wall["calibrate_s"] = time.monotonic() - begin
     load_before = os.getloadavg()[0]
     begin = time.monotonic()
-    result, schedules = _simulate(case, _captures(job, Layout(**job.layout_kwargs())), cost_fn)
+    graph, result, _ = _simulate(case, _captures(job, Layout(**job.layout_kwargs())), cost_fn)
     wall["capture_and_simulate_s"] = time.monotonic() - begin
+    inputs = ReplayInputs(
+        graph=graph,
+        layout_kwargs=job.layout_kwargs(),
+        cost_fn=cost_fn,
+        stragglers=dict(job.stragglers),
+        real_ranks=case.real_ranks,
+        static=static,
+    )
     real_runs, emulated_runs = [], []
     for _ in range(case.rounds):  # alternate, so a change of load on the machine hits both alike
         begin = time.monotonic()
         real_runs.append(_real_run(case))
         wall["real_s"] = wall.get("real_s", 0.0) + time.monotonic() - begin
         begin = time.monotonic()
-        emulated_runs.append(_emulated_run(case, schedules))
+        emulated_runs.append(_emulated_run(case, inputs))
         wall["emulate_s"] = wall.get("emulate_s", 0.0) + time.monotonic() - begin
     ranks = [
         _rank_record(
@@ -203,6 +214,7 @@ def run_case(case: Case, cost_fn=None) -> dict[str, Any]:
         "real_ranks": list(case.real_ranks),
         "num_real_processes_ground_truth": job.world_size,
         "rounds": case.rounds,
+        "closed_loop": not static,
         "simulated_iteration_ms": result.iteration_time_ns / 1e6,
         "ranks": ranks,
         "error_pct": statistics.fmean(r["error_pct"] for r in ranks),

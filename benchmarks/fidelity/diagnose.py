@@ -54,7 +54,9 @@ def diagnose(name: str, iteration: int | None) -> None:
     cost = calibrate(compare.group_sizes(case.job))
     request = workload.Request(job=case.job, mode="real", iterations=case.iterations, trace=True)
     real = run_processes(workload.run, [request] * case.job.world_size)
-    result, _ = compare._simulate(case, compare._captures(case.job, Layout(**case.job.layout_kwargs())), cost)
+    _, result, _ = compare._simulate(
+        case, compare._captures(case.job, Layout(**case.job.layout_kwargs())), cost
+    )
     rank = real[case.real_ranks[0]]
     times = compare.iteration_times_ms(rank)
     index = case.iterations - 1 if iteration is None else iteration

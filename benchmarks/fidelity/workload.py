@@ -5,7 +5,8 @@ emulation times is the program the real run timed (the model and step are `progr
 
 * ``real``: one of W real processes on gloo (the ground truth);
 * ``capture``: a real rank among virtual peers that arrive at once, recording every op (the slice);
-* ``emulate``: a real rank among virtual peers the replay engine times from a schedule.
+* ``emulate``: a real rank among virtual peers the replay engine times from a schedule, which
+  follows what the rank measures, iteration by iteration (`loop.py`).
 
 An iteration starts where the previous optimizer step ended (the first after set-up), with no
 barrier, and its time is measured on this process alone.
@@ -26,7 +27,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from benchmarks.fidelity import programs
+from benchmarks.fidelity import loop, programs
 
 MODES = ("real", "capture", "emulate")
 
@@ -71,10 +72,8 @@ class Request:
     iterations: int
     real_ranks: tuple[int, ...] = ()
     """Emulated modes: the virtual ranks run by real processes (physical rank = index)."""
-    schedule: Any = None
-    """emulate: this rank's `ReplaySchedule`."""
-    record_from: int = 0
-    """capture: the first iteration whose ops are recorded (earlier ones warm up)."""
+    replay_inputs: Any = None
+    """emulate: the simulation's inputs (`loop.ReplayInputs`); the rank keeps its schedule from them."""
     memory_iterations: int = 2
     """Iterations after the timed ones, under the live-storage tracker (peak memory)."""
     trace: bool = False
@@ -170,21 +169,32 @@ def _time_compute(spans_ns: list[int]) -> None:
     schedules.backward_step = timed(schedules.backward_step)
 
 
-def _iterate(
-    request: Request, step, count: int, iteration_base: int, starts_ns: list, ends_ns: list, compute_ns: list
-) -> None:
-    """`count` iterations, each timed from the end of the previous one (no barrier)."""
+def _iterate(request: Request, step, count: int, first: int, timeline: dict, after=None) -> None:
+    """`count` iterations, each timed from the end of the previous one (no barrier).
+
+    Emulated modes record each iteration's ops and mark its start for the replay engine; `after`
+    gets (number, start, end, events) of each.
+    """
     import prism_megatron.replay as replay
 
-    previous_ns = ends_ns[-1] if ends_ns else time.monotonic_ns()
-    for iteration in range(iteration_base, iteration_base + count):
-        if request.mode != "real" and iteration == request.record_from:
+    previous_ns = timeline["ends_ns"][-1] if timeline["ends_ns"] else time.monotonic_ns()
+    for number in range(first, first + count):
+        if request.mode != "real":
             replay.start_recording()
-        starts_ns.append(replay.mark_iteration_start() if request.mode != "real" else previous_ns)
-        compute_ns.append(0)
+        start_ns = replay.mark_iteration_start() if request.mode != "real" else previous_ns
+        timeline["compute_ns"].append(0)
         step()
         previous_ns = time.monotonic_ns()
-        ends_ns.append(previous_ns)
+        events = replay.stop_recording() if request.mode != "real" else []
+        timeline["starts_ns"].append(start_ns)
+        timeline["ends_ns"].append(previous_ns)
+        timeline["events"].extend(events)
+        if after is not None:
+            after(number, start_ns, previous_ns, events)
+
+
+def _new_timeline() -> dict[str, list]:
+    return {"starts_ns": [], "ends_ns": [], "compute_ns": [], "events": []}
 
 
 def run(request: Request) -> dict[str, Any]:
@@ -195,7 +205,6 @@ def run(request: Request) -> dict[str, Any]:
     """
     from megatron.core import parallel_state
 
-    import prism_megatron.replay as replay
     from prism_megatron.megatron import memory
 
     if request.mode not in MODES:
@@ -205,11 +214,8 @@ def run(request: Request) -> dict[str, Any]:
     try:
         virtual_rank = dist.get_rank()
         program = programs.build(request.job, virtual_rank)
-        if request.mode == "emulate":
-            replay.set_mode("replay")
-            replay.load_schedule(request.schedule)
         exchanges_ns: list[tuple[int, int]] = []
-        if request.mode == "capture" and rt.p2p_class is not None:
+        if request.mode != "real" and rt.p2p_class is not None:
             _record_exchanges(rt.p2p_class, exchanges_ns)
         all_reduces_ns: list[tuple[int, int]] = []
         if request.mode == "real" and request.trace:
@@ -217,28 +223,36 @@ def run(request: Request) -> dict[str, Any]:
 
             _record_exchanges(schedules.P2PCommunicator, exchanges_ns)
             _record_all_reduces(all_reduces_ns)
-        starts_ns: list[int] = []
-        ends_ns: list[int] = []
-        compute_ns: list[int] = []
-        _time_compute(compute_ns)
-        _iterate(request, program.step, request.iterations, 0, starts_ns, ends_ns, compute_ns)
-        events = replay.stop_recording() if request.mode != "real" else []
+        after, replay_state = None, None
+        if request.mode == "emulate":
+            replay_state = loop.Replay(request.replay_inputs, virtual_rank)
+
+            def after(number, start_ns, end_ns, events):
+                calls = [c for c in exchanges_ns if start_ns <= c[0] < end_ns]
+                replay_state.after_iteration(number, start_ns, end_ns, events, calls)
+
+        timeline = _new_timeline()
+        _time_compute(timeline["compute_ns"])
+        _iterate(request, program.step, request.iterations, 0, timeline, after)
         with _without_cycle_collection():
             tracker = memory.LiveStorageTracker()
             tracker.label_model(program.model)
             tracker.label_optimizer(program.optimizer)
             with tracker:
-                _iterate(request, program.step, request.memory_iterations, request.iterations, [], [], [0])
+                _iterate(
+                    request, program.step, request.memory_iterations, request.iterations, _new_timeline()
+                )
         return {
             "virtual_rank": virtual_rank,
             "mode": request.mode,
-            "starts_ns": starts_ns,
-            "ends_ns": ends_ns,
-            "compute_ns": compute_ns,
+            "starts_ns": timeline["starts_ns"],
+            "ends_ns": timeline["ends_ns"],
+            "compute_ns": timeline["compute_ns"],
             "memory": tracker.report().as_dict(),
-            "events": events,
+            "events": timeline["events"],
             "exchanges_ns": exchanges_ns,
             "all_reduces_ns": all_reduces_ns,
+            "replay": replay_state.summary() if replay_state else None,
         }
     finally:
         parallel_state.destroy_model_parallel()
