@@ -1,9 +1,13 @@
 """Model, DDP and optimizer of the built-in training entry, built from Megatron-LM-named arguments.
 
-It mirrors what Megatron-LM's `pretrain_gpt.py` builds for the flags it supports (GPTModel with the
-local layer spec, one chunk per virtual pipeline stage, DDP with Megatron-LM's bucket rule, the
-Megatron optimizer), using megatron-core only, so a user of megatron-core without Megatron-LM can
-run the plugin and CI has a path that needs no Megatron-LM checkout.
+It mirrors what Megatron-LM's `pretrain_gpt.py` (`gpt_builder`) builds for the flags it supports with
+`--transformer-impl local`: GPTModel with megatron-core's local layer specs (the decoder block spec
+for MoE, so `--moe-layer-freq` mixes dense and MoE layers), uneven first and last pipeline stages,
+RoPE with `--rotary-base`, multi-latent attention (see `local_mla`), shared experts, multi-token
+prediction, one chunk per virtual pipeline stage; DDP with Megatron-LM's bucket rule; the Megatron
+optimizer. It uses megatron-core only, so a user of megatron-core without Megatron-LM can run the
+plugin and CI has a path that needs no Megatron-LM checkout. Where Transformer Engine has a kernel
+the local layers lack, the substitute has the same parameters and math (`_moe_fields`, `local_mla`).
 """
 
 from __future__ import annotations
@@ -19,10 +23,17 @@ from megatron.core.distributed import (
     finalize_model_grads,
 )
 from megatron.core.models.gpt import GPTModel
-from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec, get_gpt_layer_local_spec
+from megatron.core.models.gpt.gpt_layer_specs import (
+    get_gpt_decoder_block_spec,
+    get_gpt_decoder_layer_specs,
+    get_gpt_layer_local_spec,
+    get_gpt_mtp_block_spec,
+)
 from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 from megatron.core.tensor_parallel import set_defaults_if_not_set_tensor_model_parallel_attributes
-from megatron.core.transformer import TransformerConfig
+from megatron.core.transformer import MLATransformerConfig, TransformerConfig
+
+from prism_megatron.megatron import local_mla
 
 # Megatron-LM's default bucket size floor (training.py get_model: max(4e7, 1e6 * dp_cp)).
 _MIN_BUCKET_SIZE_PARAMS = 40_000_000
@@ -37,24 +48,35 @@ def params_dtype(args: argparse.Namespace) -> torch.dtype:
     return torch.float32
 
 
-def padded_vocab_size(vocab_size: int, divisible_by: int, tp: int) -> int:
-    """Megatron-LM's padding: up to a multiple of make_vocab_size_divisible_by * TP."""
-    multiple = divisible_by * tp
-    return -(-vocab_size // multiple) * multiple
+def padded_vocab_size(args: argparse.Namespace) -> int:
+    """Megatron-LM's embedding rows: the tokenizer's vocabulary (the NullTokenizer adds one EOD token
+    to --vocab-size) padded up to a multiple of make_vocab_size_divisible_by * TP."""
+    tokenizer_size = args.vocab_size + 1 if args.tokenizer_type == "NullTokenizer" else args.vocab_size
+    multiple = args.make_vocab_size_divisible_by * args.tensor_model_parallel_size
+    return -(-tokenizer_size // multiple) * multiple
 
 
 def transformer_config(args: argparse.Namespace) -> TransformerConfig:
-    """The TransformerConfig Megatron-LM would derive from these flags (fusions off: no TE/apex on CPU)."""
+    """The TransformerConfig Megatron-LM would derive from these flags (fusions off: no TE/apex on CPU);
+    an MLATransformerConfig with --multi-latent-attention.
+
+    Raises:
+        ValueError: megatron-core's own checks (`__post_init__`) refuse the combination of flags.
+    """
     dtype = params_dtype(args)
-    return TransformerConfig(
+    fields = dict(
         num_layers=args.num_layers,
         hidden_size=args.hidden_size,
         num_attention_heads=args.num_attention_heads,
         num_query_groups=args.num_query_groups if args.group_query_attention else None,
+        kv_channels=args.kv_channels,
         ffn_hidden_size=args.ffn_hidden_size,
+        qk_layernorm=args.qk_layernorm,
         tensor_model_parallel_size=args.tensor_model_parallel_size,
         pipeline_model_parallel_size=args.pipeline_model_parallel_size,
         virtual_pipeline_model_parallel_size=args.virtual_pipeline_model_parallel_size,
+        num_layers_in_first_pipeline_stage=args.decoder_first_pipeline_num_layers,
+        num_layers_in_last_pipeline_stage=args.decoder_last_pipeline_num_layers,
         context_parallel_size=args.context_parallel_size,
         expert_model_parallel_size=args.expert_model_parallel_size,
         expert_tensor_parallel_size=args.expert_tensor_parallel_size,
@@ -70,15 +92,66 @@ def transformer_config(args: argparse.Namespace) -> TransformerConfig:
         gated_linear_unit=args.swiglu,
         activation_func=torch.nn.functional.silu if args.swiglu else torch.nn.functional.gelu,
         normalization=args.normalization,
-        num_moe_experts=args.num_experts,
-        moe_router_topk=args.moe_router_topk,
-        moe_ffn_hidden_size=args.moe_ffn_hidden_size,
-        moe_token_dispatcher_type=args.moe_token_dispatcher_type,
-        moe_aux_loss_coeff=args.moe_aux_loss_coeff,
-        moe_router_load_balancing_type=args.moe_router_load_balancing_type,
+        mtp_num_layers=args.mtp_num_layers,
+        mtp_loss_scaling_factor=args.mtp_loss_scaling_factor,
         recompute_granularity=args.recompute_granularity,
         recompute_method=args.recompute_method,
         recompute_num_layers=args.recompute_num_layers,
+        **_moe_fields(args),
+        **_schedule_fields(args),
+    )
+    config_class = TransformerConfig
+    if args.multi_latent_attention:
+        config_class = MLATransformerConfig
+        fields.update(_mla_fields(args))
+    try:
+        return config_class(**fields)
+    except (AssertionError, ValueError) as exc:
+        raise ValueError(f"megatron-core refuses these flags: {exc}") from exc
+
+
+def _moe_fields(args: argparse.Namespace) -> dict:
+    """MoE settings. `--moe-grouped-gemm` is built as megatron-core's SequentialMLP: one fc1 and one fc2
+    weight per expert, the shapes of Transformer Engine's grouped experts, and the same per-expert
+    GEMMs (TE's grouped kernel and the legacy GroupedMLP need packages a CPU machine has not)."""
+    return dict(
+        num_moe_experts=args.num_experts,
+        moe_layer_freq=args.moe_layer_freq,
+        moe_ffn_hidden_size=args.moe_ffn_hidden_size,
+        moe_shared_expert_intermediate_size=args.moe_shared_expert_intermediate_size,
+        moe_grouped_gemm=False,
+        moe_token_dispatcher_type=args.moe_token_dispatcher_type,
+        moe_router_topk=args.moe_router_topk,
+        moe_router_score_function=args.moe_router_score_function,
+        moe_router_dtype=args.moe_router_dtype,
+        moe_router_enable_expert_bias=args.moe_router_enable_expert_bias,
+        moe_router_topk_scaling_factor=args.moe_router_topk_scaling_factor,
+        moe_router_num_groups=args.moe_router_num_groups,
+        moe_router_group_topk=args.moe_router_group_topk,
+        moe_router_load_balancing_type=args.moe_router_load_balancing_type,
+        moe_aux_loss_coeff=args.moe_aux_loss_coeff,
+    )
+
+
+def _mla_fields(args: argparse.Namespace) -> dict:
+    """MLATransformerConfig's own fields (its RoPE lives in the attention, with --rotary-base)."""
+    return dict(
+        multi_latent_attention=True,
+        q_lora_rank=args.q_lora_rank,
+        kv_lora_rank=args.kv_lora_rank,
+        qk_head_dim=args.qk_head_dim,
+        qk_pos_emb_head_dim=args.qk_pos_emb_head_dim,
+        v_head_dim=args.v_head_dim,
+        rotary_base=args.rotary_base,
+        rotary_scaling_factor=args.rotary_scaling_factor,
+        mscale=args.mscale,
+        mscale_all_dim=args.mscale_all_dim,
+    )
+
+
+def _schedule_fields(args: argparse.Namespace) -> dict:
+    """Kernel fusions off (no TE or apex) and the pipeline schedule's settings."""
+    return dict(
         gradient_accumulation_fusion=False,
         masked_softmax_fusion=False,
         bias_activation_fusion=False,
@@ -94,9 +167,39 @@ def transformer_config(args: argparse.Namespace) -> TransformerConfig:
 
 
 def _layer_spec(args: argparse.Namespace, config: TransformerConfig, vp_stage: int | None):
+    """The decoder spec Megatron-LM's `gpt_builder` picks with `--transformer-impl local`."""
     if args.num_experts:
-        return get_gpt_decoder_block_spec(config, use_transformer_engine=False, vp_stage=vp_stage)
-    return get_gpt_layer_local_spec(normalization=args.normalization)
+        spec = get_gpt_decoder_block_spec(
+            config, use_transformer_engine=False, normalization=args.normalization, vp_stage=vp_stage
+        )
+    else:
+        spec = _local_layer_spec(args)
+    return local_mla.with_mla_core_attention(spec) if args.multi_latent_attention else spec
+
+
+def _local_layer_spec(args: argparse.Namespace):
+    return get_gpt_layer_local_spec(
+        args.num_experts,
+        False,  # grouped GEMM: see _moe_fields
+        args.qk_layernorm,
+        args.multi_latent_attention,
+        normalization=args.normalization,
+    )
+
+
+def _mtp_spec(args: argparse.Namespace, config: TransformerConfig, layer_spec, vp_stage: int | None):
+    """Megatron-LM's multi-token-prediction block spec: its layers are built like the last decoder
+    layer (a stage without decoder layers uses the plain layer spec); None on stages without MTP."""
+    if args.mtp_num_layers is None:
+        return None
+    if getattr(layer_spec, "layer_specs", None) == []:
+        last_layer = _local_layer_spec(args)
+    else:
+        last_layer = get_gpt_decoder_layer_specs(
+            config, use_transformer_engine=False, normalization=args.normalization, vp_stage=vp_stage
+        )[-1]
+    spec = get_gpt_mtp_block_spec(config, last_layer, use_transformer_engine=False, vp_stage=vp_stage)
+    return local_mla.with_mla_core_attention(spec) if args.multi_latent_attention and spec else spec
 
 
 def build_chunks(args: argparse.Namespace, config: TransformerConfig) -> list[GPTModel]:
@@ -109,19 +212,12 @@ def build_chunks(args: argparse.Namespace, config: TransformerConfig) -> list[GP
     for vp_stage in stages:
         first_chunk = vp_stage is None or vp_stage == 0
         last_chunk = vp_stage is None or vp_stage == vp_size - 1
-        chunk = GPTModel(
-            config=config,
-            transformer_layer_spec=_layer_spec(args, config, vp_stage),
-            vocab_size=padded_vocab_size(
-                args.vocab_size, args.make_vocab_size_divisible_by, args.tensor_model_parallel_size
-            ),
-            max_sequence_length=args.max_position_embeddings,
+        chunk = _gpt_model(
+            args,
+            config,
+            vp_stage,
             pre_process=pp_rank == 0 and first_chunk,
             post_process=pp_rank == pp_size - 1 and last_chunk,
-            parallel_output=True,
-            share_embeddings_and_output_weights=not args.untie_embeddings_and_output_weights,
-            position_embedding_type=args.position_embedding_type,
-            vp_stage=vp_stage,
         )
         chunk.vp_stage = vp_stage
         for param in chunk.parameters():
@@ -132,6 +228,33 @@ def build_chunks(args: argparse.Namespace, config: TransformerConfig) -> list[GP
             chunk = chunk.to(params_dtype(args))
         chunks.append(chunk)
     return chunks
+
+
+def _gpt_model(
+    args: argparse.Namespace,
+    config: TransformerConfig,
+    vp_stage: int | None,
+    *,
+    pre_process: bool,
+    post_process: bool,
+) -> GPTModel:
+    """One model chunk, as Megatron-LM's `gpt_builder` makes it."""
+    layer_spec = _layer_spec(args, config, vp_stage)
+    with local_mla.constructible():
+        return GPTModel(
+            config=config,
+            transformer_layer_spec=layer_spec,
+            vocab_size=padded_vocab_size(args),
+            max_sequence_length=args.max_position_embeddings,
+            pre_process=pre_process,
+            post_process=post_process,
+            parallel_output=True,
+            share_embeddings_and_output_weights=not args.untie_embeddings_and_output_weights,
+            position_embedding_type=args.position_embedding_type,
+            rotary_base=args.rotary_base,
+            mtp_block_spec=_mtp_spec(args, config, layer_spec, vp_stage),
+            vp_stage=vp_stage,
+        )
 
 
 def ddp_config(args: argparse.Namespace) -> DistributedDataParallelConfig:

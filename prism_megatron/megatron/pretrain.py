@@ -23,6 +23,7 @@ import torch.distributed as dist
 from megatron.core import parallel_state
 from megatron.core.pipeline_parallel import get_forward_backward_func
 from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+from megatron.core.transformer import TransformerConfig
 from megatron.core.utils import get_attr_wrapped_model
 
 from prism_megatron.config import PrismConfig
@@ -135,9 +136,8 @@ def train_step(args, ddp_model, optimizer, iterators, forward_backward) -> dict[
     return {"loss": loss, "grad_norm": grad_norm, "update_successful": update_successful}
 
 
-def train(args: argparse.Namespace, rt: runtime.Runtime) -> dict[str, Any]:
+def train(args: argparse.Namespace, config: TransformerConfig, rt: runtime.Runtime) -> dict[str, Any]:
     """Build model, DDP and optimizer, run --train-iters iterations, and return the results."""
-    config = model.transformer_config(args)
     chunks = model.build_chunks(args, config)
     ddp_model = model.wrap_ddp(args, config, chunks)
     optimizer = model.build_optimizer(args, ddp_model)
@@ -180,6 +180,8 @@ def _log(args: argparse.Namespace, iteration: int, step: dict[str, Any], rt: run
 def run(argv: list[str]) -> dict[str, Any]:
     """Parse, bring up, train, tear down; returns this rank's results (also written to --prism-out)."""
     args = pretrain_args.parse(argv)
+    pretrain_args.check_local_spec(args)
+    transformer_config = model.transformer_config(args)  # megatron-core's checks, before any process group
     config = PrismConfig.from_args(args)
     if config.patches.list_patches:
         print(catalog.table())
@@ -193,7 +195,7 @@ def run(argv: list[str]) -> dict[str, Any]:
         runtime.before_model(rt)
         results.check_writable(rt.config, rt.virtual_rank)
         with collectives.CollectiveRecorder() as recorder:
-            out = train(args, rt)
+            out = train(args, transformer_config, rt)
         out["collectives"] = recorder.as_dict()
         runtime.finish_phase(rt, out)
         results.write(rt.config, rt.virtual_rank, out)

@@ -1,0 +1,101 @@
+"""The built-in entry's flags derive what Megatron-LM's `validate_args` derives, and refuse what
+megatron-core would refuse with a sentence that names the flag."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from prism_megatron.megatron import pretrain_args
+
+BASE = (
+    "--num-layers", "8", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
+    "--micro-batch-size", "1", "--train-iters", "1",
+)  # fmt: skip
+
+
+def parse(*flags: str):
+    return pretrain_args.parse([*BASE, *flags])
+
+
+def test_megatron_lm_defaults_are_derived_from_the_flags():
+    args = parse("--swiglu", "--num-experts", "4")
+    assert args.kv_channels == 16 and args.max_position_embeddings == 32
+    assert args.ffn_hidden_size == 128  # int(64 * 4 * 2/3 / 64) * 64
+    assert args.moe_ffn_hidden_size == 128
+    assert (args.rotary_base, args.kv_lora_rank, args.qk_head_dim, args.v_head_dim) == (10000, 32, 128, 128)
+    assert args.moe_layer_freq == 1 and args.mtp_num_layers is None
+
+
+def test_sequence_parallelism_is_dropped_without_tensor_parallelism_as_megatron_lm_does():
+    assert not parse("--sequence-parallel").sequence_parallel
+    assert parse("--sequence-parallel", "--tensor-model-parallel-size", "2").sequence_parallel
+
+
+def test_uneven_first_and_last_stages_lift_the_divisibility_of_the_layer_count():
+    args = parse("--num-layers", "126", "--pipeline-model-parallel-size", "16",
+                 "--decoder-first-pipeline-num-layers", "7", "--decoder-last-pipeline-num-layers", "7")  # fmt: skip
+    assert args.virtual_pipeline_model_parallel_size is None
+    parse("--num-layers", "61", "--pipeline-model-parallel-size", "16",
+          "--decoder-first-pipeline-num-layers", "4", "--decoder-last-pipeline-num-layers", "1")  # fmt: skip
+    with pytest.raises(
+        ValueError, match="--num-layers 126 must be divisible by --pipeline-model-parallel-size 16"
+    ):
+        parse("--num-layers", "126", "--pipeline-model-parallel-size", "16")
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (("--num-layers", "10", "--pipeline-model-parallel-size", "4", "--decoder-first-pipeline-num-layers", "1",
+          "--decoder-last-pipeline-num-layers", "2"), "leaves 7 layers for 2 middle stages"),
+        (("--num-layers", "3", "--pipeline-model-parallel-size", "2", "--decoder-first-pipeline-num-layers", "1",
+          "--decoder-last-pipeline-num-layers", "1"), "leaves 1 layers for 0 middle stages"),
+        (("--num-layers", "2", "--pipeline-model-parallel-size", "2", "--decoder-first-pipeline-num-layers", "1",
+          "--decoder-last-pipeline-num-layers", "1", "--virtual-pipeline-model-parallel-size", "2"),
+         "--decoder-first-pipeline-num-layers 1 must be a positive multiple of the 2 model chunks"),
+        (("--pipeline-model-parallel-size", "2", "--decoder-first-pipeline-num-layers", "4",
+          "--num-layers-per-virtual-pipeline-stage", "2"), "cannot be combined with --decoder-first/last"),
+    ],
+    ids=["middle-stages-uneven", "layers-but-no-middle-stage", "not-whole-chunks", "layers-per-virtual-stage"],
+)  # fmt: skip
+def test_uneven_stages_megatron_core_would_refuse_are_refused_naming_the_flags(flags, message):
+    with pytest.raises(ValueError, match=message):
+        parse(*flags)
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (("--multi-latent-attention", "--group-query-attention"), "--multi-latent-attention and --group-query"),
+        (("--mtp-num-layers", "1"), "--mtp-num-layers needs --position-embedding-type rope"),
+        (("--expert-model-parallel-size", "2"), "--expert-model-parallel-size 2 needs --num-experts"),
+        (("--num-experts", "6", "--expert-model-parallel-size", "4"), "--num-experts 6 must be divisible"),
+        (("--num-experts", "4", "--tensor-model-parallel-size", "2"), "needs --sequence-parallel"),
+    ],
+    ids=["mla-with-gqa", "mtp-without-rope", "ep-without-experts", "experts-over-ep", "moe-tp-without-sp"],
+)  # fmt: skip
+def test_combinations_megatron_refuses_are_refused_naming_the_flag(flags, message):
+    with pytest.raises(ValueError, match=message):
+        parse(*flags)
+
+
+def test_a_value_outside_megatron_lms_choices_is_refused_with_the_choices(capsys):
+    with pytest.raises(SystemExit):
+        parse("--moe-router-score-function", "top1")
+    assert "argument --moe-router-score-function: invalid choice: 'top1'" in capsys.readouterr().err
+
+
+def test_local_layers_refuse_context_parallelism_but_parsing_does_not():
+    args = parse("--context-parallel-size", "2")
+    with pytest.raises(ValueError, match="--context-parallel-size 2 needs Transformer Engine"):
+        pretrain_args.check_local_spec(args)
+    pretrain_args.check_local_spec(parse("--tensor-model-parallel-size", "2"))
+
+
+def test_an_unknown_flag_is_named_and_points_at_megatron_lms_script():
+    with pytest.raises(
+        ValueError, match=re.escape("does not support --no-such-flag; run Megatron-LM's pretrain_gpt.py")
+    ):
+        parse("--no-such-flag")
