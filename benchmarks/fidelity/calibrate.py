@@ -13,6 +13,14 @@ through the same Python calls megatron-core uses (`all_reduce`; a pipeline excha
 `batch_isend_irecv` of a send and a receive, then `wait`),
 so the calls' own overhead is part of the cost, as it is part of the real run's time.
 
+Two conditions are measured. *Alone*: one group communicates while the other processes wait, the
+cost a network model measured on an idle pair would give. *Under the job's load*: as many processes
+as the largest case has ranks, split into groups of the measured size, every group communicating at
+once, as every TP pair or pipeline pair of a job does at about the same time; on this machine every
+op of every process needs the same two cores, so an op costs more when the whole job communicates,
+just as a cluster's links cost more when every rank uses them. The suite's model is the second (the
+ground truth is the whole job on these cores); the first is reported beside it.
+
 Nothing here looks at the cases' iteration times: the cost model is fixed before any case runs.
 """
 
@@ -47,6 +55,8 @@ class Plan:
     repetitions: int = 20
     warmup: int = 3
     """Leading repetitions of each (group, size) left out (first-use costs of a fresh group)."""
+    under_load: bool = False
+    """Every process in a group of each size, all groups measuring at once (see the module doc)."""
 
 
 def _timed_collective(group, members: Sequence[int], size_bytes: int, rng: random.Random) -> float:
@@ -81,33 +91,48 @@ def _timed_exchange(group, peer: int, size_bytes: int, rng: random.Random) -> fl
     return float(done_ns - int(issues.max()))
 
 
+def _groups_of(n: int, world_size: int, under_load: bool) -> tuple[list[list[int]], int]:
+    """The groups measured for size n (all consecutive blocks under load, else the first only);
+    every process must create every group. Returns (groups, how many of them measure)."""
+    blocks = [list(range(first, first + n)) for first in range(0, world_size - n + 1, n)]
+    return blocks, len(blocks) if under_load else 1
+
+
 def measure(plan: Plan) -> dict[str, list[float]]:
-    """In each of max(group sizes) gloo processes: per (kind, n, size), this member's costs (ns).
+    """In each gloo process: per (kind, n, size), this member's costs (ns).
 
     Repetitions go round every (kind, group, size) in turn, so a burst of load from elsewhere on
     the machine spreads over all of them instead of owning one.
     """
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
-    rank = dist.get_rank()
+    rank, world_size = dist.get_rank(), dist.get_world_size()
     rng = random.Random(rank)
     samples: dict[str, list[float]] = {}
     try:
-        groups = {n: dist.new_group(list(range(n))) for n in plan.group_sizes}
-        pair = groups[2] if 2 in groups else dist.new_group([0, 1])
+        mine: dict[int, tuple] = {}  # n -> (group, members) of this process, if it measures at n
+        for n in sorted(set(plan.group_sizes) | {2}):
+            blocks, measuring = _groups_of(n, world_size, plan.under_load)
+            for index, members in enumerate(blocks):
+                group = dist.new_group(members)
+                if index < measuring and rank in members:
+                    mine[n] = (group, members)
         for repetition in range(plan.warmup + plan.repetitions):
             keep = repetition >= plan.warmup
-            for n, group in groups.items():
-                if rank >= n:
+            for n in plan.group_sizes:
+                if n not in mine:
                     continue
+                group, members = mine[n]
                 for size in plan.sizes_bytes + (plan.large_sizes_bytes if n == 2 else ()):
-                    cost = _timed_collective(group, list(range(n)), size, rng)
+                    cost = _timed_collective(group, members, size, rng)
                     if keep:
                         samples.setdefault(f"{int(OpKind.ALL_REDUCE)}/{n}/{size}", []).append(cost)
-            if rank >= 2:
+            if 2 not in mine:
                 continue
+            group, members = mine[2]
+            peer = members[1] if rank == members[0] else members[0]
             for size in plan.sizes_bytes + plan.large_sizes_bytes:
-                cost = _timed_exchange(pair, 1 - rank, size, rng)
+                cost = _timed_exchange(group, peer, size, rng)
                 if keep:
                     samples.setdefault(f"{P2P_KEY_INT[0]}/2/{size}", []).append(cost)
     finally:
@@ -178,10 +203,23 @@ def fit(per_process: Sequence[dict[str, list[float]]]) -> LoopbackCost:
     return LoopbackCost({key: monotone(p) for key, p in points.items()})
 
 
-def calibrate(group_sizes: Sequence[int], repetitions: int = 20) -> LoopbackCost:
-    """Measure in max(group_sizes) forked gloo processes and fit."""
+def calibrate(
+    group_sizes: Sequence[int], repetitions: int = 20, world_size: int | None = None
+) -> LoopbackCost:
+    """Measure in forked gloo processes and fit.
+
+    Args:
+        world_size: None measures each group alone (max(group_sizes) processes); a number measures
+            under the load of a job of that many ranks (every group of each size at once).
+    """
     from benchmarks.fidelity.processes import run_processes
 
-    plan = Plan(group_sizes=tuple(sorted(set(group_sizes))), repetitions=repetitions)
-    num_processes = max(max(plan.group_sizes), 2)
+    plan = Plan(
+        group_sizes=tuple(sorted(set(group_sizes))),
+        repetitions=repetitions,
+        under_load=world_size is not None,
+    )
+    num_processes = world_size if world_size is not None else max(max(plan.group_sizes), 2)
+    if num_processes < max(plan.group_sizes):
+        raise ValueError(f"world_size {world_size} is smaller than the largest group {max(plan.group_sizes)}")
     return fit(run_processes(measure, [plan] * num_processes))

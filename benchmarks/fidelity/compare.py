@@ -152,7 +152,32 @@ def group_sizes(job: workload.Job) -> list[int]:
     return sorted({2, job.tp, job.dp, job.tp * job.pp} - {1})
 
 
-def run_case(case: Case, cost_fn=None, *, static: bool = False) -> dict[str, Any]:
+def _replay_inputs(case: Case, captures: list, cost_fn, static: bool):
+    """The simulation of the case under one cost model, and what its emulated ranks replay."""
+    graph, result, _ = _simulate(case, captures, cost_fn)
+    inputs = ReplayInputs(
+        graph=graph,
+        layout_kwargs=case.job.layout_kwargs(),
+        cost_fn=cost_fn,
+        stragglers=dict(case.job.stragglers),
+        real_ranks=case.real_ranks,
+        static=static,
+    )
+    return result, inputs
+
+
+def _ranks(case: Case, real_runs: list, emulated_runs: list, result) -> list[dict[str, Any]]:
+    return [
+        _rank_record(
+            case, [run[r] for run in real_runs], [run[i] for run in emulated_runs], result.finish_ns(r)
+        )
+        for i, r in enumerate(case.real_ranks)
+    ]
+
+
+def run_case(
+    case: Case, cost_fn=None, *, static: bool = False, alternatives: dict | None = None
+) -> dict[str, Any]:
     """Run the case's passes and compare (see the module docstring).
 
     Args:
@@ -161,6 +186,9 @@ def run_case(case: Case, cost_fn=None, *, static: bool = False) -> dict[str, Any
         cost_fn: the simulator's communication costs; None calibrates gloo on loopback right before
             the case, for the group sizes it uses (so the costs are those of the machine as loaded
             at the time of the case).
+        alternatives: other cost models by name; each gets its own simulation and emulated runs
+            against the same real runs, recorded under ``alternatives`` (the error a different
+            network model would give).
     """
     from benchmarks.fidelity.calibrate import calibrate
     from prism_megatron.topology import Layout
@@ -173,31 +201,22 @@ def run_case(case: Case, cost_fn=None, *, static: bool = False) -> dict[str, Any
     wall["calibrate_s"] = time.monotonic() - begin
     load_before = os.getloadavg()[0]
     begin = time.monotonic()
-    graph, result, _ = _simulate(case, _captures(job, Layout(**job.layout_kwargs())), cost_fn)
+    captures = _captures(job, Layout(**job.layout_kwargs()))
+    models = {"primary": cost_fn, **(alternatives or {})}
+    simulated = {name: _replay_inputs(case, captures, cost, static) for name, cost in models.items()}
     wall["capture_and_simulate_s"] = time.monotonic() - begin
-    inputs = ReplayInputs(
-        graph=graph,
-        layout_kwargs=job.layout_kwargs(),
-        cost_fn=cost_fn,
-        stragglers=dict(job.stragglers),
-        real_ranks=case.real_ranks,
-        static=static,
-    )
-    real_runs, emulated_runs = [], []
+    real_runs, emulated_runs = [], {name: [] for name in models}
     for _ in range(case.rounds):  # alternate, so a change of load on the machine hits both alike
         begin = time.monotonic()
         real_runs.append(_real_run(case))
         wall["real_s"] = wall.get("real_s", 0.0) + time.monotonic() - begin
         begin = time.monotonic()
-        emulated_runs.append(_emulated_run(case, inputs))
+        for name, (_, inputs) in simulated.items():
+            emulated_runs[name].append(_emulated_run(case, inputs))
         wall["emulate_s"] = wall.get("emulate_s", 0.0) + time.monotonic() - begin
-    ranks = [
-        _rank_record(
-            case, [run[r] for run in real_runs], [run[i] for run in emulated_runs], result.finish_ns(r)
-        )
-        for i, r in enumerate(case.real_ranks)
-    ]
-    return {
+    result = simulated["primary"][0]
+    ranks = _ranks(case, real_runs, emulated_runs["primary"], result)
+    record = {
         "case": case.name,
         "kind": case.kind,
         "layout": job.layout_kwargs() | {"dp": job.dp},
@@ -223,3 +242,15 @@ def run_case(case: Case, cost_fn=None, *, static: bool = False) -> dict[str, Any
         "load_average_1min": {"before": load_before, "after": os.getloadavg()[0]},
         "calibration_us": cost_fn.as_dict() if hasattr(cost_fn, "as_dict") else None,
     }
+    record["alternatives"] = {}
+    for name in alternatives or {}:
+        other = _ranks(case, real_runs, emulated_runs[name], simulated[name][0])
+        record["alternatives"][name] = {
+            "simulated_iteration_ms": simulated[name][0].iteration_time_ns / 1e6,
+            "error_pct": statistics.fmean(r["error_pct"] for r in other),
+            "ranks": [
+                {k: r[k] for k in ("virtual_rank", "emulated_median_ms", "simulated_ms", "error_pct")}
+                for r in other
+            ],
+        }
+    return record

@@ -51,7 +51,7 @@ def diagnose(name: str, iteration: int | None) -> None:
     if name not in cases:
         raise ValueError(f"no case {name!r}; cases: {', '.join(cases)}")
     case = cases[name]
-    cost = calibrate(compare.group_sizes(case.job))
+    cost = calibrate(compare.group_sizes(case.job), world_size=case.job.world_size)
     request = workload.Request(job=case.job, mode="real", iterations=case.iterations, trace=True)
     real = run_processes(workload.run, [request] * case.job.world_size)
     _, result, _ = compare._simulate(

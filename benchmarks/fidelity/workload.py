@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import gc
+import os
 import time
 from typing import Any
 
@@ -87,6 +88,19 @@ def _one_thread() -> None:
     from prism_megatron.replay import clock
 
     clock.lower_timer_slack()
+
+
+def _pin_compute_bound(request: Request) -> None:
+    """A GPT rank computes for real: each gets one core of its own, the same core in every run
+    (core = virtual rank mod cores), as each rank of a cluster has its own GPU. Unpinned, the one
+    real rank of an emulation would have both cores to itself (its gloo threads on the other one)
+    while two ranks of the real run share them. Sleeping ranks stay unpinned: 16 of them share the
+    cores as the scheduler sees fit. Set before bring-up, so gloo's threads inherit it."""
+    if not request.job.gpt_flags:
+        return
+    physical_rank = int(os.environ.get("RANK", "0"))
+    virtual_rank = physical_rank if request.mode == "real" else request.real_ranks[physical_rank]
+    os.sched_setaffinity(0, {virtual_rank % os.cpu_count()})
 
 
 def _bring_up(request: Request):
@@ -210,6 +224,7 @@ def run(request: Request) -> dict[str, Any]:
     if request.mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {request.mode!r}")
     _one_thread()
+    _pin_compute_bound(request)
     rt = _bring_up(request)
     try:
         virtual_rank = dist.get_rank()
