@@ -7,7 +7,7 @@
 # --ranks SPEC        the real ranks (the --prism-ranks language: slice, 0,8191, 'pp=0,15;tp=0'); default:
 #                     the launcher's default (one rank per role)
 # --nproc-per-node N  processes on this node, one per real rank (default 1)
-# FLAGS after --      appended last, so they override CONFIG (e.g. -- --prism-device cpu --transformer-impl local)
+# FLAGS after --      appended last, so they override CONFIG (e.g. -- --prism-device cpu)
 # Environment: SCRIPT  training script (default: builtin, the megatron-core entry shipped with the
 #                      package; set it to the path of Megatron-LM's pretrain_gpt.py to run that)
 #              TORCHRUN  torchrun command (default: torchrun); TORCHRUN_ARGS  extra torchrun options, word-split

@@ -88,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
 
 def check_builtin_flags(megatron_args: list[str], world_size: int) -> None:
     """The built-in entry's own checks, as one ValueError line (its parser would print its usage)."""
-    from prism_megatron.megatron import pretrain_args
+    from prism_megatron.megatron import model, pretrain_args
 
     def one_line(message: str):
         raise ValueError(message)
@@ -102,6 +102,8 @@ def check_builtin_flags(megatron_args: list[str], world_size: int) -> None:
         )
     pretrain_args.derive(args)
     pretrain_args.derive_world(args, world_size)
+    pretrain_args.check_local_spec(args)
+    model.transformer_config(args)  # megatron-core's own checks of the model's configuration
 
 
 def report_only(megatron_args: list[str], *, script: str) -> int:
