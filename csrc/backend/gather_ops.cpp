@@ -12,7 +12,10 @@
 // into it would overwrite other parameters with it; the values already in the slot (the parameters
 // before this step, which the virtual member would have updated by a small step) are the plausible
 // ones.
+#include <functional>
+
 #include "backend/backend.h"
+#include "backend/describe_op.h"
 
 namespace prism::backend {
 
@@ -21,15 +24,6 @@ namespace {
 at::Tensor slot_of(const at::Tensor& buffer, int64_t n, int64_t i, const at::Tensor& like) {
   const int64_t chunk = buffer.numel() / n;
   return buffer.view({-1}).narrow(0, i * chunk, chunk).view(like.sizes());
-}
-
-std::vector<at::Tensor> slots_of(const at::Tensor& output, const at::Tensor& input, int64_t n) {
-  std::vector<at::Tensor> slots;
-  slots.reserve(n);
-  for (int64_t m = 0; m < n; ++m) {
-    slots.push_back(slot_of(output, n, m, input));
-  }
-  return slots;
 }
 
 // True when every input is the given member's slot of its output (an in-place all-gather).
@@ -45,12 +39,46 @@ bool gathers_in_place(const std::vector<at::Tensor>& outputs, const std::vector<
   return n > 0;
 }
 
-std::vector<at::Tensor> real_slots(const GroupLayout& layout, const std::vector<at::Tensor>& slots) {
-  std::vector<at::Tensor> real;
+// The real members' entries of a per-member list (a slot, or a list of slots, per member).
+template <typename Slot>
+std::vector<Slot> real_slots(const GroupLayout& layout, const std::vector<Slot>& slots) {
+  std::vector<Slot> real;
   for (int64_t r = 0; r < layout.num_real(); ++r) {
     real.push_back(slots[layout.real_positions()[r]]);
   }
   return real;
+}
+
+// The local part every gather shares (list, tensor, coalesced; all-gather and gather): slots are
+// [member][op]. Alone, every member's slot is a copy of this process's input; else a virtual
+// member's slot is a copy of its stand-in's slot. The local part may run after the group is gone,
+// so it copies what it needs from the layout now.
+std::function<void()> mirror_slots(const GroupLayout& layout, std::vector<std::vector<at::Tensor>> slots,
+                                   std::vector<at::Tensor> inputs, bool alone) {
+  std::vector<int64_t> source_slot(layout.size());
+  for (int64_t m = 0; m < layout.size(); ++m) {
+    source_slot[m] = layout.real_positions()[layout.stand_in(m)];
+  }
+  return [slots, inputs, alone, source_slot = std::move(source_slot)]() mutable {
+    for (size_t m = 0; m < slots.size(); ++m) {
+      for (size_t i = 0; i < inputs.size(); ++i) {
+        if (alone) {
+          slots[m][i].copy_(inputs[i]);
+        } else if (source_slot[m] != static_cast<int64_t>(m)) {
+          slots[m][i].copy_(slots[source_slot[m]][i]);
+        }
+      }
+    }
+  };
+}
+
+// One op's slots as [member][op] with a single op.
+std::vector<std::vector<at::Tensor>> single_op(const std::vector<at::Tensor>& slots) {
+  std::vector<std::vector<at::Tensor>> per_member;
+  for (const auto& slot : slots) {
+    per_member.push_back({slot});
+  }
+  return per_member;
 }
 
 }  // namespace
@@ -60,14 +88,8 @@ c10::intrusive_ptr<c10d::Work> PrismBackend::broadcast(std::vector<at::Tensor>& 
   TORCH_CHECK(!tensors.empty(), "prism: broadcast needs at least one tensor");
   TORCH_CHECK(opts.rootRank >= 0 && opts.rootRank < layout_.size(), "prism: broadcast root ", opts.rootRank,
               " is not a rank of ", info_->label);
-  OpPlan plan;
-  plan.kind = replay::OpKind::kBroadcast;
-  plan.op_type = c10d::OpType::BROADCAST;
-  plan.size_bytes = total_bytes(tensors);
-  plan.dtype = tensors[0].scalar_type();
-  plan.device = tensors[0].device();
-  plan.async_op = opts.asyncOp;
-  plan.outputs = tensors;
+  OpPlan plan = describe_op(replay::OpKind::kBroadcast, c10d::OpType::BROADCAST, total_bytes(tensors), tensors[0],
+                            opts.asyncOp, tensors);
   const int64_t source = layout_.source_stand_in(opts.rootRank);
   if (real_ && source >= 0) {
     plan.issue_real = [this, tensors, opts, source]() mutable {
@@ -93,14 +115,8 @@ c10::intrusive_ptr<c10d::Work> PrismBackend::allgather(std::vector<std::vector<a
   TORCH_CHECK(outputs.size() == 1 && inputs.size() == 1, "prism: allgather takes one output list and one input");
   TORCH_CHECK(static_cast<int64_t>(outputs[0].size()) == layout_.size(), "prism: allgather output list has ",
               outputs[0].size(), " tensors, expected the group size ", layout_.size());
-  OpPlan plan;
-  plan.kind = replay::OpKind::kAllGather;
-  plan.op_type = c10d::OpType::ALLGATHER;
-  plan.size_bytes = total_bytes(outputs[0]);
-  plan.dtype = inputs[0].scalar_type();
-  plan.device = inputs[0].device();
-  plan.async_op = opts.asyncOp;
-  plan.outputs = outputs[0];
+  OpPlan plan = describe_op(replay::OpKind::kAllGather, c10d::OpType::ALLGATHER, total_bytes(outputs[0]), inputs[0],
+                            opts.asyncOp, outputs[0]);
   std::vector<at::Tensor> slots = outputs[0];
   at::Tensor input = inputs[0];
   if (real_) {
@@ -110,21 +126,7 @@ c10::intrusive_ptr<c10d::Work> PrismBackend::allgather(std::vector<std::vector<a
       return real_->allgather(real_outputs, real_inputs, opts);
     };
   }
-  // The local part may run after the group is gone: it copies what it needs from the layout.
-  const bool alone = !real_;
-  std::vector<int64_t> source_slot(layout_.size());
-  for (int64_t m = 0; m < layout_.size(); ++m) {
-    source_slot[m] = layout_.real_positions()[layout_.stand_in(m)];
-  }
-  plan.local = [slots, input, alone, source_slot = std::move(source_slot)]() mutable {
-    for (size_t m = 0; m < slots.size(); ++m) {
-      if (alone) {
-        slots[m].copy_(input);
-      } else if (source_slot[m] != static_cast<int64_t>(m)) {
-        slots[m].copy_(slots[source_slot[m]]);
-      }
-    }
-  };
+  plan.local = mirror_slots(layout_, single_op(slots), {input}, !real_);
   return launch(std::move(plan));
 }
 
@@ -146,14 +148,9 @@ c10::intrusive_ptr<c10d::Work> PrismBackend::allgather_into_tensor_coalesced(std
                 outputs[i].numel(), " elements, expected the input's ", inputs[i].numel(), " times the group size ", n);
     TORCH_CHECK(outputs[i].is_contiguous(), "prism: all_gather_into_tensor needs a contiguous output");
   }
-  OpPlan plan;
-  plan.kind = replay::OpKind::kAllGather;
-  plan.op_type = outputs.size() == 1 ? c10d::OpType::_ALLGATHER_BASE : c10d::OpType::ALLGATHER_COALESCED;
-  plan.size_bytes = total_bytes(outputs);
-  plan.dtype = inputs[0].scalar_type();
-  plan.device = inputs[0].device();
-  plan.async_op = opts.asyncOp;
-  plan.outputs = outputs;
+  const c10d::OpType op_type = outputs.size() == 1 ? c10d::OpType::_ALLGATHER_BASE : c10d::OpType::ALLGATHER_COALESCED;
+  OpPlan plan =
+      describe_op(replay::OpKind::kAllGather, op_type, total_bytes(outputs), inputs[0], opts.asyncOp, outputs);
   const bool in_place = gathers_in_place(outputs, inputs, n, layout_.self_index());
   if (!real_ && in_place) {
     // This process alone, gathering in place: its own slot already holds its input and every
@@ -169,44 +166,31 @@ c10::intrusive_ptr<c10d::Work> PrismBackend::allgather_into_tensor_coalesced(std
     };
     return launch(std::move(plan));
   }
-  std::vector<std::vector<at::Tensor>> slots;  // per op, per member
-  for (size_t i = 0; i < outputs.size(); ++i) {
-    slots.push_back(slots_of(outputs[i], inputs[i], n));
+  std::vector<std::vector<at::Tensor>> slots(n);  // [member][op]
+  for (int64_t m = 0; m < n; ++m) {
+    for (size_t i = 0; i < outputs.size(); ++i) {
+      slots[m].push_back(slot_of(outputs[i], n, m, inputs[i]));
+    }
   }
   plan.issue_real = [this, outputs, inputs, slots, opts]() mutable -> c10::intrusive_ptr<c10d::Work> {
     if (layout_.all_real()) {
       return outputs.size() == 1 ? real_->_allgather_base(outputs[0], inputs[0], opts)
                                  : real_->allgather_into_tensor_coalesced(outputs, inputs, opts);
     }
+    auto per_rank = real_slots(layout_, slots);  // [real rank][op]
     if (outputs.size() == 1) {
-      std::vector<std::vector<at::Tensor>> real_outputs{real_slots(layout_, slots[0])};
-      return real_->allgather(real_outputs, inputs, opts);
-    }
-    std::vector<std::vector<at::Tensor>> per_rank(layout_.num_real());  // [real rank][op]
-    for (auto& op_slots : slots) {
-      auto real = real_slots(layout_, op_slots);
-      for (int64_t r = 0; r < layout_.num_real(); ++r) {
-        per_rank[r].push_back(real[r]);
+      std::vector<std::vector<at::Tensor>> real_outputs(1);
+      for (const auto& rank_slots : per_rank) {
+        real_outputs[0].push_back(rank_slots[0]);
       }
+      return real_->allgather(real_outputs, inputs, opts);
     }
     return real_->allgather_coalesced(per_rank, inputs, opts);
   };
   if (layout_.all_real() || in_place) {
     return launch(std::move(plan));
   }
-  std::vector<int64_t> source_slot(n);
-  for (int64_t m = 0; m < n; ++m) {
-    source_slot[m] = layout_.real_positions()[layout_.stand_in(m)];
-  }
-  plan.local = [slots, source_slot = std::move(source_slot)]() mutable {
-    for (auto& op_slots : slots) {
-      for (size_t m = 0; m < op_slots.size(); ++m) {
-        if (source_slot[m] != static_cast<int64_t>(m)) {
-          op_slots[m].copy_(op_slots[source_slot[m]]);
-        }
-      }
-    }
-  };
+  plan.local = mirror_slots(layout_, std::move(slots), inputs, /*alone=*/false);
   return launch(std::move(plan));
 }
 
@@ -219,41 +203,21 @@ c10::intrusive_ptr<c10d::Work> PrismBackend::allgather_coalesced(std::vector<std
   for (const auto& per_member : outputs) {
     TORCH_CHECK(per_member.size() == inputs.size(), "prism: allgather_coalesced output lists must match the inputs");
   }
-  OpPlan plan;
-  plan.kind = replay::OpKind::kAllGather;
-  plan.op_type = c10d::OpType::ALLGATHER_COALESCED;
-  plan.size_bytes = total_bytes(inputs) * n;
-  plan.dtype = inputs.empty() ? at::kFloat : inputs[0].scalar_type();
-  plan.device = inputs.empty() ? at::Device(at::kCPU) : inputs[0].device();
-  plan.async_op = opts.asyncOp;
+  std::vector<at::Tensor> all_outputs;
   for (const auto& per_member : outputs) {
-    plan.outputs.insert(plan.outputs.end(), per_member.begin(), per_member.end());
+    all_outputs.insert(all_outputs.end(), per_member.begin(), per_member.end());
   }
+  // No inputs: a float CPU op of no bytes.
+  const at::Tensor like = inputs.empty() ? at::empty({0}, at::kFloat) : inputs[0];
+  OpPlan plan = describe_op(replay::OpKind::kAllGather, c10d::OpType::ALLGATHER_COALESCED, total_bytes(inputs) * n,
+                            like, opts.asyncOp, std::move(all_outputs));
   if (real_) {
     plan.issue_real = [this, outputs, inputs, opts]() mutable {
-      std::vector<std::vector<at::Tensor>> real_outputs;
-      for (int64_t r = 0; r < layout_.num_real(); ++r) {
-        real_outputs.push_back(outputs[layout_.real_positions()[r]]);
-      }
+      auto real_outputs = real_slots(layout_, outputs);
       return real_->allgather_coalesced(real_outputs, inputs, opts);
     };
   }
-  const bool alone = !real_;
-  std::vector<int64_t> source_slot(n);
-  for (int64_t m = 0; m < n; ++m) {
-    source_slot[m] = layout_.real_positions()[layout_.stand_in(m)];
-  }
-  plan.local = [outputs, inputs, alone, source_slot = std::move(source_slot)]() mutable {
-    for (size_t m = 0; m < outputs.size(); ++m) {
-      for (size_t i = 0; i < inputs.size(); ++i) {
-        if (alone) {
-          outputs[m][i].copy_(inputs[i]);
-        } else if (source_slot[m] != static_cast<int64_t>(m)) {
-          outputs[m][i].copy_(outputs[source_slot[m]][i]);
-        }
-      }
-    }
-  };
+  plan.local = mirror_slots(layout_, outputs, inputs, !real_);
   return launch(std::move(plan));
 }
 
@@ -266,16 +230,8 @@ c10::intrusive_ptr<c10d::Work> PrismBackend::gather(std::vector<std::vector<at::
   const bool is_root = opts.rootRank == layout_.self_index();
   TORCH_CHECK(!is_root || (outputs.size() == 1 && static_cast<int64_t>(outputs[0].size()) == n),
               "prism: gather's root needs one output list of ", n, " tensors");
-  OpPlan plan;
-  plan.kind = replay::OpKind::kGather;
-  plan.op_type = c10d::OpType::GATHER;
-  plan.size_bytes = total_bytes(inputs) * n;
-  plan.dtype = inputs[0].scalar_type();
-  plan.device = inputs[0].device();
-  plan.async_op = opts.asyncOp;
-  if (is_root) {
-    plan.outputs = outputs[0];
-  }
+  OpPlan plan = describe_op(replay::OpKind::kGather, c10d::OpType::GATHER, total_bytes(inputs) * n, inputs[0],
+                            opts.asyncOp, is_root ? outputs[0] : std::vector<at::Tensor>());
   const int64_t real_root = layout_.real_index_of(opts.rootRank);
   at::Tensor input = inputs[0];
   std::vector<at::Tensor> slots = is_root ? outputs[0] : std::vector<at::Tensor>();
@@ -295,20 +251,7 @@ c10::intrusive_ptr<c10d::Work> PrismBackend::gather(std::vector<std::vector<at::
     };
   }
   if (is_root) {
-    const bool alone = !real_;
-    std::vector<int64_t> source_slot(n);
-    for (int64_t m = 0; m < n; ++m) {
-      source_slot[m] = layout_.real_positions()[layout_.stand_in(m)];
-    }
-    plan.local = [slots, input, alone, source_slot = std::move(source_slot)]() mutable {
-      for (size_t m = 0; m < slots.size(); ++m) {
-        if (alone) {
-          slots[m].copy_(input);
-        } else if (source_slot[m] != static_cast<int64_t>(m)) {
-          slots[m].copy_(slots[source_slot[m]]);
-        }
-      }
-    };
+    plan.local = mirror_slots(layout_, single_op(slots), {input}, !real_);
   }
   return launch(std::move(plan));
 }
@@ -323,14 +266,8 @@ c10::intrusive_ptr<c10d::Work> PrismBackend::scatter(std::vector<at::Tensor>& ou
   const bool is_root = opts.rootRank == layout_.self_index();
   TORCH_CHECK(!is_root || (inputs.size() == 1 && static_cast<int64_t>(inputs[0].size()) == n),
               "prism: scatter's root needs one input list of ", n, " tensors");
-  OpPlan plan;
-  plan.kind = replay::OpKind::kScatter;
-  plan.op_type = c10d::OpType::SCATTER;
-  plan.size_bytes = total_bytes(outputs) * n;
-  plan.dtype = outputs[0].scalar_type();
-  plan.device = outputs[0].device();
-  plan.async_op = opts.asyncOp;
-  plan.outputs = outputs;
+  OpPlan plan = describe_op(replay::OpKind::kScatter, c10d::OpType::SCATTER, total_bytes(outputs) * n, outputs[0],
+                            opts.asyncOp, outputs);
   const int64_t real_root = layout_.real_index_of(opts.rootRank);
   at::Tensor output = outputs[0];
   std::vector<at::Tensor> pieces = is_root ? inputs[0] : std::vector<at::Tensor>();

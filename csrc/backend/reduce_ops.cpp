@@ -7,7 +7,10 @@
 // multiply for sum/avg, power for product, nothing for max/min/and/or, parity for xor. Average is a
 // sum divided by the group size afterwards (gloo has no AVG). With this process the only real member
 // the repeat is the whole answer (avg: the value itself, untouched).
+#include <functional>
+
 #include "backend/backend.h"
+#include "backend/describe_op.h"
 
 namespace prism::backend {
 
@@ -81,13 +84,77 @@ at::Tensor chunk_of(const at::Tensor& buffer, int64_t n, int64_t i, const at::Te
   return buffer.view({-1}).narrow(0, i * chunk, chunk).view(like.sizes());
 }
 
-// The real members' chunks of a reduce-scatter input, each repeated as this member's contribution.
-at::Tensor real_chunks(const GroupLayout& layout, const at::Tensor& input, const at::Tensor& output, RedOp op) {
+// Each real member's chunk, cloned and repeated `repeat` times as this member's contribution;
+// chunk(m) is member m's chunk of the input. The reduce-scatter variants differ only in chunk().
+template <typename ChunkOf>
+std::vector<at::Tensor> repeated_real_chunks(const GroupLayout& layout, RedOp op, ChunkOf chunk) {
+  const int64_t repeat = layout.stand_in_count(layout.self_real_index());
   std::vector<at::Tensor> chunks;
   for (int64_t r = 0; r < layout.num_real(); ++r) {
-    auto chunk = chunk_of(input, layout.size(), layout.real_positions()[r], output).clone();
-    repeat_contribution(chunk, op, layout.stand_in_count(layout.self_real_index()));
-    chunks.push_back(chunk.view({-1}));
+    auto repeated = chunk(layout.real_positions()[r]).clone();
+    repeat_contribution(repeated, op, repeat);
+    chunks.push_back(repeated);
+  }
+  return chunks;
+}
+
+// Issues the real op of a family on the inputs it prepared; null when this process is the only
+// real member.
+using RealCall = std::function<c10::intrusive_ptr<c10d::Work>(std::vector<at::Tensor>&)>;
+
+// The two parts of an all-reduce (plain and coalesced differ only in the real call): with a real
+// part, each contribution is repeated before the real reduction and an average divided after it;
+// alone, the mirror.
+void add_allreduce_parts(OpPlan& plan, const GroupLayout& layout, RedOp op, RealCall real_call) {
+  const int64_t n = layout.size();
+  std::vector<at::Tensor> tensors = plan.outputs;
+  if (!real_call) {
+    plan.local = [tensors, op, n]() mutable {
+      for (auto& t : tensors) {
+        mirror_alone(t, op, n);
+      }
+    };
+    return;
+  }
+  const int64_t repeat = layout.stand_in_count(layout.self_real_index());
+  plan.issue_real = [tensors, op, repeat, real_call]() mutable {
+    for (auto& t : tensors) {
+      repeat_contribution(t, op, repeat);
+    }
+    return real_call(tensors);
+  };
+  plan.local = [tensors, op, n]() mutable {
+    for (auto& t : tensors) {
+      finish_average(t, op, n);
+    }
+  };
+}
+
+// The local part of a reduce-scatter (list, tensor and coalesced alike): with a real part, an
+// average's division; alone, this member's own chunk of each input (own_chunks[i]) repeated.
+std::function<void()> reduce_scatter_local(std::vector<at::Tensor> outputs, std::vector<at::Tensor> own_chunks,
+                                           RedOp op, int64_t n, bool alone) {
+  if (!alone) {
+    return [outputs, op, n]() mutable {
+      for (auto& output : outputs) {
+        finish_average(output, op, n);
+      }
+    };
+  }
+  return [outputs, own_chunks, op, n]() mutable {
+    for (size_t i = 0; i < outputs.size(); ++i) {
+      outputs[i].copy_(own_chunks[i]);
+      mirror_alone(outputs[i], op, n);
+    }
+  };
+}
+
+// A reduce-scatter input of the real members' chunks only, each repeated, end to end.
+at::Tensor real_chunks(const GroupLayout& layout, const at::Tensor& input, const at::Tensor& output, RedOp op) {
+  std::vector<at::Tensor> chunks = repeated_real_chunks(
+      layout, op, [&](int64_t m) { return chunk_of(input, layout.size(), m, output); });
+  for (auto& chunk : chunks) {
+    chunk = chunk.view({-1});
   }
   return at::cat(chunks);
 }
@@ -104,36 +171,15 @@ c10::intrusive_ptr<c10d::Work> PrismBackend::allreduce(std::vector<at::Tensor>& 
                                                        const c10d::AllreduceOptions& opts) {
   TORCH_CHECK(!tensors.empty(), "prism: allreduce needs at least one tensor");
   const RedOp op = checked_op(opts.reduceOp, "allreduce");
-  OpPlan plan;
-  plan.kind = replay::OpKind::kAllReduce;
-  plan.op_type = c10d::OpType::ALLREDUCE;
-  plan.size_bytes = total_bytes(tensors);
-  plan.dtype = tensors[0].scalar_type();
-  plan.device = tensors[0].device();
-  plan.async_op = opts.asyncOp;
-  plan.outputs = tensors;
-  const int64_t n = layout_.size();
+  OpPlan plan = describe_op(replay::OpKind::kAllReduce, c10d::OpType::ALLREDUCE, total_bytes(tensors), tensors[0],
+                            opts.asyncOp, tensors);
+  c10d::AllreduceOptions real_opts = opts;
+  real_opts.reduceOp = real_op(op);
+  RealCall real_call;
   if (real_) {
-    plan.issue_real = [this, tensors, opts, op]() mutable {
-      for (auto& t : tensors) {
-        repeat_contribution(t, op, layout_.stand_in_count(layout_.self_real_index()));
-      }
-      c10d::AllreduceOptions real_opts = opts;
-      real_opts.reduceOp = real_op(op);
-      return real_->allreduce(tensors, real_opts);
-    };
-    plan.local = [tensors, op, n]() mutable {
-      for (auto& t : tensors) {
-        finish_average(t, op, n);
-      }
-    };
-  } else {
-    plan.local = [tensors, op, n]() mutable {
-      for (auto& t : tensors) {
-        mirror_alone(t, op, n);
-      }
-    };
+    real_call = [this, real_opts](std::vector<at::Tensor>& t) { return real_->allreduce(t, real_opts); };
   }
+  add_allreduce_parts(plan, layout_, op, std::move(real_call));
   return launch(std::move(plan));
 }
 
@@ -141,36 +187,15 @@ c10::intrusive_ptr<c10d::Work> PrismBackend::allreduce_coalesced(std::vector<at:
                                                                  const c10d::AllreduceCoalescedOptions& opts) {
   TORCH_CHECK(!tensors.empty(), "prism: allreduce_coalesced needs at least one tensor");
   const RedOp op = checked_op(opts.reduceOp, "allreduce_coalesced");
-  OpPlan plan;
-  plan.kind = replay::OpKind::kAllReduce;
-  plan.op_type = c10d::OpType::ALLREDUCE_COALESCED;
-  plan.size_bytes = total_bytes(tensors);
-  plan.dtype = tensors[0].scalar_type();
-  plan.device = tensors[0].device();
-  plan.async_op = opts.asyncOp;
-  plan.outputs = tensors;
-  const int64_t n = layout_.size();
+  OpPlan plan = describe_op(replay::OpKind::kAllReduce, c10d::OpType::ALLREDUCE_COALESCED, total_bytes(tensors),
+                            tensors[0], opts.asyncOp, tensors);
+  c10d::AllreduceCoalescedOptions real_opts = opts;
+  real_opts.reduceOp = real_op(op);
+  RealCall real_call;
   if (real_) {
-    plan.issue_real = [this, tensors, opts, op]() mutable {
-      for (auto& t : tensors) {
-        repeat_contribution(t, op, layout_.stand_in_count(layout_.self_real_index()));
-      }
-      c10d::AllreduceCoalescedOptions real_opts = opts;
-      real_opts.reduceOp = real_op(op);
-      return real_->allreduce_coalesced(tensors, real_opts);
-    };
-    plan.local = [tensors, op, n]() mutable {
-      for (auto& t : tensors) {
-        finish_average(t, op, n);
-      }
-    };
-  } else {
-    plan.local = [tensors, op, n]() mutable {
-      for (auto& t : tensors) {
-        mirror_alone(t, op, n);
-      }
-    };
+    real_call = [this, real_opts](std::vector<at::Tensor>& t) { return real_->allreduce_coalesced(t, real_opts); };
   }
+  add_allreduce_parts(plan, layout_, op, std::move(real_call));
   return launch(std::move(plan));
 }
 
@@ -179,14 +204,8 @@ c10::intrusive_ptr<c10d::Work> PrismBackend::reduce(std::vector<at::Tensor>& ten
   TORCH_CHECK(opts.rootRank >= 0 && opts.rootRank < layout_.size(), "prism: reduce root ", opts.rootRank,
               " is not a rank of ", info_->label);
   const RedOp op = checked_op(opts.reduceOp, "reduce");
-  OpPlan plan;
-  plan.kind = replay::OpKind::kReduce;
-  plan.op_type = c10d::OpType::REDUCE;
-  plan.size_bytes = total_bytes(tensors);
-  plan.dtype = tensors[0].scalar_type();
-  plan.device = tensors[0].device();
-  plan.async_op = opts.asyncOp;
-  plan.outputs = tensors;
+  OpPlan plan = describe_op(replay::OpKind::kReduce, c10d::OpType::REDUCE, total_bytes(tensors), tensors[0],
+                            opts.asyncOp, tensors);
   const int64_t n = layout_.size();
   const bool is_root = opts.rootRank == layout_.self_index();
   at::Tensor tensor = tensors[0];
@@ -231,38 +250,19 @@ c10::intrusive_ptr<c10d::Work> PrismBackend::reduce_scatter(std::vector<at::Tens
   TORCH_CHECK(static_cast<int64_t>(inputs[0].size()) == n, "prism: reduce_scatter input list has ", inputs[0].size(),
               " tensors, expected the group size ", n);
   const RedOp op = checked_op(opts.reduceOp, "reduce_scatter");
-  OpPlan plan;
-  plan.kind = replay::OpKind::kReduceScatter;
-  plan.op_type = c10d::OpType::REDUCE_SCATTER;
-  plan.size_bytes = total_bytes(inputs[0]);
-  plan.dtype = outputs[0].scalar_type();
-  plan.device = outputs[0].device();
-  plan.async_op = opts.asyncOp;
-  plan.outputs = outputs;
-  at::Tensor output = outputs[0];
+  OpPlan plan = describe_op(replay::OpKind::kReduceScatter, c10d::OpType::REDUCE_SCATTER, total_bytes(inputs[0]),
+                            outputs[0], opts.asyncOp, outputs);
   const std::vector<at::Tensor> input_list = inputs[0];
   if (real_) {
-    plan.issue_real = [this, output, input_list, opts, op]() mutable {
-      std::vector<at::Tensor> real_inputs;
-      for (int64_t r = 0; r < layout_.num_real(); ++r) {
-        auto chunk = input_list[layout_.real_positions()[r]].clone();
-        repeat_contribution(chunk, op, layout_.stand_in_count(layout_.self_real_index()));
-        real_inputs.push_back(chunk);
-      }
-      std::vector<at::Tensor> real_outputs{output};
-      std::vector<std::vector<at::Tensor>> real_input_lists{real_inputs};
+    plan.issue_real = [this, outputs, input_list, opts, op]() mutable {
+      std::vector<std::vector<at::Tensor>> real_input_lists{
+          repeated_real_chunks(layout_, op, [&](int64_t m) { return input_list[m]; })};
       c10d::ReduceScatterOptions real_opts = opts;
       real_opts.reduceOp = real_op(op);
-      return real_->reduce_scatter(real_outputs, real_input_lists, real_opts);
-    };
-    plan.local = [output, op, n]() mutable { finish_average(output, op, n); };
-  } else {
-    const int64_t self = layout_.self_index();
-    plan.local = [output, input_list, op, n, self]() mutable {
-      output.copy_(input_list[self]);
-      mirror_alone(output, op, n);
+      return real_->reduce_scatter(outputs, real_input_lists, real_opts);
     };
   }
+  plan.local = reduce_scatter_local(outputs, {input_list[layout_.self_index()]}, op, n, !real_);
   return launch(std::move(plan));
 }
 
@@ -270,8 +270,7 @@ c10::intrusive_ptr<c10d::Work> PrismBackend::_reduce_scatter_base(at::Tensor& ou
                                                                   const c10d::ReduceScatterOptions& opts) {
   std::vector<at::Tensor> outputs{output};
   std::vector<at::Tensor> inputs{input};
-  auto work = reduce_scatter_tensor_coalesced(outputs, inputs, opts);
-  return work;
+  return reduce_scatter_tensor_coalesced(outputs, inputs, opts);
 }
 
 c10::intrusive_ptr<c10d::Work> PrismBackend::reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs,
@@ -284,20 +283,15 @@ c10::intrusive_ptr<c10d::Work> PrismBackend::reduce_scatter_tensor_coalesced(std
     check_scatter_sizes(outputs[i], inputs[i], n, "reduce_scatter_tensor");
   }
   const RedOp op = checked_op(opts.reduceOp, "reduce_scatter_tensor");
-  OpPlan plan;
-  plan.kind = replay::OpKind::kReduceScatter;
-  plan.op_type = outputs.size() == 1 ? c10d::OpType::_REDUCE_SCATTER_BASE
-                                     : c10d::OpType::COALESCED;  // torch 2.11 has no REDUCE_SCATTER_TENSOR_COALESCED
-  plan.size_bytes = total_bytes(inputs);
-  plan.dtype = outputs[0].scalar_type();
-  plan.device = outputs[0].device();
-  plan.async_op = opts.asyncOp;
-  plan.outputs = outputs;
+  // torch 2.11 has no REDUCE_SCATTER_TENSOR_COALESCED.
+  const c10d::OpType op_type = outputs.size() == 1 ? c10d::OpType::_REDUCE_SCATTER_BASE : c10d::OpType::COALESCED;
+  OpPlan plan = describe_op(replay::OpKind::kReduceScatter, op_type, total_bytes(inputs), outputs[0], opts.asyncOp,
+                            outputs);
   if (real_) {
     plan.issue_real = [this, outputs, inputs, opts, op]() mutable {
       std::vector<at::Tensor> real_inputs;
       for (size_t i = 0; i < inputs.size(); ++i) {
-        // All real: the input as it is; mixed: the real members' chunks, repeated.
+        // All real: the input as it is; mixed: the real members' chunks, repeated, end to end.
         real_inputs.push_back(layout_.all_real() ? inputs[i] : real_chunks(layout_, inputs[i], outputs[i], op));
       }
       c10d::ReduceScatterOptions real_opts = opts;
@@ -307,20 +301,12 @@ c10::intrusive_ptr<c10d::Work> PrismBackend::reduce_scatter_tensor_coalesced(std
       }
       return real_->reduce_scatter_tensor_coalesced(outputs, real_inputs, real_opts);
     };
-    plan.local = [outputs, op, n]() mutable {
-      for (auto& output : outputs) {
-        finish_average(output, op, n);
-      }
-    };
-  } else {
-    const int64_t self = layout_.self_index();
-    plan.local = [outputs, inputs, op, n, self]() mutable {
-      for (size_t i = 0; i < outputs.size(); ++i) {
-        outputs[i].copy_(chunk_of(inputs[i], n, self, outputs[i]));
-        mirror_alone(outputs[i], op, n);
-      }
-    };
   }
+  std::vector<at::Tensor> own_chunks;  // only read when this process is the only real member
+  for (size_t i = 0; i < outputs.size() && !real_; ++i) {
+    own_chunks.push_back(chunk_of(inputs[i], n, layout_.self_index(), outputs[i]));
+  }
+  plan.local = reduce_scatter_local(outputs, std::move(own_chunks), op, n, !real_);
   return launch(std::move(plan));
 }
 
