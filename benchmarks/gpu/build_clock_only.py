@@ -1,50 +1,19 @@
 """Fallback build for the GPU run: prism_megatron._C with the clock component alone.
 
 Why: the GPU checks of the wait kernel must not be lost when another component fails to build on the
-lent machine (its torch differs from the build machines'). This builds the same module from the
-module core, build facts and the clock sources only; setup.py stays the one real build. Run from the
-repository root, with setup.py's arguments: ``python benchmarks/gpu/build_clock_only.py build_ext
---inplace``. A CUDA build when torch has CUDA and a toolkit is found, else a CPU build.
+lent machine (its torch differs from the build machines'). Run from the repository root, with
+setup.py's arguments: ``python benchmarks/gpu/build_clock_only.py build_ext --inplace``; it builds
+from scratch in build/prism-megatron-clock-only/ unless given ``--build-temp`` (partial_build.py).
 """
 
 import os
+import sys
 
-import torch
-from setuptools import setup
-from torch.utils import cpp_extension
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-SOURCES = [
-    "csrc/module.cpp",
-    "csrc/build_info.cpp",
-    "csrc/replay/clock.cpp",
-    "csrc/replay/clock_bindings.cpp",
-]
-CUDA_SOURCES = ["csrc/replay/wait_kernel.cu"]
-# As setup.py: no -std (torch adds the one its headers need), Hopper code only.
-CXX_FLAGS = ["-O2", "-g0"]
-NVCC_FLAGS = ["-O2", "-gencode=arch=compute_90,code=sm_90"]
+from benchmarks.gpu.partial_build import build  # the repository root is on the path now
 
-
-def _extension():
-    if torch.version.cuda is not None and cpp_extension.CUDA_HOME is not None:
-        return cpp_extension.CUDAExtension(
-            "prism_megatron._C",
-            SOURCES + CUDA_SOURCES,
-            include_dirs=[os.path.abspath("csrc")],
-            define_macros=[("PRISM_WITH_CUDA", "1")],
-            extra_compile_args={"cxx": CXX_FLAGS, "nvcc": NVCC_FLAGS},
-        )
-    return cpp_extension.CppExtension(
-        "prism_megatron._C",
-        SOURCES,
-        include_dirs=[os.path.abspath("csrc")],
-        extra_compile_args={"cxx": CXX_FLAGS},
-    )
-
+SOURCES = ["csrc/replay/clock.cpp", "csrc/replay/clock_bindings.cpp"]
 
 if __name__ == "__main__":
-    setup(
-        name="prism-megatron-clock-only",
-        ext_modules=[_extension()],
-        cmdclass={"build_ext": cpp_extension.BuildExtension.with_options(use_ninja=True)},
-    )
+    build("prism-megatron-clock-only", SOURCES)

@@ -113,9 +113,12 @@ run_step environment 60 : -- "$PY" -m benchmarks.gpu.environment --out {out}
 run_step wheels 90 have_wheels -- "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
   --upgrade --target "$WORK/site" .whl/*.whl
 [[ -d "$WORK/site" ]] && export PYTHONPATH="$PYTHONPATH:$WORK/site"
-run_step build 300 build_wanted -- "$PY" setup.py build_ext --inplace
+# Each build from scratch in a fresh folder of its own: objects left in the shared build/ folder by
+# an earlier copy of the sources (a warm machine keeps ignored files) are never linked in.
+run_step build 300 build_wanted -- "$PY" setup.py build_ext --inplace --build-temp "$WORK/build-full"
 # If another component fails to build here, the clock alone still gets its GPU checks.
-run_step build_clock_only 200 full_build_failed -- "$PY" benchmarks/gpu/build_clock_only.py build_ext --inplace
+run_step build_clock_only 200 full_build_failed -- "$PY" benchmarks/gpu/build_clock_only.py build_ext --inplace \
+  --build-temp "$WORK/build-clock-only"
 run_step gpu_tests 120 have_cuda_build -- "$PY" -m pytest -q -p no:cacheprovider tests/gpu tests/unit/test_clock.py
 run_step wait_precision 90 have_cuda_build -- "$PY" -m benchmarks.gpu.wait_precision --out {out}
 run_step stream_overlap 60 have_cuda_build -- "$PY" -m benchmarks.gpu.stream_overlap --out {out}
