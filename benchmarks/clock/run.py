@@ -15,25 +15,18 @@ Run: ``python -m benchmarks.clock.run [--quick] [--out DIR]``. Writes
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import os
-import platform
 import statistics
 import sys
 import time
-from importlib import metadata
 
-import torch
-
-import prism_megatron
+from benchmarks.common import RESULTS_DIR, environment, machine_line, today, write_results
 from prism_megatron.replay import clock
 
 TARGETS_NS = (10_000, 100_000, 1_000_000, 10_000_000)
 GOAL_FROM_NS = 100_000
 GOAL_MEDIAN_US = 5.0
 GOAL_P99_US = 50.0
-RESULTS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "results")
 
 
 def num_waits_for(target_ns: int, quick: bool) -> int:
@@ -75,22 +68,6 @@ METHODS = {
 }
 
 
-def environment() -> dict[str, object]:
-    try:
-        megatron_core = metadata.version("megatron-core")
-    except metadata.PackageNotFoundError:  # not installed: the record says so
-        megatron_core = None
-    return {
-        "python": sys.version.split()[0],
-        "torch": torch.__version__,
-        "megatron_core": megatron_core,
-        "prism_megatron": prism_megatron.__version__,
-        "platform": platform.platform(),
-        "cpu_count": os.cpu_count(),
-        "load_average_1min": os.getloadavg()[0],
-    }
-
-
 def measure(quick: bool) -> list[dict[str, object]]:
     rows = []
     for target_ns in TARGETS_NS:
@@ -119,10 +96,8 @@ def markdown(record: dict[str, object]) -> str:
     lines = [
         f"# CPU wait completion error ({record['date']})",
         "",
-        f"{env['platform']}, {env['cpu_count']} CPUs, python {env['python']}, torch {env['torch']}, "
-        f"prism_megatron {env['prism_megatron']}; timer slack 1 ns; spin window "
-        f"{record['spin_window_us']:.0f} us; 1-min load average {env['load_average_1min']:.2f} at start, "
-        f"{record['load_average_1min_end']:.2f} at end.",
+        f"{machine_line(env)}; load {record['load_average_1min_end']:.1f} at the end; timer slack 1 ns; "
+        f"spin window {record['spin_window_us']:.0f} us.",
         "",
         "| method | target | median (us) | p99 (us) | mean (us) | max (us) | n |",
         "|---|---:|---:|---:|---:|---:|---:|",
@@ -151,23 +126,17 @@ def main(argv: list[str] | None = None) -> int:
     clock.lower_timer_slack()
     env = environment()
     rows = measure(args.quick)
-    date = datetime.date.today().isoformat()
     record = {
         "suite": "clock",
-        "date": date,
+        "date": today(),
         "environment": env,
         "spin_window_us": clock.default_spin_window_ns() / 1e3,
         "load_average_1min_end": os.getloadavg()[0],
         "rows": rows,
         "goal_met": goal_met(rows),
     }
-    os.makedirs(args.out, exist_ok=True)
-    stem = os.path.join(args.out, f"{date}-clock")
-    with open(stem + ".json", "w") as f:
-        json.dump(record, f, indent=2)
-    with open(stem + ".md", "w") as f:
-        f.write(markdown(record))
-    print(f"goal {'met' if record['goal_met'] else 'NOT met'}; wrote {stem}.json and {stem}.md")
+    json_path, md_path = write_results("clock", record, markdown(record), args.out)
+    print(f"goal {'met' if record['goal_met'] else 'NOT met'}; wrote {json_path} and {md_path}")
     return 0
 
 

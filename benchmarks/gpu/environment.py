@@ -10,31 +10,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import subprocess
 import sys
-from importlib import metadata
 
 import torch
 
-import prism_megatron
-
-
-def host_environment() -> dict[str, object]:
-    """The host fields every benchmark record carries (see benchmarks/clock/run.py)."""
-    try:
-        megatron_core = metadata.version("megatron-core")
-    except metadata.PackageNotFoundError:
-        megatron_core = None
-    return {
-        "python": sys.version.split()[0],
-        "torch": torch.__version__,
-        "megatron_core": megatron_core,
-        "prism_megatron": prism_megatron.__version__,
-        "platform": platform.platform(),
-        "cpu_count": os.cpu_count(),
-    }
+import prism_megatron  # noqa: F401  (imported: the record takes its version when not installed)
+from benchmarks.common import environment
 
 
 def command_output(argv: list[str]) -> str | None:
@@ -82,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, help="directory for environment.json and environment.md")
     args = parser.parse_args(argv)
-    env = {**host_environment(), **gpu_environment()}
+    env = {**environment(), **gpu_environment()}  # the host fields every record carries
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "environment.json"), "w") as f:
         json.dump(env, f, indent=2)

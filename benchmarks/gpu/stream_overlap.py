@@ -12,15 +12,14 @@ Run: ``python -m benchmarks.gpu.stream_overlap --out DIR``; writes DIR/stream_ov
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import statistics
 import sys
 import time
 
 import torch
 
+from benchmarks.gpu.stage import run_stage
 from prism_megatron.replay import clock
 
 MATRIX_N = 8192
@@ -133,18 +132,9 @@ def markdown(r: dict[str, object]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", required=True, help="directory for stream_overlap.json and .md")
-    args = parser.parse_args(argv)
-    if not (torch.cuda.is_available() and clock.cuda_built()):
-        print("needs a GPU and a CUDA build of prism_megatron._C", file=sys.stderr)
+    result = run_stage("stream_overlap", __doc__.splitlines()[0], measure, markdown, argv)
+    if result is None:
         return 2
-    result = measure()
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "stream_overlap.json"), "w") as f:
-        json.dump(result, f, indent=2)
-    with open(os.path.join(args.out, "stream_overlap.md"), "w") as f:
-        f.write(markdown(result))
     print(json.dumps(result, indent=2))
     return 0 if result["overlapped"] else 1
 

@@ -12,15 +12,11 @@ Run: ``python -m benchmarks.gpu.wait_precision --out DIR``; writes DIR/wait_prec
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
 import statistics
 import sys
 
-import torch
-
 from benchmarks.clock.run import summarize_us
+from benchmarks.gpu.stage import run_stage
 from prism_megatron.replay import clock
 
 # (target ns, samples): about a second per target at most. The baseline takes few samples so that its
@@ -87,18 +83,9 @@ def markdown(result: dict[str, object]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", required=True, help="directory for wait_precision.json and .md")
-    args = parser.parse_args(argv)
-    if not (torch.cuda.is_available() and clock.cuda_built()):
-        print("needs a GPU and a CUDA build of prism_megatron._C", file=sys.stderr)
+    result = run_stage("wait_precision", __doc__.splitlines()[0], measure, markdown, argv)
+    if result is None:
         return 2
-    result = measure()
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "wait_precision.json"), "w") as f:
-        json.dump(result, f, indent=2)
-    with open(os.path.join(args.out, "wait_precision.md"), "w") as f:
-        f.write(markdown(result))
     print(f"timer: {result['timer']}; goal {'met' if result['goal_met'] else 'NOT met'}")
     return 0
 

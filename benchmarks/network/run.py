@@ -18,18 +18,14 @@ Run: ``python -m benchmarks.network.run [--quick] [--out DIR]``. Writes
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import os
-import platform
 import statistics
 import sys
 import time
-from importlib import metadata
 
 import numpy as np
 
-import prism_megatron
+from benchmarks import common
 from benchmarks.network.published import CURVES, KIB, ROWS, Published
 from prism_megatron.network import PRESETS, CostModel
 from prism_megatron.network.calibration import calibrate
@@ -37,7 +33,6 @@ from prism_megatron.network.nccl_tests import BUS_BANDWIDTH_FACTORS, OPS, format
 from prism_megatron.network.parameters import parameters_of
 from prism_megatron.replay.schedule import OpKind
 
-RESULTS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "results")
 LARGE_BYTES = 256 << 20  # rows at or above this size are "large messages" for the 10 % goal
 GOAL_ERROR = 0.10
 GOAL_QUERY_NS = 1000.0
@@ -189,22 +184,8 @@ def engine_proxy(model: CostModel, quick: bool) -> dict[str, float]:
 
 
 def environment() -> dict[str, object]:
-    def version(package: str) -> str | None:
-        try:
-            return metadata.version(package)
-        except metadata.PackageNotFoundError:
-            return None
-
-    return {
-        "python": sys.version.split()[0],
-        "torch": version("torch"),
-        "megatron_core": version("megatron-core"),
-        "prism_megatron": prism_megatron.__version__,
-        "numpy": np.__version__,
-        "platform": platform.platform(),
-        "cpu_count": os.cpu_count(),
-        "load_average_1min": os.getloadavg()[0],  # the machine is shared: timings depend on it
-    }
+    """The common record (benchmarks/common.py) and numpy's version: the query times depend on it."""
+    return {**common.environment(), "numpy": np.__version__}
 
 
 def _size(size_bytes: int) -> str:
@@ -219,9 +200,8 @@ def markdown(record: dict) -> str:
     lines = [
         f"# Network cost model vs published nccl-tests results ({record['date']})",
         "",
-        f"{env['platform']}, {env['cpu_count']} CPUs (1-min load {env['load_average_1min']:.1f} at start), "
-        f"python {env['python']}, numpy {env['numpy']}, "
-        f"prism_megatron {env['prism_megatron']}. Presets use datasheet line rates and NCCL's own efficiency "
+        f"{common.machine_line(env, ('python', 'numpy', 'prism_megatron'))}; load taken at start. "
+        "Presets use datasheet line rates and NCCL's own efficiency "
         "constants; no parameter was fitted to these rows (\\* marks rows whose source also set a parameter).",
         "",
     ]
@@ -329,7 +309,7 @@ def summarize(rows: list[dict]) -> dict[str, object]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer repeats of the query-time measurements")
-    parser.add_argument("--out", default=RESULTS_DIR, help="directory for the JSON and .md results")
+    parser.add_argument("--out", default=common.RESULTS_DIR, help="directory for the JSON and .md results")
     args = parser.parse_args(argv)
 
     comparison = [compare(row) for row in ROWS]
@@ -347,23 +327,17 @@ def main(argv: list[str] | None = None) -> int:
         )
     query = query_times(args.quick)
     print(json.dumps(query, indent=1))
-    date = datetime.date.today().isoformat()
     record = {
         "suite": "network",
-        "date": date,
+        "date": common.today(),
         "environment": environment(),
         "comparison": comparison,
         "summary": summarize(comparison),
         "calibration": calibration,
         "query_time": query,
     }
-    os.makedirs(args.out, exist_ok=True)
-    stem = os.path.join(args.out, f"{date}-network")
-    with open(stem + ".json", "w") as f:
-        json.dump(record, f, indent=2)
-    with open(stem + ".md", "w") as f:
-        f.write(markdown(record))
-    print(f"wrote {stem}.json and {stem}.md")
+    json_path, md_path = common.write_results("network", record, markdown(record), args.out)
+    print(f"wrote {json_path} and {md_path}")
     return 0
 
 

@@ -33,7 +33,16 @@ import sys
 import tempfile
 import time
 
-from benchmarks.common import RESULTS_DIR, environment, today, write_results
+from benchmarks.common import (
+    RESULTS_DIR,
+    environment,
+    machine_line,
+    pin_to_one_core,
+    save_world_size_figure,
+    today,
+    world_size_figure,
+    write_results,
+)
 
 WORLD_SIZES = (1024, 8192, 65536, 131072)
 PHASES = ("topology", "activation", "graph", "simulation")
@@ -152,9 +161,8 @@ def markdown(record: dict) -> str:
     lines = [
         f"# Emulation set-up at scale: TP8 x PP16 x DP(W/128), Llama-3-405B-shaped ({record['date']})",
         "",
-        f"{env['platform']}, {env['cpu_count']} CPUs (load {env['load_average_1min']:.1f}), one core per run, "
-        f"python {env['python']}, torch {env['torch']}, megatron-core {env['megatron_core']}, "
-        f"prism-megatron {env['prism_megatron']}. Each phase in a fresh process; peak RSS includes the "
+        f"{machine_line(env, ('python', 'torch', 'megatron_core', 'prism_megatron'))}; one core per run. "
+        "Each phase in a fresh process; peak RSS includes the "
         "interpreter, torch and megatron-core (baseline column).",
         "",
         "| phase | W | seconds | peak RSS MB | baseline MB | facts |",
@@ -174,27 +182,18 @@ def markdown(record: dict) -> str:
 
 
 def plot(record: dict, path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (ax_time, ax_mem) = plt.subplots(1, 2, figsize=(11, 4))
+    fig, (ax_time, ax_mem) = world_size_figure()
     for phase, marker in zip(PHASES, "osd^", strict=True):
         points = [p for p in record["points"] if p["phase"] == phase]
         ws = [p["world_size"] for p in points]
         ax_time.plot(ws, [p["seconds"] for p in points], marker=marker, label=phase)
         ax_mem.plot(ws, [p["peak_rss_mb"] - p["baseline_rss_mb"] for p in points], marker=marker, label=phase)
-    for ax, label in ((ax_time, "wall time, s"), (ax_mem, "peak RSS above baseline, MB")):
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xlabel("world size W")
-        ax.set_ylabel(label)
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend()
-    fig.suptitle("prism-megatron set-up of one real rank, TP8 PP16 job, one core")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_world_size_figure(
+        fig,
+        [(ax_time, "wall time, s"), (ax_mem, "peak RSS above baseline, MB")],
+        "prism-megatron set-up of one real rank, TP8 PP16 job, one core",
+        path,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -204,8 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--one", nargs=2, metavar=("PHASE", "W"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.one:
-        if hasattr(os, "sched_setaffinity"):
-            os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+        pin_to_one_core()
         print(json.dumps(measure_one(args.one[0], int(args.one[1]))))
         return 0
     sizes = WORLD_SIZES[:2] if args.quick else WORLD_SIZES

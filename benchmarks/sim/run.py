@@ -32,7 +32,16 @@ import subprocess
 import sys
 import time
 
-from benchmarks.common import RESULTS_DIR, environment, today, write_results
+from benchmarks.common import (
+    RESULTS_DIR,
+    environment,
+    machine_line,
+    pin_to_one_core,
+    save_world_size_figure,
+    today,
+    world_size_figure,
+    write_results,
+)
 
 WORLD_SIZES = (1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
 MAX_FULL_W = 32768
@@ -116,8 +125,7 @@ def markdown(record: dict) -> str:
     lines = [
         f"# Simulator: Llama-3-405B-shaped job, TP8 PP16, 32 microbatches ({record['date']})",
         "",
-        f"{env['platform']}, {env['cpu_count']} CPUs (load {env['load_average_1min']:.1f}), one core per run, "
-        f"python {env['python']}, torch {env['torch']}, prism-megatron {env['prism_megatron']}.",
+        f"{machine_line(env)}; one core per run.",
         f"Medians of {record['repeats']} runs, each in a fresh process; peak RSS includes the "
         "interpreter and torch (baseline column). Budgets: full W=8192 <= 10 s and <= 4 GB; "
         "symmetric W=131072 <= 10 s.",
@@ -135,12 +143,7 @@ def markdown(record: dict) -> str:
 
 
 def plot(record: dict, path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (ax_time, ax_mem) = plt.subplots(1, 2, figsize=(11, 4))
+    fig, (ax_time, ax_mem) = world_size_figure()
     for mode, marker in (("symmetric", "o"), ("full", "s")):
         points = [p for p in record["points"] if p["mode"] == mode]
         ws = [p["world_size"] for p in points]
@@ -148,16 +151,12 @@ def plot(record: dict, path: str) -> None:
         ax_mem.plot(ws, [p["peak_rss_mb"] for p in points], marker=marker, label=mode)
     ax_time.axhline(BUDGET_S, color="grey", linestyle="--", label="10 s budget")
     ax_mem.axhline(BUDGET_MB, color="grey", linestyle="--", label="4 GB budget")
-    for ax, label in ((ax_time, "build + simulate, s"), (ax_mem, "peak RSS, MB")):
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xlabel("world size W")
-        ax.set_ylabel(label)
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend()
-    fig.suptitle("prism-megatron simulator, Llama-3-405B-shaped TP8 PP16 job, one core")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_world_size_figure(
+        fig,
+        [(ax_time, "build + simulate, s"), (ax_mem, "peak RSS, MB")],
+        "prism-megatron simulator, Llama-3-405B-shaped TP8 PP16 job, one core",
+        path,
+    )
 
 
 def main() -> None:
@@ -167,8 +166,7 @@ def main() -> None:
     parser.add_argument("--one", nargs=2, metavar=("W", "MODE"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
-        if hasattr(os, "sched_setaffinity"):
-            os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+        pin_to_one_core()
         print(json.dumps(measure_one(int(args.one[0]), args.one[1])))
         return
     sizes = (1024, 8192) if args.quick else WORLD_SIZES
