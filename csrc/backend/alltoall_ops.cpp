@@ -5,6 +5,7 @@
 // differ (uneven splits), the received block is filled from the start of that local block, repeated
 // as needed, or zeros when that block is empty. Blocks from real members carry real data.
 #include "backend/backend.h"
+#include "backend/describe_op.h"
 
 #include <torch/csrc/distributed/c10d/Utils.hpp>
 
@@ -63,15 +64,9 @@ c10::intrusive_ptr<c10d::Work> PrismBackend::alltoall_base(at::Tensor& output, a
   const int64_t n = layout_.size();
   c10d::checkSplitSizes(input_split_sizes, input, static_cast<int>(n));
   c10d::checkSplitSizes(output_split_sizes, output, static_cast<int>(n));
-  OpPlan plan;
-  plan.kind = replay::OpKind::kAllToAll;
-  plan.op_type = c10d::OpType::ALLTOALL_BASE;
-  plan.size_bytes = static_cast<int64_t>(input.nbytes());
+  OpPlan plan = describe_op(replay::OpKind::kAllToAll, c10d::OpType::ALLTOALL_BASE,
+                            static_cast<int64_t>(input.nbytes()), input, opts.asyncOp, {output});
   plan.size_varies = !input_split_sizes.empty() || !output_split_sizes.empty();
-  plan.dtype = input.scalar_type();
-  plan.device = input.device();
-  plan.async_op = opts.asyncOp;
-  plan.outputs = {output};
   if (!real_ && input_split_sizes == output_split_sizes && input.numel() == output.numel()) {
     // This process alone and every block the size of the local one: the output is the input.
     plan.local = [output, input]() mutable { output.copy_(input.reshape(output.sizes())); };
@@ -134,15 +129,9 @@ c10::intrusive_ptr<c10d::Work> PrismBackend::alltoall(std::vector<at::Tensor>& o
   TORCH_CHECK(static_cast<int64_t>(outputs.size()) == n && static_cast<int64_t>(inputs.size()) == n,
               "prism: alltoall needs one input and one output tensor per member (", n, "), got ", inputs.size(),
               " and ", outputs.size());
-  OpPlan plan;
-  plan.kind = replay::OpKind::kAllToAll;
-  plan.op_type = c10d::OpType::ALLTOALL;
-  plan.size_bytes = total_bytes(inputs);
+  OpPlan plan = describe_op(replay::OpKind::kAllToAll, c10d::OpType::ALLTOALL, total_bytes(inputs), inputs[0],
+                            opts.asyncOp, outputs);
   plan.size_varies = true;  // the list form allows a different size per peer
-  plan.dtype = inputs[0].scalar_type();
-  plan.device = inputs[0].device();
-  plan.async_op = opts.asyncOp;
-  plan.outputs = outputs;
   if (real_) {
     plan.issue_real = [this, outputs, inputs, opts]() mutable {
       if (layout_.all_real()) {

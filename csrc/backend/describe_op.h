@@ -1,6 +1,6 @@
 // The description every op of the prism backend starts its OpPlan with: what the schedule, the log
 // and the consistency check see of it (kind, c10d type, bytes, dtype, device, async flag, outputs).
-// One place, so that the op families (reduce_ops.cpp, gather_ops.cpp) fill it alike.
+// One place, so that every op family (reduce, gather, all-to-all, p2p) fills it alike.
 #pragma once
 
 #include <utility>

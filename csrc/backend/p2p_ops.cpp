@@ -6,6 +6,7 @@
 // peer and direction). Megatron's pipeline traffic does not come here: a P2PCommunicator subclass
 // intercepts it with the shapes and plausible values it needs.
 #include "backend/backend.h"
+#include "backend/describe_op.h"
 
 namespace prism::backend {
 
@@ -22,13 +23,9 @@ void check_peer(const GroupLayout& layout, int peer_index, const char* what) {
 c10::intrusive_ptr<c10d::Work> PrismBackend::send(std::vector<at::Tensor>& tensors, int dst_rank, int tag) {
   check_peer(layout_, dst_rank, "send");
   TORCH_CHECK(!tensors.empty(), "prism: send needs a tensor");
-  OpPlan plan;
-  plan.kind = replay::OpKind::kSend;
-  plan.op_type = c10d::OpType::SEND;
-  plan.size_bytes = total_bytes(tensors);
-  plan.dtype = tensors[0].scalar_type();
-  plan.device = tensors[0].device();
-  plan.async_op = true;  // the backend cannot tell send from isend; both return a Work
+  // Async: the backend cannot tell send from isend; both return a Work.
+  OpPlan plan = describe_op(replay::OpKind::kSend, c10d::OpType::SEND, total_bytes(tensors), tensors[0],
+                            /*async_op=*/true, {});
   plan.peer_index = dst_rank;
   const int64_t real_peer = layout_.real_index_of(dst_rank);
   if (real_peer >= 0) {
@@ -42,15 +39,9 @@ c10::intrusive_ptr<c10d::Work> PrismBackend::send(std::vector<at::Tensor>& tenso
 c10::intrusive_ptr<c10d::Work> PrismBackend::recv(std::vector<at::Tensor>& tensors, int src_rank, int tag) {
   check_peer(layout_, src_rank, "recv");
   TORCH_CHECK(!tensors.empty(), "prism: recv needs a tensor");
-  OpPlan plan;
-  plan.kind = replay::OpKind::kRecv;
-  plan.op_type = c10d::OpType::RECV;
-  plan.size_bytes = total_bytes(tensors);
-  plan.dtype = tensors[0].scalar_type();
-  plan.device = tensors[0].device();
-  plan.async_op = true;
+  OpPlan plan = describe_op(replay::OpKind::kRecv, c10d::OpType::RECV, total_bytes(tensors), tensors[0],
+                            /*async_op=*/true, tensors);
   plan.peer_index = src_rank;
-  plan.outputs = tensors;
   const int64_t real_peer = layout_.real_index_of(src_rank);
   if (real_peer >= 0) {
     plan.issue_real = [this, tensors, real_peer, tag]() mutable {
