@@ -54,8 +54,12 @@ def with_mla_core_attention(spec):
 
 @contextlib.contextmanager
 def constructible() -> Iterator[None]:
-    """While building a model, tell `multi_latent_attention.py` whether Transformer Engine is present
-    (megatron's TE extension module knows); restored afterwards."""
+    """While building a model, tell `multi_latent_attention.py` whether Transformer Engine is present.
+
+    In megatron-core 0.16.1 it sets `HAVE_TE = True` as soon as megatron's own TE extension module
+    imports, which it does without TE (its classes are then placeholders that are not types), and
+    MLASelfAttention's `isinstance(..., TELinear)` then fails. When the extension module itself
+    reports no TE, `HAVE_TE` is False (the truth) for the block and restored afterwards."""
     if _te_extension.HAVE_TE:
         yield
         return

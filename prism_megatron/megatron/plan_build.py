@@ -27,7 +27,6 @@ import torch
 import torch.distributed as dist
 from megatron.core import parallel_state
 from megatron.core.distributed import DistributedDataParallel
-from megatron.core.extensions import transformer_engine as _te_extension
 from megatron.core.models.gpt import GPTModel
 from megatron.core.models.gpt.gpt_layer_specs import (
     get_gpt_decoder_block_spec,
@@ -38,10 +37,10 @@ from megatron.core.models.gpt.gpt_layer_specs import (
 from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
 from megatron.core.pipeline_parallel.utils import is_vp_first_stage, is_vp_last_stage
 from megatron.core.transformer import TransformerConfig
-from megatron.core.transformer import multi_latent_attention as _mla
 from megatron.core.transformer.dot_product_attention import DotProductAttention
 from megatron.core.transformer.module import Float16Module, MegatronModule
 
+from prism_megatron.megatron import local_mla
 from prism_megatron.megatron.plan_args import Job, ddp_config
 
 
@@ -104,26 +103,6 @@ def cuda_means(device: str) -> Iterator[None]:
         yield
     finally:
         torch.cuda.current_device, torch.Tensor.cuda = original_current_device, original_cuda
-
-
-@contextlib.contextmanager
-def _mla_without_transformer_engine() -> Iterator[None]:
-    """Let MLASelfAttention build when Transformer Engine is absent.
-
-    In megatron-core 0.16.1, multi_latent_attention.py sets `HAVE_TE = True` as soon as megatron's own
-    TE extension module imports, which it does without TE (its classes are then placeholders that are
-    not types); the constructor's `isinstance(..., TELinear)` then fails. When the extension module
-    itself reports no TE, `HAVE_TE` is set to False (the truth) for the block and restored afterwards.
-    """
-    if _te_extension.HAVE_TE:
-        yield
-        return
-    original = _mla.HAVE_TE
-    _mla.HAVE_TE = False
-    try:
-        yield
-    finally:
-        _mla.HAVE_TE = original
 
 
 def build_config(config: TransformerConfig) -> TransformerConfig:
@@ -241,7 +220,7 @@ def build_model_chunks(job: Job, config: TransformerConfig, device: str) -> list
     first_stage, last_stage = pp_group.rank() == 0, pp_group.rank() == pp_group.size() - 1
     chunks = []
     for vp_stage in range(vpp) if vpp else [None]:
-        with torch.device(device), cuda_means(device), _mla_without_transformer_engine():
+        with torch.device(device), cuda_means(device), local_mla.constructible():
             model = GPTModel(
                 config=config,
                 transformer_layer_spec=_layer_spec(job, config, vp_stage),
