@@ -97,8 +97,9 @@ have_megatron() { "$PY" -c 'import megatron.core' >/dev/null 2>&1 || { echo "meg
 have_module() { [[ -f "$1" ]] || { echo "$1 not written yet"; return 1; }; }
 full_build_failed() { [[ "$(awk -F'\t' '$1 == "build" {print $2}' "$WORK/steps.tsv")" == failed ]] || { echo "full build did not fail"; return 1; }; }
 build_wanted() { ((skip_build == 0)) || { echo "--skip-build"; return 1; }; }
-need_memory_step() { have_megatron && have_module benchmarks/gpu/memory_ground_truth.py; }
-need_llama_step() { have_megatron && have_module benchmarks/gpu/emulated_llama_rank.py; }
+# The emulation on cuda needs the device wait kernel: a CUDA build, not only megatron-core.
+need_memory_step() { have_cuda_build && have_megatron && have_module benchmarks/gpu/memory_ground_truth.py; }
+need_llama_step() { have_cuda_build && have_megatron && have_module benchmarks/gpu/emulated_llama_rank.py; }
 
 if [[ -z "${CUDA_HOME:-}" ]]; then
   if [[ -x /usr/local/cuda/bin/nvcc ]]; then CUDA_HOME=/usr/local/cuda

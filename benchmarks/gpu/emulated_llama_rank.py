@@ -1,0 +1,153 @@
+"""One real rank of a Llama-3-8B-shaped job at W = 8192 on one device: iteration time and peak memory.
+
+Why: the emulation's point is to run a rank of a production job on the devices one has. This runs
+`prism-megatron emulate` exactly as a user types it (capture of one rank per role, simulation of the
+8192-rank job, then the emulation with one real rank) and records the real rank's median iteration
+time after warm-up, its peak memory (`torch.cuda.max_memory_allocated` over the training steps) and
+the simulated iteration time from the run's report.json, to hold against published numbers.
+
+Layout: TP1 x PP4 x DP2048, no sequence parallelism (the built-in entry runs it without apex),
+distributed optimizer, micro-batch 1, 2 micro-batches per step (global batch 4096). Each stage holds 8
+of the 32 layers; full recompute of every layer keeps the unfused attention's (no Transformer Engine)
+32 x 8192 x 8192 score matrices out of the saved activations, so stage 0 (the real rank: the
+embedding and the most micro-batches in flight) needs about 30 GiB of the H200's 139 GiB.
+Estimate on an H200: about 150 TFLOP per micro-batch and stage with recompute, ~0.3-0.5 s; each of the
+5 launches (4 capture passes, 1 emulation) ~15-25 s; the whole command ~100-150 s of the step's 180 s.
+
+Run: ``python -m benchmarks.gpu.emulated_llama_rank --out DIR [--device cuda|cpu] [--tiny]``; writes
+DIR/emulated_llama_rank.json and .md. ``--tiny`` keeps the structure with small sizes (CPU tests).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+from benchmarks.common import environment
+from benchmarks.gpu.memory_ground_truth import median_iteration_s, read_rank, run_emulation, run_on_device
+
+NAME = "emulated_llama_rank"
+WORLD_SIZE = 8192
+REAL_RANK = 0
+"""Pipeline stage 0 of replica 0: the embedding and the most micro-batches in flight (1F1B)."""
+PIPELINE_SIZE = 4
+NUM_MICROBATCHES = 2
+WARMUP_ITERATIONS = 1
+EMULATE_TIMEOUT_S = 170.0
+
+LLAMA3_8B = {
+    "--num-layers": "32", "--hidden-size": "4096", "--ffn-hidden-size": "14336",
+    "--num-attention-heads": "32", "--num-query-groups": "8", "--seq-length": "8192",
+    "--vocab-size": "128256",
+}  # fmt: skip
+TINY = {
+    "--num-layers": "8", "--hidden-size": "64", "--ffn-hidden-size": "224", "--num-attention-heads": "4",
+    "--num-query-groups": "2", "--seq-length": "64", "--vocab-size": "512",
+}  # fmt: skip
+"""The same structure (GQA 2:1 instead of 4:1, 2 layers per stage) at sizes one CPU runs in seconds."""
+STRUCTURE = (
+    "--group-query-attention", "--normalization", "RMSNorm", "--swiglu", "--disable-bias-linear",
+    "--position-embedding-type", "rope", "--rotary-base", "500000", "--untie-embeddings-and-output-weights",
+    "--bf16", "--hidden-dropout", "0", "--attention-dropout", "0", "--use-distributed-optimizer",
+    "--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1",
+)  # fmt: skip
+
+
+def job_flags(sizes: dict[str, str], train_iters: int) -> list[str]:
+    """The Megatron flags of the target job (without --prism-*)."""
+    data_parallel_size = WORLD_SIZE // PIPELINE_SIZE
+    return [
+        *(item for pair in sizes.items() for item in pair),
+        "--max-position-embeddings", sizes["--seq-length"], *STRUCTURE,
+        "--pipeline-model-parallel-size", str(PIPELINE_SIZE), "--micro-batch-size", "1",
+        "--global-batch-size", str(NUM_MICROBATCHES * data_parallel_size),
+        "--train-iters", str(train_iters),
+    ]  # fmt: skip
+
+
+def measure(options: argparse.Namespace, work_dir: str) -> dict:
+    if options.train_iters <= WARMUP_ITERATIONS:
+        raise ValueError(
+            f"--train-iters must exceed the {WARMUP_ITERATIONS} warm-up iteration(s), got {options.train_iters}"
+        )
+    out_dir = os.path.join(work_dir, "run")
+    flags = job_flags(TINY if options.tiny else LLAMA3_8B, options.train_iters)
+    prism = [
+        "--prism-emulate", "--prism-world-size", str(WORLD_SIZE), "--prism-ranks", str(REAL_RANK),
+        "--prism-device", options.device, "--prism-capture-iters", "2", "--prism-out", out_dir,
+    ]  # fmt: skip
+    begin = time.monotonic()
+    report = run_emulation([*flags, *prism], timeout_s=EMULATE_TIMEOUT_S)
+    command_s = time.monotonic() - begin
+    rank = read_rank(out_dir, REAL_RANK)
+    reported = report["ranks"][str(REAL_RANK)]
+    return {
+        "device": options.device,
+        "tiny": options.tiny,
+        "world_size": WORLD_SIZE,
+        "layout": {"tp": 1, "pp": PIPELINE_SIZE, "dp": WORLD_SIZE // PIPELINE_SIZE},
+        "num_microbatches": NUM_MICROBATCHES,
+        "real_rank": REAL_RANK,
+        "role": reported["role"],
+        "job_flags": flags,
+        "iteration_s": median_iteration_s(rank, WARMUP_ITERATIONS),
+        "iterations_s": [it["time_s"] for it in rank["iterations"]],
+        "warmup_iterations": WARMUP_ITERATIONS,
+        "report_iteration_time_s": report["iteration_time_s"],
+        "simulated_iteration_time_s": report["simulated_iteration_time_s"],
+        "tflops_per_gpu": report["tflops_per_gpu"],
+        "peak_bytes": rank["memory"]["peak_bytes"],
+        "memory_method": rank["memory"]["method"],
+        "memory_at_peak_bytes": rank["memory"]["at_peak_bytes"],
+        "num_parameters": rank["num_parameters"],
+        "command_wall_s": command_s,
+        "environment": environment(),
+    }
+
+
+def markdown(result: dict) -> str:
+    mib = 2**20
+    size = "tiny shrink" if result["tiny"] else "Llama-3-8B shape"
+    at_peak = ", ".join(f"{k} {v / mib:.1f}" for k, v in result["memory_at_peak_bytes"].items())
+    return "\n".join(
+        [
+            f"## One emulated rank of a {size}, W = {result['world_size']} ({result['device']})",
+            "",
+            f"TP1 x PP{result['layout']['pp']} x DP{result['layout']['dp']}, {result['num_microbatches']} "
+            f"micro-batches; real rank {result['real_rank']} ({result['role']}), "
+            f"{result['num_parameters']} parameters on it.",
+            "",
+            "| iteration (ms, median) | simulated (ms) | report (ms) | peak memory (MiB) | TFLOP/s per GPU |",
+            "|---:|---:|---:|---:|---:|",
+            f"| {result['iteration_s'] * 1e3:.1f} | {result['simulated_iteration_time_s'] * 1e3:.1f} | "
+            f"{result['report_iteration_time_s'] * 1e3:.1f} | {result['peak_bytes'] / mib:.1f} | "
+            f"{'-' if result['tflops_per_gpu'] is None else format(result['tflops_per_gpu'], '.1f')} |",
+            "",
+            f"At the peak (MiB): {at_peak} ({result['memory_method']}). Whole command "
+            f"{result['command_wall_s']:.0f} s.",
+            "",
+        ]
+    )
+
+
+def _options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--tiny", action="store_true", help="same structure, small sizes")
+    parser.add_argument("--train-iters", type=int, default=4, help="emulated iterations (1 warm-up)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        result = run_on_device(NAME, __doc__.splitlines()[0], measure, markdown, argv, _options)
+    except ValueError as exc:
+        print(f"{NAME}: error: {exc}", file=sys.stderr)
+        return 2
+    if result is None:
+        return 2
+    print(markdown(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
