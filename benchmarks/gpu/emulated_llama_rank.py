@@ -9,10 +9,14 @@ the simulated iteration time from the run's report.json, to hold against publish
 Layout: TP1 x PP4 x DP2048, no sequence parallelism (the built-in entry runs it without apex),
 distributed optimizer, micro-batch 1, 2 micro-batches per step (global batch 4096). Each stage holds 8
 of the 32 layers; full recompute of every layer keeps the unfused attention's (no Transformer Engine)
-32 x 8192 x 8192 score matrices out of the saved activations, so stage 0 (the real rank: the
-embedding and the most micro-batches in flight) needs about 30 GiB of the H200's 139 GiB.
-Estimate on an H200: about 150 TFLOP per micro-batch and stage with recompute, ~0.3-0.5 s; each of the
-5 launches (4 capture passes, 1 emulation) ~15-25 s; the whole command ~100-150 s of the step's 180 s.
+32 x 8192 x 8192 score matrices out of the saved activations. Stage 0 (the real rank: the embedding
+and the most micro-batches in flight) holds 2.27e9 parameters: bf16 weights and gradients ~8.5 GiB,
+fp32 main parameters and Adam moments of a 1/2048 shard ~13 MiB, saved layer inputs 2 x 8 x 64 MiB,
+and one layer's recomputed attention (bf16 scores, fp32 softmax) ~20-28 GiB at a time: an estimated
+30-40 GiB of 139 GiB.
+Time estimated for an H200 (not yet measured): ~150 TFLOP per micro-batch and stage with recompute,
+0.3-0.5 s; an emulated step of (2 + 4 - 1) stage slots, 2-3 s; each of the 5 launches (4 capture
+passes of 2 iterations, 1 emulation of 4) 15-30 s: 100-150 s of run.sh's 180 s step.
 
 Run: ``python -m benchmarks.gpu.emulated_llama_rank --out DIR [--device cuda|cpu] [--tiny]``; writes
 DIR/emulated_llama_rank.json and .md. ``--tiny`` keeps the structure with small sizes (CPU tests).
@@ -98,6 +102,7 @@ def measure(options: argparse.Namespace, work_dir: str) -> dict:
         "report_iteration_time_s": report["iteration_time_s"],
         "simulated_iteration_time_s": report["simulated_iteration_time_s"],
         "tflops_per_gpu": report["tflops_per_gpu"],
+        "roles": report["roles"],
         "peak_bytes": rank["memory"]["peak_bytes"],
         "memory_method": rank["memory"]["method"],
         "memory_at_peak_bytes": rank["memory"]["at_peak_bytes"],
