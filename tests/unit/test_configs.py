@@ -109,9 +109,8 @@ def test_emulate_sh_passes_the_same_flags_as_the_python_reader(path):
         command, env={**os.environ, "DRY_RUN": "1"}, capture_output=True, text=True, check=True
     )
     words = done.stdout.splitlines()
-    start = words.index("prism_megatron.launch") + 2  # after the module and the script
-    assert words[: start - 2] == ["torchrun", "--nproc-per-node", "2", "-m"]
-    assert words[start:] == [
+    assert words[:7] == ["python3", "-m", "prism_megatron.cli", "emulate", "--nproc-per-node", "2", "--"]
+    assert words[7:] == [
         *read_config(path),
         "--prism-emulate",
         "--prism-ranks",
@@ -119,6 +118,25 @@ def test_emulate_sh_passes_the_same_flags_as_the_python_reader(path):
         "--prism-device",
         "cpu",
     ]
+
+
+def test_emulate_sh_across_machines_runs_the_named_pass_under_torchrun():
+    path = CONFIGS[0]
+    command = [str(REPO / "launch" / "emulate.sh"), str(path), "--nproc-per-node", "8"]
+    env = {**os.environ, "DRY_RUN": "1", "TORCHRUN_ARGS": "--nnodes 2", "PHASE": "capture"}
+    words = subprocess.run(command, env=env, capture_output=True, text=True, check=True).stdout.splitlines()
+    assert words[:7] == ["torchrun", "--nnodes", "2", "--nproc-per-node", "8", "-m", "prism_megatron.launch"]
+    assert words[8:] == [*read_config(path), "--prism-emulate", "--prism-phase", "capture"]
+
+
+def test_emulate_sh_across_machines_without_a_pass_is_refused_in_one_line():
+    path = CONFIGS[0]
+    env = {**os.environ, "DRY_RUN": "1", "TORCHRUN_ARGS": "--nnodes 2"}
+    done = subprocess.run(
+        [str(REPO / "launch" / "emulate.sh"), str(path)], env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 2
+    assert done.stderr.count("\n") == 1 and "PHASE=capture or PHASE=emulate" in done.stderr
 
 
 def test_reader_strips_comments_keeps_values_and_expands_nothing(tmp_path):
