@@ -191,6 +191,14 @@ bool PrismWork::wait(std::chrono::milliseconds timeout) {
 }
 
 bool PrismWork::isCompleted() {
+  {
+    // First, without run_mu_: the thread that settled the op holds run_mu_ until it returns, after
+    // the future has already woken its waiter, who must then see the op completed.
+    std::lock_guard<std::mutex> future_lock(future_mu_);
+    if (settled_) {
+      return true;
+    }
+  }
   std::unique_lock<std::mutex> lock(run_mu_, std::try_to_lock);
   if (!lock.owns_lock()) {
     return false;  // another thread is driving it
