@@ -40,6 +40,9 @@ def environment() -> dict[str, object]:
     }
 
 
+EVERY_PACKAGE = ("python", "torch", "megatron_core", "prism_megatron")
+
+
 def machine_line(
     env: dict[str, object], packages: tuple[str, ...] = ("python", "torch", "prism_megatron")
 ) -> str:

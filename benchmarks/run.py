@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 
-from benchmarks.common import RESULTS_DIR, environment, today, write_results
+from benchmarks.common import EVERY_PACKAGE, RESULTS_DIR, environment, machine_line, today, write_results
 
 SUITES: tuple[tuple[str, tuple[str, ...], str], ...] = (
     ("topology", ("--quick",), "rank-group arithmetic at full scale"),
@@ -58,9 +58,7 @@ def markdown(record: dict) -> str:
     lines = [
         f"# Benchmarks on CPU ({record['date']})",
         "",
-        f"python {env['python']}, torch {env['torch']}, megatron-core {env['megatron_core']}, "
-        f"prism-megatron {env['prism_megatron']}; {env['platform']}, {env['cpu_count']} CPUs, "
-        f"1-min load average {env['load_average_1min']:.1f} at start. Total {record['seconds'] / 60:.1f} min.",
+        f"{machine_line(env, EVERY_PACKAGE)} (load at the start). Total {record['seconds'] / 60:.1f} min.",
         "",
         "| suite | measures | flags | status | wall s | results |",
         "|---|---|---|---|---:|---|",

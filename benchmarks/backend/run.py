@@ -29,7 +29,7 @@ import warnings
 import torch
 import torch.distributed as dist
 
-from benchmarks.common import RESULTS_DIR, environment, today, write_results
+from benchmarks.common import EVERY_PACKAGE, RESULTS_DIR, environment, machine_line, today, write_results
 from prism_megatron import backend, replay
 from prism_megatron.replay import CostLine
 
@@ -167,9 +167,7 @@ def markdown(record: dict) -> str:
     lines = [
         f"# prism backend on CPU ({record['date']})",
         "",
-        f"{env['platform']}, {env['cpu_count']} CPUs, python {env['python']}, torch {env['torch']}, "
-        f"megatron-core {env['megatron_core']}, prism_megatron {env['prism_megatron']}; "
-        f"1-min load average {env['load_average_1min']:.2f} at start, {record['load_average_end']:.2f} at end. "
+        f"{machine_line(env, EVERY_PACKAGE)}; load {record['load_average_end']:.1f} at the end. "
         f"W = {WORLD}, this rank the only real one, a group of 8 unless noted.",
         "",
         "## Host overhead per op with virtual members (instant mode, zero cost; one call, issued and waited)",

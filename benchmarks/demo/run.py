@@ -24,7 +24,7 @@ import sys
 import tempfile
 import time
 
-from benchmarks.common import RESULTS_DIR, environment, today, write_results
+from benchmarks.common import EVERY_PACKAGE, RESULTS_DIR, environment, machine_line, today, write_results
 
 BUDGET_S = 180.0
 _PHASE = re.compile(r"^(.*?): (?:done|.*?) in ([0-9.]+) s$")
@@ -68,8 +68,7 @@ def markdown(record: dict) -> str:
     lines = [
         f"# Demo: GPT on 8192 GPUs (TP8 PP8 DP128), ranks 0 and 1024 real ({record['date']})",
         "",
-        f"{env['platform']}, {env['cpu_count']} CPUs, python {env['python']}, torch {env['torch']}, "
-        f"megatron-core {env['megatron_core']}, prism-megatron {env['prism_megatron']}.",
+        machine_line(env, EVERY_PACKAGE) + ".",
         f"`python -m prism_megatron.cli demo`, {len(record['runs'])} runs in fresh processes; budget "
         f"{BUDGET_S:.0f} s. Median wall time **{record['median_wall_s']:.1f} s**; median emulated vs "
         f"simulated iteration time {record['median_emulated_vs_simulated_pct']:+.2f} %.",

@@ -34,7 +34,7 @@ import time
 import traceback
 import warnings
 
-from benchmarks.common import RESULTS_DIR, environment, today, write_results
+from benchmarks.common import EVERY_PACKAGE, RESULTS_DIR, environment, machine_line, today, write_results
 
 TARGET_MEAN_PCT, TARGET_MAX_PCT = 0.5, 2.0
 
@@ -124,8 +124,7 @@ def markdown(record: dict) -> str:
     lines = [
         f"# Fidelity on CPU ({record['date']})",
         "",
-        f"torch {env['torch']}, megatron-core {env['megatron_core']}, prism-megatron {env['prism_megatron']}, "
-        f"Python {env['python']}; {env['platform']}, {env['cpu_count']} CPUs.",
+        machine_line(env, EVERY_PACKAGE) + ".",
         "",
         "Error: the emulated real rank's median iteration time against the same rank's in the real run "
         "(all ranks real processes); memory: the rank's peak live tensor storage in both runs. "

@@ -33,7 +33,7 @@ import sys
 import time
 import warnings
 
-from benchmarks.common import RESULTS_DIR, environment, today, write_results
+from benchmarks.common import EVERY_PACKAGE, RESULTS_DIR, environment, machine_line, today, write_results
 
 GOAL_COMPUTE_PCT = 1.0
 OPS = ("all_reduce", "broadcast", "all_gather_into_tensor")
@@ -138,8 +138,7 @@ def markdown(record: dict) -> str:
     lines = [
         f"# Overhead of emulation on the real rank ({record['date']})",
         "",
-        f"torch {env['torch']}, megatron-core {env['megatron_core']}, prism-megatron {env['prism_megatron']}, "
-        f"Python {env['python']}; {env['platform']}, {env['cpu_count']} CPUs, load {env['load_average_1min']:.1f}.",
+        machine_line(env, EVERY_PACKAGE) + ".",
         "",
         "Compute time of rank 1 (inside forward_step and backward_step, median per iteration), both ranks "
         f"real against rank 0 virtual. Goal: at most {record['goal_compute_overhead_pct']} % slower.",

@@ -23,7 +23,7 @@ import statistics
 import time
 import tracemalloc
 
-from benchmarks.common import RESULTS_DIR, environment, today, write_results
+from benchmarks.common import EVERY_PACKAGE, RESULTS_DIR, environment, machine_line, today, write_results
 from prism_megatron.topology import GROUP_KINDS, Layout
 
 WORLD_SIZES = (8192, 65536, 131072)
@@ -140,8 +140,7 @@ def markdown(record: dict) -> str:
     lines = [
         f"# Topology arithmetic at production scale ({record['date']})",
         "",
-        f"{env['platform']}, {env['cpu_count']} CPUs (load {env['load_average_1min']:.1f}), python {env['python']}, "
-        f"torch {env['torch']}, megatron-core {env['megatron_core']}, prism-megatron {env['prism_megatron']}.",
+        machine_line(env, EVERY_PACKAGE) + ".",
         "Medians; memory is the tracemalloc peak of one run. megatron-core column: `RankGenerator.get_ranks`"
         " for the same kind (one run), for reference.",
         "",
