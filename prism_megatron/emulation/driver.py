@@ -67,13 +67,7 @@ def run(plan: RunPlan, progress: Progress | None = None) -> RunOutcome:
                                                        failure=stopped), sim_result)  # fmt: skip
         raise
     results = outputs.measured_results(plan) if failure else outputs.rank_results(plan.out_dir)
-    report = outputs.build_report(
-        plan, status="failed" if failure else "ok", sim_result=sim_result, results=results, failure=failure
-    )
-    progress.begin("report")
-    written = outputs.write_final(plan, report, sim_result)
-    walls["report"] = progress.end()
-    return RunOutcome(plan, report, sim_result, results, walls, dict(written.paths))
+    return _reported(plan, progress, walls, sim_result, results, failure)
 
 
 def report_existing(plan: RunPlan, progress: Progress | None = None) -> RunOutcome:
@@ -90,6 +84,11 @@ def report_existing(plan: RunPlan, progress: Progress | None = None) -> RunOutco
     results = outputs.rank_results(plan.out_dir)
     missing = [r for r in plan.real_ranks if r not in results]
     failure = Failure(message=f"real ranks {missing} left no results in {plan.out_dir}") if missing else None
+    return _reported(plan, progress, walls, sim_result, results, failure)
+
+
+def _reported(plan: RunPlan, progress: Progress, walls: dict, sim_result, results, failure) -> RunOutcome:
+    """Write the run's final report ("failed" with a failure, else "ok") and return the outcome."""
     report = outputs.build_report(
         plan, status="failed" if failure else "ok", sim_result=sim_result, results=results, failure=failure
     )
