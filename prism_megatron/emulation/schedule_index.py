@@ -19,7 +19,7 @@ import dataclasses
 import numpy as np
 
 from prism_megatron.graph.schema import NodeType
-from prism_megatron.graph.world import peer_of
+from prism_megatron.graph.world import p2p_partner
 from prism_megatron.replay.schedule import OpKind, ReplaySchedule, ScheduledOp
 from prism_megatron.sim import replay_schedules
 from prism_megatron.sim.engine import SimResult
@@ -99,15 +99,13 @@ def _entries(result: SimResult, virtual_rank: int, real: tuple[int, ...]) -> lis
                 _Entry(False, members, op.seq, op.comm, op.size_bytes, local, np.asarray(positions))
             )
         elif op.type in (NodeType.SEND, NodeType.RECV):
-            peer = peer_of(problem.world, op.group, virtual_rank, op.offset)
+            peer, partner, partner_offset = p2p_partner(problem.world, op, virtual_rank)
             if peer in real:
                 continue
-            partner = NodeType.RECV if op.type == NodeType.SEND else NodeType.SEND
-            size = problem.world.group_size(op.group)
             node = problem.node_of(peer)
             position = (
                 int(result.node_op_base[node])
-                + local_of[int(role_of_node[node])][("p", partner, op.group, -op.offset % size, op.seq)]
+                + local_of[int(role_of_node[node])][("p", partner, op.group, partner_offset, op.seq)]
             )
             send = op.type == NodeType.SEND
             key = (peer, "send" if send else "recv")

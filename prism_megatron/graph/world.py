@@ -12,7 +12,7 @@ from typing import Protocol
 
 import numpy as np
 
-from prism_megatron.graph.schema import WORLD_GROUP
+from prism_megatron.graph.schema import WORLD_GROUP, NodeType
 from prism_megatron.topology import Layout
 
 
@@ -55,6 +55,14 @@ def peer_of(world: World, kind: str, virtual_rank: int, offset: int) -> int:
     if virtual_rank not in members:
         raise ValueError(f"virtual rank {virtual_rank} has no {kind!r} group to find a peer in")
     return members[(members.index(virtual_rank) + offset) % len(members)]
+
+
+def p2p_partner(world: World, op, virtual_rank: int) -> tuple[int, NodeType, int]:
+    """The peer of `virtual_rank`'s SEND or RECV `op` and the matching op there: (peer, that op's
+    type, that op's offset), the offset back to `virtual_rank` within the same group."""
+    peer = peer_of(world, op.group, virtual_rank, op.offset)
+    partner_type = NodeType.RECV if op.type == NodeType.SEND else NodeType.SEND
+    return peer, partner_type, -op.offset % world.group_size(op.group)
 
 
 def peer_spec(

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 import numpy as np
 
 from prism_megatron.graph.schema import NodeType
-from prism_megatron.graph.world import peer_of
+from prism_megatron.graph.world import p2p_partner
 from prism_megatron.replay.schedule import OpKind, ReplaySchedule, ScheduledOp
 from prism_megatron.sim.engine import SimResult
 
@@ -91,12 +91,10 @@ def _schedule(result: SimResult, index: _ArrivalIndex, virtual_rank: int, real: 
                 scheduled = ScheduledOp(op.comm, op.size_bytes, arrival, cost)
                 collectives.setdefault(members, []).append(((int(start[local]), op.group, op.seq), scheduled))
         elif op.type in (NodeType.SEND, NodeType.RECV):
-            peer = peer_of(problem.world, op.group, virtual_rank, op.offset)
+            peer, partner, partner_offset = p2p_partner(problem.world, op, virtual_rank)
             if peer in real:
                 continue
-            partner = NodeType.RECV if op.type == NodeType.SEND else NodeType.SEND
-            size = problem.world.group_size(op.group)
-            arrival = index.p2p_arrival(problem.node_of(peer), partner, op.group, -op.offset % size, op.seq)
+            arrival = index.p2p_arrival(problem.node_of(peer), partner, op.group, partner_offset, op.seq)
             kind = OpKind.SEND if op.type == NodeType.SEND else OpKind.RECV
             direction = "send" if op.type == NodeType.SEND else "recv"
             scheduled = ScheduledOp(kind, op.size_bytes, arrival, cost)
