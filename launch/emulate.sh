@@ -2,7 +2,7 @@
 # Emulate a production job on this machine: launch/emulate.sh CONFIG [--ranks SPEC] [--nproc-per-node N] [-- FLAGS...]
 #
 # Reads CONFIG (launch/configs/*.args: Megatron-LM flags, '#' comments; the same rules as
-# prism_megatron/megatron/plan_config.py). On one machine it runs both passes and the report:
+# prism_megatron/megatron/job/configs.py). On one machine it runs both passes and the report:
 #   prism-megatron emulate [--script SCRIPT] [--nproc-per-node N] -- <CONFIG's flags> --prism-emulate [--prism-ranks SPEC] [FLAGS...]
 # Across machines (TORCHRUN_ARGS set, e.g. by launch/prism.sbatch) it runs ONE pass, PHASE, under torchrun:
 #   torchrun ... -m prism_megatron.launch SCRIPT <CONFIG's flags> --prism-emulate --prism-phase PHASE ...

@@ -38,13 +38,14 @@ def adopt_slurm_environment(environ: dict[str, str]) -> None:
             environ[torchrun_name] = environ[slurm_name]
 
 
-def run_megatron_lm(script: str, script_args: list[str]) -> int:
+def run_megatron_lm(script_path: str, script_args: list[str]) -> int:
     """Run a Megatron-LM script as a prism real rank and write this rank's results."""
-    if not os.path.isfile(script):
+    if not os.path.isfile(script_path):
         raise CommandLineError(
-            f"SCRIPT {script!r} is not a file; pass 'builtin' or a Megatron-LM training script"
+            f"SCRIPT {script_path!r} is not a file; pass 'builtin' or a Megatron-LM training script"
         )
-    from prism_megatron.megatron import catalog, megatron_lm, results, runtime
+    from prism_megatron.megatron.run import results, runtime, script
+    from prism_megatron.patches import catalog
 
     config = parse_prism_flags(script_args)
     if config.patches.list_patches:
@@ -52,7 +53,7 @@ def run_megatron_lm(script: str, script_args: list[str]) -> int:
         return 0
     rt = runtime.start(config)
     try:
-        record = megatron_lm.run_script(script, script_args, rt)
+        record = script.run_script(script_path, script_args, rt)
         memory_report = record.finish()
         if record.model is not None:
             out = results.collect_megatron_lm(rt=rt, record=record, memory_report=memory_report)
@@ -72,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     script, script_args = argv[0], argv[1:]
     try:
         if script == BUILTIN:
-            from prism_megatron.megatron import pretrain
+            from prism_megatron.megatron.entry import pretrain
 
             return pretrain.main(script_args)
         return run_megatron_lm(script, script_args)

@@ -2,7 +2,7 @@
 
 Both are megatron-core's schedules, DDP and optimizer around a model; they differ in the model and
 in the step. The sleep model's step is megatron-core's part of Megatron-LM's train_step; the GPT is
-the built-in entry's own model, mock data and `train_step` (`prism_megatron.megatron.pretrain`).
+the built-in entry's own model, mock data and `train_step` (`prism_megatron.megatron.entry.pretrain`).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def _parallel_flags(job) -> list[str]:
 
 def gpt_args(job) -> argparse.Namespace:
     """The built-in entry's arguments: the job's model flags plus its parallel sizes."""
-    from prism_megatron.megatron import pretrain_args
+    from prism_megatron.megatron.entry import arguments as pretrain_args
 
     args = pretrain_args.parse([*job.gpt_flags, *_parallel_flags(job), "--prism-device", "cpu"])
     pretrain_args.derive_world(args, job.world_size)
@@ -46,7 +46,8 @@ def initialize_model_parallel(job) -> None:
     from megatron.core import parallel_state
 
     if job.gpt_flags:
-        from prism_megatron.megatron import pretrain, runtime
+        from prism_megatron.megatron.entry import pretrain
+        from prism_megatron.megatron.run import runtime
 
         sizes = runtime.ParallelSizes(tp=job.tp, pp=job.pp, vpp=job.vpp)
         pretrain.initialize_model_parallel(gpt_args(job), sizes)
@@ -66,7 +67,7 @@ def build(job, virtual_rank: int) -> Program:
 def _build_gpt(job) -> Program:
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
-    from prism_megatron.megatron import model, pretrain
+    from prism_megatron.megatron.entry import model, pretrain
 
     args = gpt_args(job)
     config = model.transformer_config(args)
@@ -91,7 +92,7 @@ def _build_sleep(job, virtual_rank: int) -> Program:
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
-    from prism_megatron.megatron import sleep_model
+    from benchmarks.fidelity import sleep_model
 
     spec = sleep_model.SleepSpec(
         num_layers=job.num_layers,
@@ -133,7 +134,7 @@ def _sleep_step(job, spec, model, optimizer, forward_backward) -> None:
     reduction on the last stage."""
     from megatron.core import parallel_state
 
-    from prism_megatron.megatron import sleep_model
+    from benchmarks.fidelity import sleep_model
 
     for chunk in model:
         chunk.zero_grad_buffer()

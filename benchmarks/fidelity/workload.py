@@ -106,7 +106,7 @@ def _pin_compute_bound(request: Request) -> None:
 def _bring_up(request: Request):
     """The distributed world and megatron-core's topology; returns the prism runtime."""
     from prism_megatron.config import EmulationConfig, PrismConfig
-    from prism_megatron.megatron import runtime
+    from prism_megatron.megatron.run import runtime
 
     job = request.job
     emulate = request.mode != "real"
@@ -219,7 +219,7 @@ def run(request: Request) -> dict[str, Any]:
     """
     from megatron.core import parallel_state
 
-    from prism_megatron.megatron import memory
+    from prism_megatron.megatron.run import memory
 
     if request.mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {request.mode!r}")

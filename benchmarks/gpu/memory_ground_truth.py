@@ -113,7 +113,7 @@ def gloo_rank_main(flags: list[str]) -> int:
     the built-in entry's plain run, which writes rank-<r>.json to --prism-out."""
     import torch.distributed as dist
 
-    from prism_megatron.megatron import pretrain
+    from prism_megatron.megatron.entry import pretrain
 
     dist.init_process_group("gloo")
     return pretrain.main(flags)

@@ -25,10 +25,10 @@ import time
 from pathlib import Path
 
 from benchmarks.common import RESULTS_DIR, environment, today, write_results
-from prism_megatron.megatron.plan import layout_of, plan_ranks
-from prism_megatron.megatron.plan_args import job_from_flags
-from prism_megatron.megatron.plan_config import read_config
-from prism_megatron.megatron.plan_report import job_summary
+from prism_megatron.megatron.job.configs import read_config
+from prism_megatron.megatron.job.job import job_from_flags
+from prism_megatron.megatron.plan.rank_plan import layout_of, plan_ranks
+from prism_megatron.megatron.plan.report import job_summary
 from prism_megatron.topology import select_ranks
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "launch" / "configs"

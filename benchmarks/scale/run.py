@@ -74,7 +74,7 @@ def _activation(world_size: int) -> dict:
     from megatron.core import parallel_state
 
     from prism_megatron.config import EmulationConfig, PrismConfig
-    from prism_megatron.megatron import runtime
+    from prism_megatron.megatron.run import runtime
 
     config = PrismConfig(
         emulation=EmulationConfig(emulate=True, world_size=world_size, ranks="0", device="cpu")

@@ -88,7 +88,8 @@ def run(args: argparse.Namespace) -> int:
 
 def check_builtin_flags(megatron_args: list[str], world_size: int) -> None:
     """The built-in entry's own checks, as one ValueError line (its parser would print its usage)."""
-    from prism_megatron.megatron import model, pretrain_args
+    from prism_megatron.megatron.entry import arguments as pretrain_args
+    from prism_megatron.megatron.entry import model
 
     def one_line(message: str):
         raise ValueError(message)

@@ -37,7 +37,7 @@ def _own_options() -> argparse.ArgumentParser:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Declare the options, and keep every other word, in order, as CONFIG_OR_FLAGS.
 
-    Megatron-LM flags are not options of this command (there are hundreds, and `plan_flags` owns
+    Megatron-LM flags are not options of this command (there are hundreds, and `megatron.job.flags` owns
     them), so the subcommand's `parse_known_args` is wrapped on this parser instance: it takes out
     `--ranks`/`--json` and hands everything else, untouched and in order, to the plan.
     """
@@ -68,7 +68,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _megatron_argv(words: list[str]) -> list[str]:
     """Expand a leading configuration file into its flags; later flags override it."""
-    from prism_megatron.megatron.plan_config import is_config_path, read_config
+    from prism_megatron.megatron.job.configs import is_config_path, read_config
 
     if words and is_config_path(words[0]):
         return read_config(words[0]) + words[1:]
@@ -87,9 +87,9 @@ def run(args: argparse.Namespace) -> int:
     # megatron-core warns at import that Transformer Engine and apex are missing and at config time
     # about deprecated CUDA-graph scopes; the plan builds on the meta device and needs neither.
     warnings.filterwarnings("ignore", category=UserWarning, module=r"megatron\.core\..*")
-    from prism_megatron.megatron.plan import layout_of, plan_ranks
-    from prism_megatron.megatron.plan_args import job_from_flags
-    from prism_megatron.megatron.plan_report import format_text, job_summary, rank_dict
+    from prism_megatron.megatron.job.job import job_from_flags
+    from prism_megatron.megatron.plan.rank_plan import layout_of, plan_ranks
+    from prism_megatron.megatron.plan.report import format_text, job_summary, rank_dict
     from prism_megatron.topology import select_ranks
 
     job = job_from_flags(argv)

@@ -29,7 +29,7 @@ graph by every rank alike) or `--prism-graph <a graph folder>`, `--prism-out RUN
 the report. RUN must be on a filesystem every node sees.
 
 Knows no Megatron internals: the real processes run `prism_megatron.launch`, and the per-process
-passes (`rank.py`) are called by the training entries through `prism_megatron.megatron.runtime`.
+passes (`rank.py`) are called by the training entries through `prism_megatron.megatron.run.runtime`.
 """
 
 from __future__ import annotations

@@ -1,4 +1,11 @@
-"""Everything Megatron-specific: the patch registry and its records (CPU device shim, create_group
-routing, pipeline p2p, control-flow fixes, Megatron-LM hooks), the built-in megatron-core training
-entry, and memory accounting. The only package that imports Megatron; nothing imports it back.
+"""Megatron-specific code that is not a patch, by concept:
+
+* `job`: Megatron-LM's flags and the production configurations (`launch/configs/*.args`) read into
+  the target job;
+* `entry`: the built-in megatron-core training entry (`prism_megatron.launch builtin`);
+* `plan`: the full-size memory planner (`prism-megatron plan`);
+* `run`: one real process's run plumbing: the virtual world, the runtime that applies the patches,
+  memory and collective measurement, per-rank results, Megatron-LM's script runner.
+
+Nothing below this floor (topology, backend, replay, graph, sim, network, report) imports it.
 """

@@ -24,7 +24,7 @@ from typing import Any
 SCHEMA_VERSION = 1
 STATUSES = ("ok", "failed", "running")
 MEMORY_CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations")
-"""Categories of `memory_by_category`, as `prism_megatron.megatron.memory` names them."""
+"""Categories of `memory_by_category`, as `prism_megatron.megatron.run.memory` names them."""
 
 _REL_TOLERANCE = 1e-6
 

@@ -6,7 +6,7 @@ only sizes, are built by the entry and by megatron-core from a configuration wri
 the two models must hold the same parameters, name by name and shape by shape. The shrinks are:
 * Llama 3 405B: RoPE base 500000, GQA, SwiGLU, RMSNorm, untied embeddings, and uneven pipeline stages
   (one layer on the first and last of 4 stages, two on each middle one), TP 1;
-* DeepSeek-V3 (plan_shrink's 8-rank shrink): multi-latent attention with query compression and
+* DeepSeek-V3 (the plan shrink's 8-rank shrink): multi-latent attention with query compression and
   q/k norms, a dense first layer then MoE layers with a shared expert, group-limited sigmoid routing
   with expert bias, grouped GEMM, multi-token prediction, stages of 1 and 2 layers, EP 2;
 * Mixtral 8x22B: MoE with grouped GEMM and the all-to-all dispatcher, EP 2 (TP 1: the local layers
@@ -44,9 +44,11 @@ from megatron.core.transformer import multi_latent_attention as megatron_mla
 from megatron.core.transformer.dot_product_attention import DotProductAttention
 from megatron.core.transformer.identity_op import IdentityOp
 
-from prism_megatron.megatron import model, patches, pretrain, pretrain_args, shims_cpu
-from prism_megatron.megatron.plan_config import read_config
-from prism_megatron.megatron.plan_shrink import shrink
+from prism_megatron.megatron.entry import arguments as pretrain_args
+from prism_megatron.megatron.entry import model, pretrain
+from prism_megatron.megatron.job.configs import read_config
+from prism_megatron.megatron.plan.shrink import shrink
+from prism_megatron.patches import cpu_shim, registry
 
 CONFIGS = sorted(Path(__file__).resolve().parents[2].joinpath("launch", "configs").glob("*.args"))
 
@@ -226,7 +228,7 @@ def virtual_rank_of_8(virtual_rank: int, **sizes):
 
     dist.init_process_group("fake", store=FakeStore(), rank=virtual_rank, world_size=8)
     try:
-        with patches.patched(shims_cpu.MEGATRON_CORE_SHIMS):
+        with registry.patched(cpu_shim.MEGATRON_CORE_SHIMS):
             parallel_state.initialize_model_parallel(**sizes, create_gloo_process_groups=False)
             tensor_parallel.model_parallel_cuda_manual_seed(1234)
             yield

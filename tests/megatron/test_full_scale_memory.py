@@ -14,7 +14,7 @@ import math
 
 import pytest
 
-from prism_megatron.megatron import pretrain
+from prism_megatron.megatron.entry import pretrain
 
 W, TP, PP, DP = 8192, 8, 8, 128
 HIDDEN, FFN, SEQ, VOCAB_PADDED = 64, 256, 32, 1024  # vocab 1000 padded to a multiple of 128 * TP

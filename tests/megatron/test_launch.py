@@ -152,7 +152,7 @@ def test_megatron_lms_pretrain_gpt_trains_on_virtual_rank_5_of_8192(tmp_path):
 
 def test_an_earlier_result_is_kept_unless_overwrite_is_given(tmp_path):
     from prism_megatron.config import OutputConfig, PrismConfig
-    from prism_megatron.megatron import results
+    from prism_megatron.megatron.run import results
 
     config = PrismConfig(output=OutputConfig(out=str(tmp_path)))
     results.write(config, 5, {"virtual_rank": 5})

@@ -6,7 +6,7 @@ import itertools
 
 import torch
 
-from prism_megatron.megatron import data
+from prism_megatron.megatron.entry import data
 
 
 def test_each_global_batch_is_split_once_over_microbatches_and_data_parallel_ranks():

@@ -11,9 +11,9 @@ import sys
 
 import pytest
 
-from prism_megatron.megatron import catalog, megatron_lm, patches
+from prism_megatron.patches import catalog, registry, training
 
-RECORDS = [p for p in catalog.all_patches() if isinstance(p, patches.Patch)]
+RECORDS = [p for p in catalog.all_patches() if isinstance(p, registry.Patch)]
 MEGATRON_LM_DIR = os.environ.get("MEGATRON_LM_DIR")
 
 
@@ -28,7 +28,7 @@ def undo_megatron_lm_imports():
             del sys.modules[name]
 
 
-def needs_target_module(record: patches.Patch) -> None:
+def needs_target_module(record: registry.Patch) -> None:
     """Megatron-LM's modules are importable only from a checkout (MEGATRON_LM_DIR)."""
     if not record.target.startswith("megatron.training"):
         return
@@ -36,17 +36,17 @@ def needs_target_module(record: patches.Patch) -> None:
         pytest.skip("Megatron-LM hook: needs a checkout in MEGATRON_LM_DIR")
     for module in ("six", "regex", "triton", "pydantic"):
         pytest.importorskip(module, reason="Megatron-LM's training code imports it")
-    megatron_lm.make_importable(os.path.join(MEGATRON_LM_DIR, "pretrain_gpt.py"))
+    training.make_importable(os.path.join(MEGATRON_LM_DIR, "pretrain_gpt.py"))
 
 
 @pytest.mark.parametrize("record", RECORDS, ids=lambda p: p.name)
 def test_target_exists_with_the_recorded_signature(record):
     needs_target_module(record)
-    _, _, original = patches.resolve(record.target)
+    _, _, original = registry.resolve(record.target)
     if record.must_exist:
-        assert original is not patches.ABSENT, f"{record.name}: {record.target} no longer exists"
+        assert original is not registry.ABSENT, f"{record.name}: {record.target} no longer exists"
     if record.signature is not None:
-        assert patches.current_signature(record) == record.signature, (
+        assert registry.current_signature(record) == record.signature, (
             f"{record.name}: {record.target} changed"
         )
 
@@ -54,16 +54,16 @@ def test_target_exists_with_the_recorded_signature(record):
 @pytest.mark.parametrize("record", [p for p in RECORDS if p.importers], ids=lambda p: p.name)
 def test_importers_still_bind_the_target_by_name(record):
     needs_target_module(record)
-    _, attr, original = patches.resolve(record.target)
+    _, attr, original = registry.resolve(record.target)
     for importer in record.importers:
-        module, alias = patches._importer_slot(importer, attr)
+        module, alias = registry._importer_slot(importer, attr)
         assert getattr(module, alias) is original, (
             f"{record.name}: {module.__name__}.{alias} no longer is {record.target}"
         )
 
 
 def test_every_record_is_verified_on_the_installed_megatron_core():
-    patches.check_versions(catalog.all_patches(), allow_untested=False)
+    registry.check_versions(catalog.all_patches(), allow_untested=False)
 
 
 def test_names_are_unique_and_the_table_lists_them_all():

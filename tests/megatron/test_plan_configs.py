@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from prism_megatron import cli
-from prism_megatron.megatron import plan_activations
-from prism_megatron.megatron.plan import layout_of, plan_ranks
-from prism_megatron.megatron.plan_args import job_from_flags, transformer_config
-from prism_megatron.megatron.plan_config import read_config
+from prism_megatron.megatron.job.configs import read_config
+from prism_megatron.megatron.job.job import job_from_flags, transformer_config
+from prism_megatron.megatron.plan import activations
+from prism_megatron.megatron.plan.rank_plan import layout_of, plan_ranks
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIGS = sorted((REPO / "launch" / "configs").glob("*.args"))
@@ -116,17 +116,17 @@ def _gpt(*flags: str):
 )
 def test_activation_estimate_reproduces_korthikanti_table_2_for_gpt(flags, per_layer):
     j = _gpt(*flags)
-    chunk = plan_activations.ChunkShape(
+    chunk = activations.ChunkShape(
         num_dense_layers=1, num_moe_layers=0, has_embedding=False, has_output_layer=False
     )
-    assert plan_activations.chunk_bytes(j, chunk) == int(per_layer(2048, 2, 1024, 16, 8))
+    assert activations.chunk_bytes(j, chunk) == int(per_layer(2048, 2, 1024, 16, 8))
 
 
 def test_in_flight_microbatches_follow_megatron_s_schedules():
     j = job("llama3-70b-8192gpus")  # PP4, VPP4, 8 microbatches
-    assert [plan_activations.in_flight_microbatches(j, r) for r in range(4)] == [19, 17, 15, 13]
+    assert [activations.in_flight_microbatches(j, r) for r in range(4)] == [19, 17, 15, 13]
     j = job("llama3-405b-8192gpus")  # PP16, 1F1B, 32 microbatches
-    assert [plan_activations.in_flight_microbatches(j, r) for r in (0, 7, 15)] == [16, 9, 1]
+    assert [activations.in_flight_microbatches(j, r) for r in (0, 7, 15)] == [16, 9, 1]
 
 
 def test_plan_command_prints_each_category_and_writes_json(tmp_path, capsys):

@@ -7,7 +7,7 @@ configuration at full size, that:
 * Megatron-LM's parser accepts every flag and its `validate_args` accepts the job;
 * its derived arguments equal the plan's (`job_from_flags`);
 * its `core_transformer_config_from_args` builds the same TransformerConfig as the plan;
-* its theoretical memory estimate equals the plan's restatement of it (`plan_theory`).
+* its theoretical memory estimate equals the plan's restatement of it (`megatron.plan.theory`).
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ from pathlib import Path
 
 import pytest
 
-from prism_megatron.megatron import plan_theory
-from prism_megatron.megatron.plan_args import job_from_flags, transformer_config
-from prism_megatron.megatron.plan_config import read_config
+from prism_megatron.megatron.job.configs import read_config
+from prism_megatron.megatron.job.job import job_from_flags, transformer_config
+from prism_megatron.megatron.plan import theory
 
 pytestmark = pytest.mark.megatron_lm
 
@@ -132,7 +132,7 @@ def test_plan_restates_megatron_lm_s_theoretical_memory(path, megatron_lm, monke
     job = job_from_flags(argv)
     args = megatron_lm_args(megatron_lm, argv, monkeypatch)
     args.padded_vocab_size = job.args.padded_vocab_size
-    ours = plan_theory.estimate(job, 0)
+    ours = theory.estimate(job, 0)
     weights = megatron_lm.theory.compute_weight_and_optimizer_memory(copy.deepcopy(args))
     if args.sequence_parallel and args.recompute_granularity == "selective":
         activations = megatron_lm.theory.compute_activation_memory(

@@ -1,6 +1,6 @@
 """The plan of a configuration's 2- and 8-rank shrinks equals what a real CPU run of them allocates.
 
-For every shipped configuration, the shrink (plan_shrink.py: same structure, tiny sizes) is planned on
+For every shipped configuration, the shrink (megatron/plan/shrink.py: same structure, tiny sizes) is planned on
 the meta device in a fake world, rank by rank, and also run for real: 2 or 8 processes over gloo each
 build their rank's megatron-core model, DDP wrapper and Megatron optimizer on the CPU (with the CPU
 device shims) and take one optimizer step, which materialises the optimizer state. The real run's
@@ -28,10 +28,10 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from prism_megatron.megatron.plan import plan_ranks
-from prism_megatron.megatron.plan_args import job_from_flags
-from prism_megatron.megatron.plan_config import read_config
-from prism_megatron.megatron.plan_shrink import shrink
+from prism_megatron.megatron.job.configs import read_config
+from prism_megatron.megatron.job.job import job_from_flags
+from prism_megatron.megatron.plan.rank_plan import plan_ranks
+from prism_megatron.megatron.plan.shrink import shrink
 
 CONFIGS = sorted(Path(__file__).resolve().parents[2].joinpath("launch", "configs").glob("*.args"))
 CATEGORIES = (
@@ -97,8 +97,8 @@ def _run_case(argv: list[str]) -> dict[str, int]:
     from megatron.core import parallel_state
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
-    from prism_megatron.megatron import plan_build
-    from prism_megatron.megatron.plan_args import transformer_config
+    from prism_megatron.megatron.job.job import transformer_config
+    from prism_megatron.megatron.plan import build as plan_build
 
     job = job_from_flags(argv)
     a = job.args
@@ -123,13 +123,13 @@ def _run_case(argv: list[str]) -> dict[str, int]:
 def _worker(rank: int, world_size: int, port: int, cases: dict[str, list[str]], out_dir: str) -> None:
     import torch.distributed as dist
 
-    from prism_megatron.megatron import patches, shims_cpu
+    from prism_megatron.patches import cpu_shim, registry
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
     results = {}
     try:
-        with patches.patched(shims_cpu.MEGATRON_CORE_SHIMS):
+        with registry.patched(cpu_shim.MEGATRON_CORE_SHIMS):
             for name, argv in cases.items():
                 results[name] = _run_case(argv)
     finally:

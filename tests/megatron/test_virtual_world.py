@@ -13,7 +13,7 @@ import math
 import pytest
 from launching import run_entry
 
-from prism_megatron.megatron import pretrain
+from prism_megatron.megatron.entry import pretrain
 from prism_megatron.topology import Layout, select_ranks
 
 W = 8192

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from prism_megatron.megatron.plan_config import flag_value, header, read_config, world_size_of
+from prism_megatron.megatron.job.configs import flag_value, header, read_config, world_size_of
 from prism_megatron.topology import Layout
 
 REPO = Path(__file__).resolve().parents[2]

@@ -8,10 +8,10 @@ import types
 import pytest
 from torch.overrides import TorchFunctionMode
 
-from prism_megatron.megatron import patches
-from prism_megatron.megatron.patches import ABSENT, ModePatch, Patch
+from prism_megatron.patches import registry
+from prism_megatron.patches.registry import ABSENT, ModePatch, Patch
 
-INSTALLED = patches.installed_megatron_core_version()
+INSTALLED = registry.installed_megatron_core_version()
 
 
 def original_add(a, b):
@@ -58,7 +58,7 @@ def record(**overrides) -> Patch:
 
 def test_apply_replaces_target_and_every_importer_then_revert_restores(fake_modules):
     target, importer = fake_modules
-    applied = patches.apply([record(importers=("prism_test_importer", "prism_test_importer:plus"))])
+    applied = registry.apply([record(importers=("prism_test_importer", "prism_test_importer:plus"))])
     assert target.add(1, 2) == 6
     assert importer.add(1, 2) == 6
     assert importer.plus(1, 2) == 6
@@ -68,7 +68,7 @@ def test_apply_replaces_target_and_every_importer_then_revert_restores(fake_modu
 
 def test_revert_is_safe_twice(fake_modules):
     target, _ = fake_modules
-    applied = patches.apply([record()])
+    applied = registry.apply([record()])
     applied.revert()
     applied.revert()
     assert target.add is original_add
@@ -76,7 +76,7 @@ def test_revert_is_safe_twice(fake_modules):
 
 def test_calls_are_counted_per_patch(fake_modules):
     target, _ = fake_modules
-    with patches.patched(
+    with registry.patched(
         [record(), record(name="test.unused", target="prism_test_target:missing", must_exist=False)]
     ) as applied:
         target.add(1, 1)
@@ -88,7 +88,7 @@ def test_a_target_already_replaced_elsewhere_is_refused_and_nothing_stays_applie
     target, importer = fake_modules
     importer.add = lambda a, b: 0  # someone else's patch
     with pytest.raises(RuntimeError, match="refusing to stack"):
-        patches.apply(
+        registry.apply(
             [
                 record(name="first", target="prism_test_target:Child"),
                 record(importers=("prism_test_importer",)),
@@ -99,7 +99,7 @@ def test_a_target_already_replaced_elsewhere_is_refused_and_nothing_stays_applie
 
 def test_an_absent_attribute_is_added_then_deleted(fake_modules):
     target, _ = fake_modules
-    with patches.patched(
+    with registry.patched(
         [record(target="prism_test_target:te_gemm", make=lambda original: None, must_exist=False)]
     ):
         assert target.te_gemm is None
@@ -108,7 +108,7 @@ def test_an_absent_attribute_is_added_then_deleted(fake_modules):
 
 def test_the_make_function_receives_ABSENT_for_a_missing_attribute(fake_modules):
     seen = []
-    with patches.patched(
+    with registry.patched(
         [record(target="prism_test_target:nothing", make=lambda original: seen.append(original))]
     ):
         pass
@@ -116,7 +116,7 @@ def test_the_make_function_receives_ABSENT_for_a_missing_attribute(fake_modules)
 
 
 def test_an_inherited_method_is_shadowed_then_unshadowed(fake_modules):
-    with patches.patched(
+    with registry.patched(
         [record(target="prism_test_target:Child.method", make=lambda original: lambda self: "patched")]
     ):
         assert Child().method() == "patched"
@@ -127,7 +127,7 @@ def test_an_inherited_method_is_shadowed_then_unshadowed(fake_modules):
 
 def test_revert_leaves_a_later_foreign_replacement_in_place_and_warns(fake_modules):
     target, _ = fake_modules
-    applied = patches.apply([record()])
+    applied = registry.apply([record()])
     foreign = lambda a, b: -1  # noqa: E731
     target.add = foreign
     with pytest.warns(UserWarning, match="replaced by someone else"):
@@ -138,9 +138,9 @@ def test_revert_leaves_a_later_foreign_replacement_in_place_and_warns(fake_modul
 def test_untested_megatron_version_is_refused_with_the_range_named(fake_modules):
     untested = record(verified_on=("0.1.0", "0.2.0"))
     with pytest.raises(
-        patches.UntestedMegatronError, match=r"verified on 0\.1\.0/0\.2\.0.*--prism-allow-untested-megatron"
+        registry.UntestedMegatronError, match=r"verified on 0\.1\.0/0\.2\.0.*--prism-allow-untested-megatron"
     ):
-        patches.apply([untested])
+        registry.apply([untested])
     assert fake_modules[0].add is original_add
 
 
@@ -148,15 +148,15 @@ def test_allow_untested_applies_with_a_warning(fake_modules):
     untested = record(verified_on=("0.1.0",))
     with (
         pytest.warns(UserWarning, match="outside the versions"),
-        patches.patched([untested], allow_untested=True),
+        registry.patched([untested], allow_untested=True),
     ):
         assert fake_modules[0].add(1, 1) == 4
 
 
 def test_versions_compare_as_versions_not_strings():
-    patches.check_versions([record(verified_on=("0.16.1",))], allow_untested=False, installed="0.16.01")
-    with pytest.raises(patches.UntestedMegatronError):
-        patches.check_versions([record(verified_on=("0.16.1",))], allow_untested=False, installed="0.16.10")
+    registry.check_versions([record(verified_on=("0.16.1",))], allow_untested=False, installed="0.16.01")
+    with pytest.raises(registry.UntestedMegatronError):
+        registry.check_versions([record(verified_on=("0.16.1",))], allow_untested=False, installed="0.16.10")
 
 
 class CountingMode(TorchFunctionMode):
@@ -173,7 +173,7 @@ def test_a_mode_patch_is_active_while_applied_and_counts():
     import torch
 
     mode = ModePatch(name="test.mode", make_mode=CountingMode, verified_on=(INSTALLED,), reason="test")
-    with patches.patched([mode]) as applied:
+    with registry.patched([mode]) as applied:
         torch.ones(2).sum()
         assert applied.used()["test.mode"] >= 2
     calls = applied.used()["test.mode"]
@@ -183,11 +183,11 @@ def test_a_mode_patch_is_active_while_applied_and_counts():
 
 def test_duplicate_names_and_malformed_targets_are_rejected():
     with pytest.raises(ValueError, match="unique"):
-        patches.apply([record(), record()])
+        registry.apply([record(), record()])
     with pytest.raises(ValueError, match="module:attr"):
         record(target="no_colon")
 
 
 def test_table_lists_every_patch_with_its_versions():
-    text = patches.table([record(), record(name="test.other", verified_on=("0.16.1", "0.17.0"))])
+    text = registry.table([record(), record(name="test.other", verified_on=("0.16.1", "0.17.0"))])
     assert "test.add" in text and "prism_test_target:add" in text and "0.16.1/0.17.0" in text

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from prism_megatron.megatron import pretrain_args
+from prism_megatron.megatron.entry import arguments as pretrain_args
 
 BASE = (
     "--num-layers", "8", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",

@@ -1,7 +1,7 @@
 """An activation-memory estimate for one rank, for the configured recompute.
 
 Parameters, gradients and optimizer state are counted exactly from megatron-core's own objects
-(plan_build.py); activations depend on what autograd keeps alive during a step and are estimated here.
+(build.py); activations depend on what autograd keeps alive during a step and are estimated here.
 The per-layer terms generalise Table 2 of Korthikanti et al. 2022, "Reducing Activation Recomputation in
 Large Transformer Models" (arXiv 2205.05198), from GPT's 4h MLP and multi-head attention to the
 job's FFN size, gated MLP, grouped-query attention and mixture of experts; bytes are for 16-bit
@@ -38,7 +38,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from prism_megatron.megatron.plan_args import Job
+from prism_megatron.megatron.job.job import Job
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

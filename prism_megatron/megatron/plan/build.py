@@ -40,8 +40,8 @@ from megatron.core.transformer import TransformerConfig
 from megatron.core.transformer.dot_product_attention import DotProductAttention
 from megatron.core.transformer.module import Float16Module, MegatronModule
 
-from prism_megatron.megatron import local_mla
-from prism_megatron.megatron.plan_args import Job, ddp_config
+from prism_megatron.megatron.entry import local_mla
+from prism_megatron.megatron.job.job import Job, ddp_config
 
 
 def initialize_groups(job: Job) -> None:

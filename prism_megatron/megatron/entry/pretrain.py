@@ -3,10 +3,10 @@
 It runs the step of Megatron-LM's `pretrain_gpt.py` (`train_step`: zero the grad buffers, the
 schedule's forward/backward over all micro-batches, optimizer step, the model-parallel reductions of
 `update_successful` and grad norm, the data-parallel loss reduction on the last stage) for the flags
-`pretrain_args` supports. Not reproduced: the LR schedule (constant LR), evaluation, checkpoints.
+`entry.arguments` supports. Not reproduced: the LR schedule (constant LR), evaluation, checkpoints.
 
 Run it under torchrun (`python -m prism_megatron.launch` or `prism-megatron emulate`) or directly as
-`python -m prism_megatron.megatron.pretrain ...` for one process.
+`python -m prism_megatron.megatron.entry.pretrain ...` for one process.
 """
 
 from __future__ import annotations
@@ -27,7 +27,10 @@ from megatron.core.transformer import TransformerConfig
 from megatron.core.utils import get_attr_wrapped_model
 
 from prism_megatron.config import PrismConfig
-from prism_megatron.megatron import catalog, collectives, data, memory, model, pretrain_args, results, runtime
+from prism_megatron.megatron.entry import arguments as pretrain_args
+from prism_megatron.megatron.entry import data, model
+from prism_megatron.megatron.run import collectives, memory, results, runtime
+from prism_megatron.patches import catalog
 
 
 def sizes_from_args(args: argparse.Namespace) -> runtime.ParallelSizes:

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from megatron.core.distributed import DistributedDataParallelConfig
 from megatron.core.transformer import MLATransformerConfig, TransformerConfig
 
-from prism_megatron.megatron.plan_flags import ParsedFlags, parse_flags
+from prism_megatron.megatron.job.flags import ParsedFlags, parse_flags
 
 
 @dataclasses.dataclass(frozen=True)

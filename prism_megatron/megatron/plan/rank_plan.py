@@ -1,7 +1,7 @@
 """The full-size memory plan: what each selected rank of a production job holds, without a GPU.
 
 For each selected virtual rank, `plan_ranks` becomes that rank in a one-process virtual world of the
-job's size (plan_build.py), builds its real megatron-core model chunks on the meta device, wraps them
+job's size (build.py), builds its real megatron-core model chunks on the meta device, wraps them
 in megatron-core's DDP and asks the distributed optimizer which shard the rank owns. It reports:
 
 * parameters: the DDP parameter buffer as allocated (distributed optimizer), or the parameters
@@ -10,9 +10,9 @@ in megatron-core's DDP and asks the distributed optimizer which shard the rank o
 * optimizer state: fp32 main parameters of the owned shard (for 16-bit training), fp32 gradient copies
   when gradients are reduced in 16-bit (made at the step, freed at the next zero_grad), and the
   optimizer's moments (Adam: two, SGD with momentum: one) in fp32;
-* activations: an estimate for the configured recompute (plan_activations.py);
+* activations: an estimate for the configured recompute (activations.py);
 and, beside it, Megatron-LM's own theoretical estimate for the rank and where the two differ
-(plan_theory.py). Every number carries its source.
+(theory.py). Every number carries its source.
 
 Not counted: the per-parameter `step` scalars of torch's Adam fallback (absent with fused Adam),
 buffers that are not parameters (rotary tables, MoE expert bias), CUDA context and allocator overheads.
@@ -27,8 +27,9 @@ import torch
 from megatron.core import parallel_state
 from megatron.core.transformer.moe.moe_layer import MoELayer
 
-from prism_megatron.megatron import plan_activations, plan_build, plan_theory
-from prism_megatron.megatron.plan_args import Job, transformer_config
+from prism_megatron.megatron.job.job import Job, transformer_config
+from prism_megatron.megatron.plan import activations, theory
+from prism_megatron.megatron.plan import build as plan_build
 from prism_megatron.topology import Layout
 
 _FP32_BYTES = 4
@@ -54,8 +55,8 @@ class RankPlan:
     optimizer_moments: Quantity
     activations: Quantity
     buffers: list[plan_build.BufferPlan]
-    chunks: list[plan_activations.ChunkShape]
-    megatron: plan_theory.MegatronEstimate
+    chunks: list[activations.ChunkShape]
+    megatron: theory.MegatronEstimate
     differences: list[str]
     seconds: float
     built_as: int
@@ -93,12 +94,12 @@ def layout_of(job: Job) -> Layout:
     )
 
 
-def _chunk_shape(chunk: torch.nn.Module) -> plan_activations.ChunkShape:
+def _chunk_shape(chunk: torch.nn.Module) -> activations.ChunkShape:
     model = chunk.module if hasattr(chunk, "module") else chunk
     layers = list(model.decoder.layers)
     num_moe = sum(isinstance(layer.mlp, MoELayer) for layer in layers)
     mtp = getattr(model, "mtp", None)
-    return plan_activations.ChunkShape(
+    return activations.ChunkShape(
         num_dense_layers=len(layers) - num_moe,
         num_moe_layers=num_moe,
         has_embedding=model.pre_process,
@@ -144,7 +145,7 @@ class StageBuild:
     virtual_rank: int
     pipeline_rank: int
     ddp_chunks: list
-    chunks: list[plan_activations.ChunkShape]
+    chunks: list[activations.ChunkShape]
     num_params: int
     seconds: float
 
@@ -182,9 +183,9 @@ def rank_plan(job: Job, layout: Layout, stage: StageBuild, virtual_rank: int) ->
         data_parallel_rank=layout.rank_in_group("dp_cp", virtual_rank),
         expert_data_parallel_rank=layout.rank_in_group("expt_dp", virtual_rank),
     )
-    activation = plan_activations.estimate(job, stage.pipeline_rank, stage.chunks)
+    activation = activations.estimate(job, stage.pipeline_rank, stage.chunks)
     has_output = any(shape.has_output_layer for shape in stage.chunks)
-    differences = plan_theory.differences(job, stage.pipeline_rank, has_output)
+    differences = theory.differences(job, stage.pipeline_rank, has_output)
     padding = sum(b.numel_padded - b.num_params for b in buffers if b.has_param_buffer)
     if padding:
         differences.append(
@@ -200,7 +201,7 @@ def rank_plan(job: Job, layout: Layout, stage: StageBuild, virtual_rank: int) ->
         activations=Quantity(bytes=activation.bytes, source=activation.formula),
         buffers=buffers,
         chunks=stage.chunks,
-        megatron=plan_theory.estimate(job, stage.pipeline_rank),
+        megatron=theory.estimate(job, stage.pipeline_rank),
         differences=differences,
         seconds=time.perf_counter() - started + (stage.seconds if built_here else 0.0),
         built_as=stage.virtual_rank,

@@ -22,9 +22,9 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
-from prism_megatron.megatron import memory
-from prism_megatron.megatron.p2p_ops import PinnedSend
-from prism_megatron.megatron.patches import ModePatch, Patch
+from prism_megatron.megatron.run import memory
+from prism_megatron.patches.pipeline_ops import PinnedSend
+from prism_megatron.patches.registry import ModePatch, Patch
 
 VERIFIED_ON = ("0.16.1",)
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from prism_megatron.megatron.patches import Patch
+from prism_megatron.patches.registry import Patch
 
 VERIFIED_ON = ("0.16.1",)
 

@@ -15,8 +15,8 @@ import argparse
 import os
 
 from prism_megatron.config import add_prism_arguments
-from prism_megatron.megatron import runtime
-from prism_megatron.megatron.patches import Patch
+from prism_megatron.megatron.run import runtime
+from prism_megatron.patches.registry import Patch
 
 VERIFIED_ON = ("0.16.1",)
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from prism_megatron.megatron.plan import RankPlan
-from prism_megatron.megatron.plan_args import Job
+from prism_megatron.megatron.job.job import Job
+from prism_megatron.megatron.plan.rank_plan import RankPlan
 from prism_megatron.topology import format_ranks
 
 _CATEGORIES = (

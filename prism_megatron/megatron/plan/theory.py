@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from prism_megatron.megatron.plan_args import Job
+from prism_megatron.megatron.job.job import Job
 
 SOURCE = "Megatron-LM megatron/training/theoretical_memory_usage.py (core_v0.16.1), restated"
 

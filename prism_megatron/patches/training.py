@@ -1,8 +1,6 @@
-"""Run Megatron-LM's own training script (e.g. `pretrain_gpt.py`), unmodified, as a prism real rank.
-
-The launcher parses the `--prism-*` flags, installs the CPU device shim when the device is the CPU,
-applies the hooks below, makes the Megatron-LM checkout importable next to the installed
-megatron-core, and runs the script with `runpy` as `__main__`. The hooks are records like every patch:
+"""Megatron-LM's training loop hooks: what changes when its own script (e.g. `pretrain_gpt.py`) runs
+as a prism real rank (`prism_megatron.megatron.run.script` applies them). The hooks are records like
+every patch:
 
 - arguments (arguments.py): `--prism-*` on Megatron-LM's parser; W and the virtual rank in
   `validate_args`; do_train/do_valid/do_test when rank 0 is virtual;
@@ -16,15 +14,13 @@ megatron-core, and runs the script with `runpy` as `__main__`. The hooks are rec
 
 from __future__ import annotations
 
-import os
-import runpy
-import sys
 from typing import Any
 
 import torch
 
-from prism_megatron.megatron import arguments, memory, runtime
-from prism_megatron.megatron.patches import Patch
+from prism_megatron.megatron.run import memory, runtime
+from prism_megatron.patches import arguments
+from prism_megatron.patches.registry import Patch
 
 VERIFIED_ON = ("0.16.1",)
 _SM90 = (9, 0)
@@ -204,34 +200,3 @@ def all_records() -> tuple[Patch, ...]:
 
     placeholder = runtime.Runtime(config=PrismConfig(), device="cpu")
     return (*emulation_records(placeholder, TrainingRecord(placeholder)), *cpu_records())
-
-
-def make_importable(script: str) -> None:
-    """Put the script's checkout on sys.path after the installed megatron-core.
-
-    The checkout's own `megatron/core` has no compiled dataset helpers; importing megatron.core from
-    the installed wheel first and appending the checkout keeps the wheel's core and takes
-    `megatron.training` (and the script's neighbours, such as gpt_builders) from the checkout.
-    """
-    import megatron.core  # noqa: F401  (the installed one, before the checkout is on the path)
-
-    checkout = os.path.dirname(os.path.abspath(script))
-    if checkout not in sys.path:
-        sys.path.append(checkout)
-
-
-def run_script(script: str, script_args: list[str], rt: runtime.Runtime) -> TrainingRecord:
-    """Apply the hooks and run `script` as `__main__` with `script_args`; returns what training did."""
-    make_importable(script)
-    record = TrainingRecord(rt)
-    if rt.device == "cpu":
-        os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "1")  # validate_args asserts it for TP/CP > 1
-        rt.apply(cpu_records())
-    rt.apply(emulation_records(rt, record))
-    saved_argv = sys.argv
-    sys.argv = [script, *script_args]
-    try:
-        runpy.run_path(script, run_name="__main__")
-    finally:
-        sys.argv = saved_argv
-    return record

@@ -159,7 +159,7 @@ def _training_args(parser: argparse.ArgumentParser) -> None:
 def _layer_frequency(text: str) -> int | list[int]:
     """`--moe-layer-freq`, read by the plan's parser of the same flag (imported only when given,
     since it loads megatron-core)."""
-    from prism_megatron.megatron.plan_flags import layer_frequency
+    from prism_megatron.megatron.job.flags import layer_frequency
 
     return layer_frequency(text)
 
@@ -194,7 +194,7 @@ def _moe_args(parser: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m prism_megatron.megatron.pretrain",
+        prog="python -m prism_megatron.megatron.entry.pretrain",
         description="Built-in megatron-core GPT pretraining entry (mock data) with Megatron-LM flag names.",
         allow_abbrev=False,
     )

@@ -12,7 +12,7 @@ Overrides are appended to the production flags; Megatron-LM's parser keeps the l
 
 from __future__ import annotations
 
-from prism_megatron.megatron.plan_args import Job, job_from_flags
+from prism_megatron.megatron.job.job import Job, job_from_flags
 
 _TINY_MODEL = {
     "--hidden-size": 64,

@@ -21,8 +21,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from prism_megatron.megatron.distributed import VirtualWorld
-from prism_megatron.megatron.patches import Patch
+from prism_megatron.megatron.run.world import VirtualWorld
+from prism_megatron.patches.registry import Patch
 
 VERIFIED_ON = ("0.16.1",)
 

@@ -25,9 +25,9 @@ from typing import Any
 import torch
 from megatron.core.pipeline_parallel.p2p_communication import P2PCommunicator
 
-from prism_megatron.megatron.distributed import VirtualWorld
-from prism_megatron.megatron.p2p_ops import PlausibleValues, RealPeerOp, Transfer, VirtualPeerOp
-from prism_megatron.megatron.patches import Patch
+from prism_megatron.megatron.run.world import VirtualWorld
+from prism_megatron.patches.pipeline_ops import PlausibleValues, RealPeerOp, Transfer, VirtualPeerOp
+from prism_megatron.patches.registry import Patch
 from prism_megatron.replay import OpKind
 
 VERIFIED_ON = ("0.16.1",)

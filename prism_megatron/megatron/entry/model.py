@@ -33,7 +33,7 @@ from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 from megatron.core.tensor_parallel import set_defaults_if_not_set_tensor_model_parallel_attributes
 from megatron.core.transformer import MLATransformerConfig, TransformerConfig
 
-from prism_megatron.megatron import local_mla
+from prism_megatron.megatron.entry import local_mla
 
 # Megatron-LM's default bucket size floor (training.py get_model: max(4e7, 1e6 * dp_cp)).
 _MIN_BUCKET_SIZE_PARAMS = 40_000_000

@@ -19,7 +19,8 @@ import torch.distributed as dist
 import prism_megatron.topology as topology
 from prism_megatron.config import PrismConfig
 from prism_megatron.emulation import rank as rank_phase
-from prism_megatron.megatron import control_flow, distributed, p2p, parallel_state, patches, shims_cpu
+from prism_megatron.megatron.run import world
+from prism_megatron.patches import control_flow, cpu_shim, parallel_state, pipeline, registry
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -81,9 +82,9 @@ class Runtime:
     device: str
     sizes: ParallelSizes | None = None
     """The target job's parallel sizes, once the entry's arguments are known."""
-    world: distributed.VirtualWorld | None = None
+    world: world.VirtualWorld | None = None
     group_log: parallel_state.GroupLog = dataclasses.field(default_factory=parallel_state.GroupLog)
-    applied: list[patches.AppliedPatches] = dataclasses.field(default_factory=list)
+    applied: list[registry.AppliedPatches] = dataclasses.field(default_factory=list)
     p2p_class: Any = None
     phase: rank_phase.InstantPhase | None = None
     """The pass this process runs (capture, emulate or instant); set at bring-up."""
@@ -101,7 +102,7 @@ class Runtime:
 
     def apply(self, records: tuple) -> None:
         self.applied.append(
-            patches.apply(records, allow_untested=self.config.patches.allow_untested_megatron)
+            registry.apply(records, allow_untested=self.config.patches.allow_untested_megatron)
         )
 
     def patch_calls(self) -> dict[str, int]:
@@ -133,7 +134,7 @@ def start(config: PrismConfig) -> Runtime:
     device = config.emulation.resolved_device(torch.cuda.is_available())
     runtime = Runtime(config=config, device=device)
     if device == "cpu":
-        runtime.apply(shims_cpu.MEGATRON_CORE_SHIMS)
+        runtime.apply(cpu_shim.MEGATRON_CORE_SHIMS)
     return runtime
 
 
@@ -146,8 +147,8 @@ def bring_up(runtime: Runtime) -> None:
         layout = target_layout(config, runtime.sizes)
         real_ranks = select_real_ranks(config, layout)
         check_process_count(real_ranks)
-        store, physical_rank, _ = distributed.rendezvous_store(config.emulation.timeout_s)
-        runtime.world = distributed.init_virtual_world(
+        store, physical_rank, _ = world.rendezvous_store(config.emulation.timeout_s)
+        runtime.world = world.init_virtual_world(
             world_size=config.emulation.world_size,
             real_ranks=real_ranks,
             physical_rank=physical_rank,
@@ -163,7 +164,7 @@ def bring_up(runtime: Runtime) -> None:
         )
     else:
         backend = "nccl" if runtime.device == "cuda" else "gloo"
-        distributed.init_real_world(backend=backend, timeout_s=config.emulation.timeout_s)
+        world.init_real_world(backend=backend, timeout_s=config.emulation.timeout_s)
         virtual_backend = None
         runtime.phase = rank_phase.make_phase(
             config, virtual_rank=dist.get_rank(), layout=None, real_ranks=()
@@ -196,7 +197,7 @@ def before_model(runtime: Runtime) -> None:
     """After `initialize_model_parallel`: pipeline p2p and control-flow fixes for virtual peers."""
     if runtime.world is None:
         return
-    p2p_record = p2p.p2p_patch(runtime.world)
+    p2p_record = pipeline.p2p_patch(runtime.world)
     if runtime.phase is not None and runtime.phase.records_p2p_calls:
         p2p_record = dataclasses.replace(p2p_record, make=_reporting_calls(p2p_record.make, runtime.phase))
     runtime.apply((p2p_record, *control_flow.core_fixes(runtime.world)))

@@ -1,0 +1,1 @@
+"""The built-in GPT training entry: megatron-core only, mock data, Megatron-LM's flag names."""
