@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "replay/clock.h"
+#include "replay/timeline.h"
 
 namespace prism::backend {
 
@@ -94,7 +95,7 @@ c10::intrusive_ptr<c10d::Work> PrismBackend::endCoalescing() {
   return c10::make_intrusive<CoalescedWork>(rank_, std::move(coalesced_));
 }
 
-RealStep PrismBackend::consistency_step(const OpPlan& plan, int64_t seq) {
+RealStep PrismBackend::consistency_step(const OpPlan& plan, int64_t seq, const at::Device& device) {
   auto mine = at::empty({4}, at::kLong);
   auto* row = mine.data_ptr<int64_t>();
   row[0] = static_cast<int64_t>(plan.kind);
@@ -104,9 +105,9 @@ RealStep PrismBackend::consistency_step(const OpPlan& plan, int64_t seq) {
   const int64_t k = layout_.num_real();
   std::vector<std::vector<at::Tensor>> gathered(1);
   for (int64_t r = 0; r < k; ++r) {
-    gathered[0].push_back(at::empty({4}, at::kLong));
+    gathered[0].push_back(at::empty({4}, at::TensorOptions().dtype(at::kLong).device(device)));
   }
-  std::vector<at::Tensor> inputs{mine};
+  std::vector<at::Tensor> inputs{device.is_cpu() ? mine : mine.to(device)};
   auto work = real_->allgather(gathered, inputs);
   std::vector<int64_t> real_members;
   for (int64_t r = 0; r < k; ++r) {
@@ -116,7 +117,8 @@ RealStep PrismBackend::consistency_step(const OpPlan& plan, int64_t seq) {
     const int64_t* own = mine.data_ptr<int64_t>();
     std::ostringstream diffs;
     for (size_t r = 0; r < rows.size(); ++r) {
-      const int64_t* other = rows[r].data_ptr<int64_t>();
+      const at::Tensor host_row = rows[r].is_cpu() ? rows[r] : rows[r].cpu();  // after the gather, on this thread
+      const int64_t* other = host_row.data_ptr<int64_t>();
       if (std::equal(own, own + 4, other)) {
         continue;
       }
@@ -134,6 +136,9 @@ RealStep PrismBackend::consistency_step(const OpPlan& plan, int64_t seq) {
 }
 
 c10::intrusive_ptr<c10d::Work> PrismBackend::launch(OpPlan plan) {
+  if (auto failure = device_failure()) {
+    std::rethrow_exception(failure);  // the watchdog gave up on the run: every later op raises it
+  }
   const int64_t issue_ns = clock::now_ns();
   const bool is_p2p = plan.kind == replay::OpKind::kSend || plan.kind == replay::OpKind::kRecv;
   const bool is_send = plan.kind == replay::OpKind::kSend;
@@ -173,23 +178,27 @@ c10::intrusive_ptr<c10d::Work> PrismBackend::launch(OpPlan plan) {
       spec.error = make_error(timing.error);
     }
   }
+  device::Queue* queue = spec.error ? nullptr : queue_for(plan.device);
+  if (queue != nullptr) {  // its times are marks on the device timeline, where its streams get
+    record.issue_mark = timeline::mark_on(queue, queue->current_stream());
+    record.start_mark = has_virtual ? timeline::reserve(queue) : record.issue_mark;
+  }
+  const int64_t start_mark = record.start_mark;
   spec.log_id = replay::op_log().begin(std::move(record));
   const bool real_part = real_ && (!is_p2p || !has_virtual);
-#ifdef PRISM_WITH_CUDA
-  if (plan.device.is_cuda() && !spec.error) {
-    auto work = launch_on_device(std::move(plan), std::move(spec), timing, has_virtual, real_part);
+  if (queue != nullptr) {
+    auto work = launch_on_device(queue, std::move(plan), std::move(spec), timing, has_virtual, real_part, start_mark);
     if (coalescing_) {
       coalesced_.push_back(work);
     }
     return work;
   }
-#endif
 
   if (!spec.error) {
     try {
       at::AutoDispatchBelowAutograd below_autograd;  // like a real backend, write below autograd
       if (real_part && !is_p2p && ctx_->check_consistency) {
-        spec.real_steps.push_back(consistency_step(plan, spec.seq));
+        spec.real_steps.push_back(consistency_step(plan, spec.seq, at::Device(at::kCPU)));
       }
       if (real_part && plan.issue_real) {
         if (auto real_work = plan.issue_real()) {  // null: this op needs nothing real after all

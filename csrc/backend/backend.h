@@ -36,6 +36,7 @@
 
 #include "backend/layout.h"
 #include "backend/work.h"
+#include "replay/device_queue.h"
 #include "replay/engine.h"
 #include "replay/op_log.h"
 
@@ -49,8 +50,13 @@ struct OpPlan {
   at::ScalarType dtype = at::kFloat;
   bool async_op = false;
   int64_t peer_index = -1;  // p2p: the peer's group rank
+  // p2p with a real peer: the tensors, the peer's rank on the real sub-communicator and the tag,
+  // so the device path can stage the transfer through the host (gloo cannot send CUDA tensors).
+  std::vector<at::Tensor> p2p_tensors;
+  int64_t real_peer = -1;
+  int tag = 0;
   bool size_varies = false; // sizes may legitimately differ across members (all-to-all-v)
-  at::Device device = at::kCPU;  // of the op's tensors: CUDA ops complete on the device (device_path.cpp)
+  at::Device device = at::kCPU;  // of the op's tensors: device ops complete on the device (device_path.cpp)
   std::vector<at::Tensor> outputs;
   // Issues the real part on the real sub-communicator (only called when the op needs one); may
   // prepare inputs first (pre-scaling, packing).
@@ -60,7 +66,16 @@ struct OpPlan {
   std::function<void()> local;
 };
 
-struct DeviceState;  // the backend's CUDA stream (device_path.cpp; CUDA builds only)
+struct DeviceState;     // the backend's stream on a device (device_path.cpp)
+class RealPartWaiter;  // the backend's helper thread for real parts on a device (device_path.cpp)
+
+// The queue ops on tensors of `device` complete on: CUDA's for CUDA tensors, the test device's for
+// CPU tensors while it is active, else null (the op completes on the host, work.cpp).
+device::Queue* queue_for(const at::Device& device);
+// The first failure of an op on a device (the watchdog's), raised by every later call; null: none.
+std::exception_ptr device_failure();
+// Forget it and let device waits run again (a new run in the same process: tests).
+void clear_device_failure();
 
 class PrismBackend : public c10d::Backend {
  public:
@@ -130,11 +145,15 @@ class PrismBackend : public c10d::Backend {
 
  private:
   c10::intrusive_ptr<c10d::Work> launch(OpPlan plan);
-  RealStep consistency_step(const OpPlan& plan, int64_t seq);
-#ifdef PRISM_WITH_CUDA
-  c10::intrusive_ptr<c10d::Work> launch_on_device(OpPlan plan, WorkSpec spec, const replay::Timing& timing,
-                                                  bool has_virtual, bool real_part);
-#endif
+  // The all-gather of (kind, bytes, dtype, seq) among the real members, its tensors on `device`
+  // (the CPU for gloo, the GPU for NCCL), and the check of its result.
+  RealStep consistency_step(const OpPlan& plan, int64_t seq, const at::Device& device);
+  // device_path.cpp: a p2p transfer with a real peer on one GPU, staged through pinned host memory.
+  c10::intrusive_ptr<c10d::Work> issue_staged_p2p(OpPlan& plan, std::function<void()>& unstage);
+  // device_path.cpp; start_mark: the slot the device writes every member's arrival to.
+  c10::intrusive_ptr<c10d::Work> launch_on_device(device::Queue* queue, OpPlan plan, WorkSpec spec,
+                                                  const replay::Timing& timing, bool has_virtual, bool real_part,
+                                                  int64_t start_mark);
 
   GroupLayout layout_;
   c10::intrusive_ptr<c10d::Backend> real_;
@@ -147,6 +166,7 @@ class PrismBackend : public c10d::Backend {
   bool coalescing_ = false;
   std::vector<c10::intrusive_ptr<c10d::Work>> coalesced_;
   std::shared_ptr<DeviceState> device_;
+  std::shared_ptr<RealPartWaiter> waiter_;
 };
 
 // Bytes of a tensor list.

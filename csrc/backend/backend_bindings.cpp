@@ -106,6 +106,19 @@ void bind(py::module_& m) {
         py::arg("group_name"), py::arg("real"),
         "A prism c10d Backend for one group; real is the sub-communicator among its real members or None.");
   m.def("describe_group", &describe_group, py::arg("members"), py::arg("self_index"));
+  m.def("clear_device_failure", &clear_device_failure,
+        "Forget a device run's failure and let device waits run again (a new activation).");
+  m.def("device_failure", [] {
+    auto failure = device_failure();
+    if (!failure) {
+      return std::string();
+    }
+    try {
+      std::rethrow_exception(failure);
+    } catch (const std::exception& e) {
+      return std::string(e.what());
+    }
+  }, "The message of a device run's failure ('' when none).");
 }
 
 }  // namespace

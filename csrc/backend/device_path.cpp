@@ -1,114 +1,315 @@
-// The CUDA path of the prism backend (CUDA builds only; the CPU build compiles this file to nothing).
+// The device path of the prism backend: ops on a device's tensors complete on the device's streams,
+// the way NCCL completes on its communication stream. One code path for CUDA and for the
+// asynchronous test device (replay/device_queue.h), so the test device proves it on any CPU.
 //
-// An op on CUDA tensors runs on the backend's own stream, the way NCCL runs on its communication
-// stream: the stream first waits for the issuing stream (the op's own arrival is when the device
-// gets there), then for the real part on the NCCL sub-communicator (NCCL's Work::wait makes our
-// stream wait, not the host), then runs the local part (mirror arithmetic), then a wait-until kernel
-// that spins on the GPU timer until max(own arrival, iteration start + the virtual members' arrival
-// offset) + cost. Work::wait() makes the caller's stream wait for the op's end event; the host never
-// blocks. Compute queued on other streams overlaps the wait, as it would overlap NCCL.
+// An op runs on the backend's own stream. That stream first waits for the issuing stream (the op's
+// own arrival is when the device gets there), then for the real part among the real members, then
+// the local part (mirror arithmetic), then a wait-until that holds the stream until
+// max(own arrival, iteration start + the virtual members' arrival offset) + cost on the device
+// clock. Work::wait() makes the caller's stream wait for the op's end; the host never blocks.
+// Compute queued on other streams overlaps the wait, as it would overlap NCCL.
 //
-// Not on this path (yet): the consistency check among real members and the host-side timeout (a
-// device wait cannot be interrupted); the op log records issue and start, and the completion when
-// the host first sees the op done (isCompleted).
+// The real part:
+//   - NCCL (the real members on distinct GPUs): issued on the host with the issuing stream current
+//     (NCCL orders itself after it); the backend's stream waits for NCCL's on the device.
+//   - gloo (several real members sharing one GPU, where NCCL refuses a duplicate device; and the
+//     test device): issued on the host in program order; a helper thread of the backend waits for
+//     it (and, on the test device, runs the local part after it), then sets a host flag that a
+//     wait-flag kernel on the backend's stream spins on. The host never blocks; the device waits.
+//   - p2p between real ranks sharing one GPU: gloo cannot send CUDA tensors, so the transfer is
+//     staged through the host: a send copies its tensor to pinned host memory at issue (the host
+//     waits for the issuing stream there: the one place this path blocks the host, and only for
+//     real pipeline neighbours sharing a GPU), a recv lands in pinned host memory and the helper
+//     thread copies it to the device before setting the flag.
+//   - The consistency check among real members (kind, bytes, dtype, seq) is issued with the real
+//     part and checked by the helper thread.
+//
+// Safety: a host watchdog thread watches every op in flight on a device. An op whose real part
+// failed, or that has not completed --prism-timeout after its issue, fails the run: the watchdog
+// prints the error with the flight recorder, ends every device wait (the abort cell the wait
+// kernels watch), and the next call into the backend raises it as DistBackendError.
+//
+// Times: the op log holds marks on the device timeline (replay/timeline.h): the issue on the issuing
+// stream, every member's arrival (written by the wait-until), and the completion where the program
+// first waited on the op (a mark on its stream right after the wait), else the op's end.
+#include <ATen/core/LegacyTypeDispatch.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdio>
+#include <deque>
+#include <mutex>
+#include <optional>
+#include <thread>
+
 #include "backend/backend.h"
+#include "replay/clock.h"
+#include "replay/timeline.h"
 
 #ifdef PRISM_WITH_CUDA
-#include <ATen/core/LegacyTypeDispatch.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
-
-#include <deque>
-#include <mutex>
-
-#include "replay/clock.h"
-#include "replay/device_start.h"
+#include <cuda_runtime_api.h>
+#endif
 
 namespace prism::backend {
 
-// A CUDA event without timing (c10 and the runtime only: ATen's CUDA headers need the whole toolkit).
-class Event {
- public:
-  Event() { check(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming), "cudaEventCreate"); }
-  ~Event() { cudaEventDestroy(event_); }
-  Event(const Event&) = delete;
-  Event& operator=(const Event&) = delete;
-
-  void record(const c10::cuda::CUDAStream& stream) { check(cudaEventRecord(event_, stream.stream()), "cudaEventRecord"); }
-  // `stream` waits (on the device) for the work recorded before this event.
-  void block(const c10::cuda::CUDAStream& stream) const {
-    check(cudaStreamWaitEvent(stream.stream(), event_, 0), "cudaStreamWaitEvent");
-  }
-  bool query() const {
-    const cudaError_t status = cudaEventQuery(event_);
-    if (status == cudaErrorNotReady) {
-      (void)cudaGetLastError();  // not an error: clear it
-      return false;
-    }
-    check(status, "cudaEventQuery");
-    return true;
-  }
-
- private:
-  static void check(cudaError_t status, const char* what) {
-    TORCH_CHECK(status == cudaSuccess, "prism backend: ", what, " failed: ", cudaGetErrorString(status));
-  }
-  cudaEvent_t event_ = nullptr;
+struct DeviceState {
+  device::Queue* queue = nullptr;
+  device::StreamId stream = 0;
+  int device_index = -1;  // CUDA device, -1 for the test device
 };
 
-struct DeviceState {
-  explicit DeviceState(c10::DeviceIndex index) : stream(c10::cuda::getStreamFromPool(false, index)) {}
-  c10::cuda::CUDAStream stream;
+// One op in flight on a device, shared by its Work, the helper thread and the watchdog.
+struct DeviceOp {
+  device::Queue* queue = nullptr;
+  std::shared_ptr<device::Event> done;
+  std::shared_ptr<OpPlan> plan;  // keeps the op's tensors (and temporaries) until the device is done
+  int64_t log_id = -1;
+  int64_t done_mark = -1;
+  int64_t issue_host_ns = 0;
+  int64_t timeout_ns = 0;
+  WorkSpec describe;  // kind, seq, group and ranks, for messages
+
+  std::mutex mu;
+  std::exception_ptr error;  // set by the helper thread: the real part or the check failed
+
+  void fail(std::exception_ptr e) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (!error) {
+      error = std::move(e);
+    }
+  }
+  std::exception_ptr failure() {
+    std::lock_guard<std::mutex> lock(mu);
+    return error;
+  }
 };
 
 namespace {
 
-// What an op's kernels still use (its plan's closures own temporaries such as packed all-to-all
-// buffers), kept until its end event has passed, so the caching allocator never hands that memory
-// out while our stream is still reading it.
-struct InFlight {
-  std::shared_ptr<Event> done;
-  std::shared_ptr<OpPlan> plan;
+std::string message_of(const std::exception_ptr& error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const c10::Error& e) {
+    return e.what_without_backtrace();
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return "unknown error";
+  }
+}
+
+// The first failure of a device run, raised by every later call into the backend.
+std::mutex failure_mu;
+std::exception_ptr run_failure;
+
+void fail_run(const std::string& message) {
+  std::lock_guard<std::mutex> lock(failure_mu);
+  if (run_failure) {
+    return;
+  }
+  run_failure = make_error(message);  // appends the flight recorder
+  std::fprintf(stderr, "%s\n", message_of(run_failure).c_str());
+  timeline::abort_device_waits();
+}
+
+// Watches the ops in flight on devices (see the file comment). Never destroyed.
+class Watchdog {
+ public:
+  void add(std::shared_ptr<DeviceOp> op) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!started_) {
+      started_ = true;
+      std::thread([this] { loop(); }).detach();
+    }
+    in_flight_.push_back(std::move(op));
+  }
+
+ private:
+  void loop() {
+    for (;;) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      std::deque<std::shared_ptr<DeviceOp>> ops;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        ops.swap(in_flight_);
+      }
+      std::deque<std::shared_ptr<DeviceOp>> still;
+      const int64_t now_ns = clock::now_ns();
+      for (auto& op : ops) {
+        if (auto error = op->failure()) {
+          fail_run(message_of(error));
+        } else if (op->queue->query(*op->done)) {
+          continue;  // done: its tensors may go
+        } else if (now_ns - op->issue_host_ns > op->timeout_ns && !timeline::aborted()) {
+          fail_run("prism: timeout: " + op->describe.what() + " did not complete on the device within " +
+                   std::to_string(op->timeout_ns / 1'000'000'000) +
+                   " s of its issue (--prism-timeout); every device wait was ended");
+        }
+        still.push_back(std::move(op));
+      }
+      std::lock_guard<std::mutex> lock(mu_);
+      for (auto it = still.rbegin(); it != still.rend(); ++it) {
+        in_flight_.push_front(std::move(*it));
+      }
+    }
+  }
+
+  std::mutex mu_;
+  std::deque<std::shared_ptr<DeviceOp>> in_flight_;
+  bool started_ = false;
 };
 
-std::mutex in_flight_mu;
-std::deque<InFlight> in_flight;
-
-void keep_until_done(InFlight entry) {
-  std::lock_guard<std::mutex> lock(in_flight_mu);
-  while (!in_flight.empty() && in_flight.front().done->query()) {
-    in_flight.pop_front();
-  }
-  in_flight.push_back(std::move(entry));
+Watchdog& watchdog() {
+  static auto* instance = new Watchdog();
+  return *instance;
 }
+
+}  // namespace
+
+std::exception_ptr device_failure() {
+  std::lock_guard<std::mutex> lock(failure_mu);
+  return run_failure;
+}
+
+void clear_device_failure() {
+  std::lock_guard<std::mutex> lock(failure_mu);
+  run_failure = nullptr;
+  timeline::clear_abort();
+}
+
+// What the helper thread does for one op: wait for its real steps, run what follows them, flag it.
+struct HostJob {
+  std::vector<RealStep> steps;
+  std::function<void()> after;  // the local part, when the data live on the host (test device)
+  int64_t flag = -1;            // set when done; -1: the device does not wait for this job
+  std::shared_ptr<DeviceOp> op;
+  int device_index = -1;        // CUDA: the device whose helper stream the waits go on
+};
+
+// The backend's helper thread: waits for real parts in issue order, off the program's thread.
+class RealPartWaiter {
+ public:
+  RealPartWaiter() : thread_([this] { loop(); }) {}
+  ~RealPartWaiter() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+      cv_.notify_all();
+    }
+    thread_.join();  // drains the queue first; every wait there is bounded by the op's timeout
+  }
+
+  void submit(HostJob job) {
+    std::lock_guard<std::mutex> lock(mu_);
+    jobs_.push_back(std::move(job));
+    cv_.notify_all();
+  }
+
+ private:
+  void loop() {
+    for (;;) {
+      HostJob job;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [this] { return stop_ || !jobs_.empty(); });
+        if (jobs_.empty()) {
+          return;
+        }
+        job = std::move(jobs_.front());
+        jobs_.pop_front();
+      }
+      run(job);
+    }
+  }
+
+  void run(HostJob& job) {
+    try {
+#ifdef PRISM_WITH_CUDA
+      // gloo on CUDA tensors: its wait makes the current stream wait for its copy back; that stream
+      // is this thread's own, and the flag is set only once it has run.
+      std::optional<c10::cuda::CUDAStreamGuard> guard;
+      if (job.device_index >= 0) {
+        guard.emplace(c10::cuda::getStreamFromPool(false, static_cast<c10::DeviceIndex>(job.device_index)));
+      }
+#endif
+      const int64_t limit_ns = job.op->issue_host_ns + job.op->timeout_ns;
+      for (auto& step : job.steps) {
+        const int64_t remaining_ns = std::max<int64_t>(limit_ns - clock::now_ns(), 1'000'000);
+        step.work->wait(std::chrono::milliseconds((remaining_ns + 999'999) / 1'000'000));
+        if (step.then) {
+          step.then();
+        }
+      }
+      if (job.after) {
+        at::AutoDispatchBelowAutograd below_autograd;
+        job.after();
+      }
+#ifdef PRISM_WITH_CUDA
+      if (guard) {
+        const cudaError_t status = cudaStreamSynchronize(guard->current_stream().stream());
+        TORCH_CHECK(status == cudaSuccess, "cudaStreamSynchronize: ", cudaGetErrorString(status));
+      }
+#endif
+      if (job.flag >= 0) {
+        timeline::set_flag(job.flag, device::kFlagDone);
+      }
+    } catch (...) {
+      const std::string text = "prism: " + job.op->describe.what() + " failed: " + message_of(std::current_exception());
+      job.op->fail(std::make_exception_ptr(PrismError(text)));
+      if (job.flag >= 0) {
+        timeline::set_flag(job.flag, device::kFlagFailed);
+      }
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<HostJob> jobs_;
+  bool stop_ = false;
+  std::thread thread_;  // last: starts once the members above exist
+};
+
+namespace {
 
 class DeviceWork : public c10d::Work {
  public:
-  DeviceWork(int group_rank, c10d::OpType op_type, std::vector<at::Tensor> outputs, c10::cuda::CUDAStream stream,
-             std::shared_ptr<Event> done, int64_t log_id)
+  DeviceWork(int group_rank, c10d::OpType op_type, std::vector<at::Tensor> outputs, std::shared_ptr<DeviceOp> op,
+             device::StreamId stream, int device_index)
       : c10d::Work(group_rank, op_type),
         outputs_(std::move(outputs)),
+        op_(std::move(op)),
         stream_(stream),
-        done_(std::move(done)),
-        log_id_(log_id) {}
+        device_index_(device_index) {}
 
   bool isCompleted() override {
-    if (!done_->query()) {
+    if (op_->failure()) {
+      return true;
+    }
+    if (!op_->queue->query(*op_->done)) {
       return false;
     }
-    std::call_once(settled_, [this] {
-      replay::op_log().complete(log_id_, clock::now_ns(), true);
-      finish();
-    });
+    replay::op_log().complete_marked(op_->log_id, op_->done_mark, true);
     return true;
   }
 
-  bool isSuccess() const override { return true; }
+  bool isSuccess() const override { return !op_->failure(); }
 
   // The caller's stream waits for the op; the host does not.
   bool wait(std::chrono::milliseconds /*timeout*/) override {
-    done_->block(c10::cuda::getCurrentCUDAStream(stream_.device_index()));
+    if (auto failure = device_failure()) {
+      std::rethrow_exception(failure);
+    }
+    if (auto error = op_->failure()) {
+      std::rethrow_exception(make_error(message_of(error)));
+    }
+    const device::StreamId waiter = op_->queue->current_stream();
+    op_->queue->wait(waiter, op_->done);
+    if (!waited_.exchange(true)) {
+      replay::op_log().complete_marked(op_->log_id, timeline::mark_on(op_->queue, waiter), true);
+    }
     return true;
   }
 
@@ -116,63 +317,171 @@ class DeviceWork : public c10d::Work {
 
   std::vector<at::Tensor> result() override { return outputs_; }
 
-  // A CUDA-aware future: waiting on it makes the waiter's stream wait for the op's stream.
+  // CUDA: a CUDA-aware future whose completion is the op's end on our stream (a waiter's stream
+  // waits for it). Test device: the data are on the host already; the future is complete.
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override {
-    auto future = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()),
-                                                           std::vector<c10::Device>{stream_.device()});
-    const c10::cuda::CUDAStreamGuard guard(stream_);
+    std::vector<c10::Device> devices;
+#ifdef PRISM_WITH_CUDA
+    if (device_index_ >= 0) {
+      const auto index = static_cast<c10::DeviceIndex>(device_index_);
+      devices.emplace_back(c10::kCUDA, index);
+      auto future = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()), devices);
+      const c10::cuda::CUDAStreamGuard guard(
+          c10::cuda::getStreamFromExternal(reinterpret_cast<cudaStream_t>(stream_), index));
+      future->markCompleted(c10::IValue(outputs_));
+      return future;
+    }
+#endif
+    auto future = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()), devices);
     future->markCompleted(c10::IValue(outputs_));
     return future;
   }
 
  private:
   std::vector<at::Tensor> outputs_;
-  c10::cuda::CUDAStream stream_;
-  std::shared_ptr<Event> done_;
-  int64_t log_id_;
-  std::once_flag settled_;
+  std::shared_ptr<DeviceOp> op_;
+  device::StreamId stream_;
+  int device_index_;
+  std::atomic<bool> waited_{false};
 };
 
 }  // namespace
 
-c10::intrusive_ptr<c10d::Work> PrismBackend::launch_on_device(OpPlan plan, WorkSpec spec,
-                                                              const replay::Timing& timing, bool has_virtual,
-                                                              bool real_part) {
-  const c10::cuda::CUDAGuard device_guard(plan.device);
-  const auto index = plan.device.index();
-  if (!device_ || device_->stream.device_index() != index) {
-    device_ = std::make_shared<DeviceState>(index);
+c10::intrusive_ptr<c10d::Work> PrismBackend::issue_staged_p2p(OpPlan& plan, std::function<void()>& unstage) {
+  std::vector<at::Tensor> staged;
+  for (const auto& t : plan.p2p_tensors) {
+    staged.push_back(at::empty(t.sizes(), t.options().device(at::kCPU).pinned_memory(true)));
   }
-  const auto stream = device_->stream;
-  const auto issuing = c10::cuda::getCurrentCUDAStream(index);
+  const int peer = static_cast<int>(plan.real_peer);
+  if (plan.kind == replay::OpKind::kSend) {
+    for (size_t i = 0; i < staged.size(); ++i) {
+      staged[i].copy_(plan.p2p_tensors[i]);  // blocking: the data the issuing stream has produced
+    }
+    plan.outputs.insert(plan.outputs.end(), staged.begin(), staged.end());  // alive until the device is done
+    return real_->send(staged, peer, plan.tag);
+  }
+  auto work = real_->recv(staged, peer, plan.tag);
+  unstage = [targets = plan.p2p_tensors, staged]() mutable {
+    for (size_t i = 0; i < targets.size(); ++i) {
+      targets[i].copy_(staged[i], /*non_blocking=*/true);  // on the helper's stream, synchronised after
+    }
+  };
+  return work;
+}
+
+device::Queue* queue_for(const at::Device& device) {
+  if (device.is_cuda()) {
+#ifdef PRISM_WITH_CUDA
+    return device::cuda_queue(device.index() < 0 ? 0 : device.index());
+#else
+    TORCH_CHECK(false, "prism: an op on CUDA tensors needs prism_megatron._C built with CUDA");
+#endif
+  }
+  return device::test_queue();
+}
+
+c10::intrusive_ptr<c10d::Work> PrismBackend::launch_on_device(device::Queue* queue, OpPlan plan, WorkSpec spec,
+                                                              const replay::Timing& timing, bool has_virtual,
+                                                              bool real_part, int64_t start_mark) {
+  const int device_index = plan.device.is_cuda() ? std::max<int>(plan.device.index(), 0) : -1;
+#ifdef PRISM_WITH_CUDA
+  std::optional<c10::cuda::CUDAGuard> device_guard;
+  if (device_index >= 0) {
+    device_guard.emplace(static_cast<c10::DeviceIndex>(device_index));
+  }
+#endif
+  if (!device_ || device_->queue != queue) {
+    device_ = std::make_shared<DeviceState>(DeviceState{queue, queue->new_stream(), device_index});
+  }
+  const device::StreamId stream = device_->stream;
+  const device::StreamId issuing = queue->current_stream();
   auto owned = std::make_shared<OpPlan>(std::move(plan));
+  auto op = std::make_shared<DeviceOp>();
+  op->queue = queue;
+  op->plan = owned;
+  op->log_id = spec.log_id;
+  op->issue_host_ns = clock::now_ns();
+  op->timeout_ns = timeout_ns_;
+  op->describe.kind = spec.kind;
+  op->describe.seq = spec.seq;
+  op->describe.group = spec.group;
+  op->describe.ranks_note = spec.ranks_note;
   try {
     at::AutoDispatchBelowAutograd below_autograd;  // like a real backend, write below autograd
+    const bool is_p2p = owned->kind == replay::OpKind::kSend || owned->kind == replay::OpKind::kRecv;
+    const bool nccl = real_part && real_->getBackendName() == "nccl";
+    HostJob job;
+    job.op = op;
+    job.device_index = queue->data_on_host() ? -1 : device_index;
+    if (real_part && !is_p2p && ctx_->check_consistency) {
+      job.steps.push_back(consistency_step(*owned, spec.seq, nccl ? owned->device : at::Device(at::kCPU)));
+    }
     c10::intrusive_ptr<c10d::Work> real_work;
-    if (real_part && owned->issue_real) {
-      real_work = owned->issue_real();  // NCCL orders itself after the issuing stream
+    std::function<void()> unstage;  // a staged recv: host buffer to the device, on the helper thread
+    if (real_part && is_p2p && !nccl && device_index >= 0 && owned->real_peer >= 0) {
+      real_work = issue_staged_p2p(*owned, unstage);
+    } else if (real_part && owned->issue_real) {
+      real_work = owned->issue_real();  // in program order, with the issuing stream current
     }
-    Event ready;
-    ready.record(issuing);
-    ready.block(stream);
-    const c10::cuda::CUDAStreamGuard on_stream(stream);
-    if (real_work) {
+    auto ready = queue->record(issuing);
+    queue->wait(stream, ready);
+    bool local_pending = static_cast<bool>(owned->local);
+    if (real_work && nccl) {
+#ifdef PRISM_WITH_CUDA
+      const c10::cuda::CUDAStreamGuard on_stream(
+          c10::cuda::getStreamFromExternal(reinterpret_cast<cudaStream_t>(stream), static_cast<c10::DeviceIndex>(device_index)));
       real_work->wait();  // our stream waits for NCCL's; the host does not
+#endif
+    } else if (real_work) {
+      job.steps.push_back(RealStep{std::move(real_work), nullptr});
+      job.flag = timeline::reserve(queue);
+      if (queue->data_on_host()) {
+        job.after = owned->local;  // after the real part, on the helper thread
+        local_pending = false;
+      } else if (unstage) {
+        job.after = std::move(unstage);
+      }
     }
-    if (owned->local) {
-      owned->local();
+    const int64_t flag = job.flag;
+    if (!job.steps.empty()) {
+      if (!waiter_) {
+        waiter_ = std::make_shared<RealPartWaiter>();
+      }
+      waiter_->submit(std::move(job));
+    }
+    if (flag >= 0) {
+      queue->wait_flag(stream, timeline::cell(flag), timeline::abort_cell(queue));
+    }
+    if (local_pending) {
+      if (queue->data_on_host()) {
+        owned->local();  // the host's data are already in program order
+      } else {
+#ifdef PRISM_WITH_CUDA
+        const c10::cuda::CUDAStreamGuard on_stream(c10::cuda::getStreamFromExternal(
+            reinterpret_cast<cudaStream_t>(stream), static_cast<c10::DeviceIndex>(device_index)));
+        owned->local();  // its kernels go on our stream
+#endif
+      }
     }
     if (has_virtual) {
-      cuda_clock::enqueue_wait_until(stream.stream(), replay::device_iteration_start(index), timing.arrival_offset_ns,
-                                     timing.cost_ns);
+      const int64_t* start_cell =
+          timing.start_mark >= 0 ? timeline::cell(timing.start_mark) : timeline::zero_cell(queue);
+      queue->wait_until(stream, start_cell, timing.arrival_offset_ns, timing.cost_ns, timeline::cell(start_mark),
+                        timeline::abort_cell(queue));
     }
-    for (const auto& t : owned->outputs) {
-      c10::cuda::CUDACachingAllocator::recordStream(t.storage().data_ptr(), stream);
+#ifdef PRISM_WITH_CUDA
+    if (device_index >= 0) {
+      const auto cuda_stream = c10::cuda::getStreamFromExternal(reinterpret_cast<cudaStream_t>(stream),
+                                                                static_cast<c10::DeviceIndex>(device_index));
+      for (const auto& t : owned->outputs) {
+        c10::cuda::CUDACachingAllocator::recordStream(t.storage().data_ptr(), cuda_stream);
+      }
     }
-    auto done = std::make_shared<Event>();
-    done->record(stream);
-    keep_until_done({done, owned});
-    return c10::make_intrusive<DeviceWork>(rank_, spec.op_type, owned->outputs, stream, std::move(done), spec.log_id);
+#endif
+    op->done_mark = timeline::mark_on(queue, stream);
+    op->done = queue->record(stream);
+    watchdog().add(op);
+    return c10::make_intrusive<DeviceWork>(rank_, spec.op_type, owned->outputs, op, stream, device_index);
   } catch (...) {
     replay::op_log().complete(spec.log_id, clock::now_ns(), false);
     throw;
@@ -180,4 +489,3 @@ c10::intrusive_ptr<c10d::Work> PrismBackend::launch_on_device(OpPlan plan, WorkS
 }
 
 }  // namespace prism::backend
-#endif  // PRISM_WITH_CUDA

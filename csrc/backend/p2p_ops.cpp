@@ -32,6 +32,9 @@ c10::intrusive_ptr<c10d::Work> PrismBackend::send(std::vector<at::Tensor>& tenso
     plan.issue_real = [this, tensors, real_peer, tag]() mutable {
       return real_->send(tensors, static_cast<int>(real_peer), tag);
     };
+    plan.p2p_tensors = tensors;
+    plan.real_peer = real_peer;
+    plan.tag = tag;
   }
   return launch(std::move(plan));
 }
@@ -47,6 +50,9 @@ c10::intrusive_ptr<c10d::Work> PrismBackend::recv(std::vector<at::Tensor>& tenso
     plan.issue_real = [this, tensors, real_peer, tag]() mutable {
       return real_->recv(tensors, static_cast<int>(real_peer), tag);
     };
+    plan.p2p_tensors = tensors;
+    plan.real_peer = real_peer;
+    plan.tag = tag;
   } else {
     plan.local = [tensors]() mutable {
       for (auto& t : tensors) {

@@ -48,9 +48,19 @@ void enqueue_stamp(cudaStream_t stream, int64_t* dst);
 // Enqueue on `stream` a one-thread kernel that, when it starts at GPU time t0, spins until the GPU
 // global timer reaches max(t0, *iteration_start + arrival_offset_ns) + cost_ns. This is a
 // collective's completion as the replay engine defines it, decided on the device, so the host never
-// waits where the collective library would not.
+// waits where the collective library would not. When given, it writes max(t0, *iteration_start +
+// arrival_offset_ns) (every member's arrival) to *arrived, and it ends early once *abort is
+// non-zero (the host watchdog gave up on the run). The pointers may be mapped host memory.
 void enqueue_wait_until(cudaStream_t stream, const int64_t* iteration_start, int64_t arrival_offset_ns,
-                        int64_t cost_ns);
+                        int64_t cost_ns, int64_t* arrived = nullptr, const int64_t* abort = nullptr);
+
+// Enqueue on `stream` a one-thread kernel that spins until *flag (mapped host memory a host thread
+// sets) or *abort is non-zero: the stream waits for work done on the host (a real part over gloo).
+void enqueue_wait_flag(cudaStream_t stream, const int64_t* flag, const int64_t* abort);
+
+// Enqueue on `stream` a one-thread kernel that spins for duration_ns from when it starts: compute
+// of a known length (the sleep-compute workload on a GPU).
+void enqueue_spin(cudaStream_t stream, int64_t duration_ns);
 
 // On `stream`, after holding it 20 ms so the samples run back to back, num_waits times: stamp a
 // start, wait until start + duration_ns (half of it as the peers' arrival offset, half as cost),

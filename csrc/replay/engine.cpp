@@ -73,6 +73,7 @@ Timing Engine::next_locked(OpSlot& slot, const std::vector<CostLine>* fallback_l
   Timing timing;
   timing.op_index = slot.next_index++;
   timing.arrival_ns = issue_ns;
+  timing.start_mark = iteration_start_mark_;
   int64_t cost_ns = -1;
   const bool scheduled = mode_ == Mode::kReplay && iteration_start_ns_ >= 0 &&
                          timing.op_index < static_cast<int64_t>(slot.ops.size());
@@ -180,15 +181,21 @@ bool Engine::has_schedule() const {
   return has_schedule_;
 }
 
-void Engine::mark_iteration_start(int64_t t_ns) {
+void Engine::mark_iteration_start(int64_t t_ns, int64_t start_mark) {
   std::lock_guard<std::mutex> lock(mu_);
   iteration_start_ns_ = t_ns;
+  iteration_start_mark_ = start_mark;
   ++epoch_;  // every slot restarts its op index lazily, on its next op
 }
 
 int64_t Engine::iteration_start_ns() const {
   std::lock_guard<std::mutex> lock(mu_);
   return iteration_start_ns_;
+}
+
+int64_t Engine::iteration_start_mark() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return iteration_start_mark_;
 }
 
 int64_t Engine::iteration_count() const {
@@ -223,6 +230,7 @@ void Engine::reset() {
   has_schedule_ = false;
   ++epoch_;
   iteration_start_ns_ = -1;
+  iteration_start_mark_ = -1;
   groups_.clear();
   p2p_.clear();
   default_lines_.clear();

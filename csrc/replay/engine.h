@@ -84,6 +84,9 @@ struct Timing {
   // the GPU timer); kUnscheduled when the peers arrive with this rank.
   int64_t arrival_offset_ns = kUnscheduled;
   int64_t cost_ns = 0;     // communication cost once everyone has arrived
+  // The iteration start's mark on the device timeline (timeline.h), whose slot device waits read
+  // the start from; -1 before the first start.
+  int64_t start_mark = -1;
   std::string error;       // non-empty: the issued op differs from the scheduled one
   int64_t completion_ns(int64_t own_arrival_ns) const;
 };
@@ -117,8 +120,10 @@ class Engine {
                      int64_t iteration_time_ns);
   bool has_schedule() const;
 
-  // A new iteration starts now: arrival offsets count from t_ns and every slot's op index restarts.
-  void mark_iteration_start(int64_t t_ns);
+  // A new iteration starts now: arrival offsets count from t_ns (host waits) and from the time in
+  // start_mark's slot (device waits), and every slot's op index restarts.
+  void mark_iteration_start(int64_t t_ns, int64_t start_mark = -1);
+  int64_t iteration_start_mark() const;
   int64_t iteration_start_ns() const;
   int64_t iteration_count() const;
 
@@ -142,6 +147,7 @@ class Engine {
   bool has_schedule_ = false;
   int64_t epoch_ = 0;
   int64_t iteration_start_ns_ = -1;  // < 0: no iteration started yet
+  int64_t iteration_start_mark_ = -1;
   std::map<std::vector<int64_t>, std::shared_ptr<OpSlot>> groups_;
   std::map<std::pair<int64_t, bool>, std::shared_ptr<OpSlot>> p2p_;
   std::vector<CostLine> default_lines_;

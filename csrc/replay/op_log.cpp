@@ -4,6 +4,8 @@
 #include <cstdio>
 #include <sstream>
 
+#include "replay/timeline.h"
+
 namespace prism::replay {
 
 namespace {
@@ -32,6 +34,13 @@ std::string relative_ms(int64_t t_ns, int64_t now_ns) {
   return buf;
 }
 
+// "1.250 ms": the span from one device time to another.
+std::string span_ms(int64_t from_ns, int64_t to_ns) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.3f ms", static_cast<double>(to_ns - from_ns) / 1e6);
+  return buf;
+}
+
 }  // namespace
 
 int64_t OpLog::begin(OpRecord record) {
@@ -57,16 +66,31 @@ OpRecord* OpLog::find_locked(int64_t id) {
 
 void OpLog::complete(int64_t id, int64_t t_ns, bool ok) {
   std::lock_guard<std::mutex> lock(mu_);
+  settle_locked(id, t_ns, -1, ok);
+}
+
+void OpLog::complete_marked(int64_t id, int64_t mark, bool ok) {
+  std::lock_guard<std::mutex> lock(mu_);
+  settle_locked(id, -1, mark, ok);
+}
+
+void OpLog::settle_locked(int64_t id, int64_t t_ns, int64_t mark, bool ok) {
   const OpState state = ok ? OpState::kCompleted : OpState::kFailed;
+  auto settle = [&](OpRecord& record) {
+    if (mark >= 0 && (record.complete_mark >= 0 || record.state != OpState::kPending)) {
+      return;  // a device op completes where it was first waited on
+    }
+    record.complete_ns = t_ns;
+    record.complete_mark = mark;
+    record.state = state;
+  };
   if (OpRecord* record = find_locked(id)) {
-    record->complete_ns = t_ns;
-    record->state = state;
+    settle(*record);
   }
   if (recording_ && id >= recording_first_id_) {
     const auto index = static_cast<size_t>(id - recording_first_id_);
     if (index < recorded_.size()) {
-      recorded_[index].complete_ns = t_ns;
-      recorded_[index].state = state;
+      settle(recorded_[index]);
     }
   }
 }
@@ -85,8 +109,24 @@ std::string OpLog::dump(int64_t now_ns) const {
     }
     out << " on " << (r.group ? r.group->label : std::string("?")) << " seq=" << r.seq
         << " bytes=" << r.size_bytes << " dtype=" << r.dtype << (r.async_op ? " async" : " sync")
-        << (r.has_virtual ? " virtual-members" : " all-real") << " issued " << relative_ms(r.issue_ns, now_ns)
-        << ", started " << relative_ms(r.start_ns, now_ns) << ", ";
+        << (r.has_virtual ? " virtual-members" : " all-real");
+    if (r.issue_mark >= 0) {
+      // Device times are the device's clock: shown relative to the op's issue on the device.
+      const int64_t issue = timeline::value(r.issue_mark);
+      const int64_t start = r.start_mark >= 0 ? timeline::value(r.start_mark) : 0;
+      const int64_t done = r.complete_mark >= 0 ? timeline::value(r.complete_mark) : 0;
+      out << " on the device: ";
+      if (issue <= 0) {
+        out << "not yet reached by its stream, " << state_name(r.state) << "\n";
+        continue;
+      }
+      out << "reached, " << (start > 0 ? "all arrived +" + span_ms(issue, start) : std::string("peers pending"))
+          << ", " << (done > 0 ? std::string(state_name(r.state)) + " +" + span_ms(issue, done)
+                               : std::string(r.state == OpState::kFailed ? "FAILED" : "not completed"))
+          << "\n";
+      continue;
+    }
+    out << " issued " << relative_ms(r.issue_ns, now_ns) << ", started " << relative_ms(r.start_ns, now_ns) << ", ";
     if (r.complete_ns >= 0) {
       out << state_name(r.state) << " " << relative_ms(r.complete_ns, now_ns);
     } else {
@@ -122,11 +162,24 @@ void OpLog::start_recording() {
   recorded_.clear();
 }
 
-std::vector<OpRecord> OpLog::stop_recording() {
-  std::lock_guard<std::mutex> lock(mu_);
-  recording_ = false;
+std::vector<OpRecord> OpLog::stop_recording(int64_t timeout_ns) {
   std::vector<OpRecord> out;
-  out.swap(recorded_);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    recording_ = false;
+    out.swap(recorded_);
+  }
+  for (auto& r : out) {  // outside the lock: reading a mark may wait for the device
+    if (r.issue_mark >= 0) {
+      r.issue_ns = timeline::resolve(r.issue_mark, timeout_ns);
+    }
+    if (r.start_mark >= 0) {
+      r.start_ns = timeline::resolve(r.start_mark, timeout_ns);
+    }
+    if (r.complete_mark >= 0) {
+      r.complete_ns = timeline::resolve(r.complete_mark, timeout_ns);
+    }
+  }
   return out;
 }
 

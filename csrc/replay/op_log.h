@@ -37,6 +37,11 @@ struct OpRecord {
   int64_t issue_ns = 0;     // the program issued the op
   int64_t start_ns = 0;     // every member had arrived (the op could start moving data)
   int64_t complete_ns = -1; // the op completed (-1: not yet)
+  // On a device (device_queue.h) the three times are marks on the device timeline (timeline.h),
+  // read when the recording is exported; -1: the time above is a host time.
+  int64_t issue_mark = -1;
+  int64_t start_mark = -1;
+  int64_t complete_mark = -1;
   bool async_op = false;
   bool has_virtual = false;
   OpState state = OpState::kPending;
@@ -49,6 +54,8 @@ class OpLog {
   // The op `id` completed (ok) or failed at t_ns. Ids that left both the ring and the recording are
   // ignored.
   void complete(int64_t id, int64_t t_ns, bool ok);
+  // The same, at a mark on the device timeline (the first completion of an op counts).
+  void complete_marked(int64_t id, int64_t mark, bool ok);
 
   // Human-readable: the last ops (oldest first) with their state and times relative to now.
   std::string dump(int64_t now_ns) const;
@@ -58,8 +65,9 @@ class OpLog {
   void set_process_label(std::string label);
 
   void start_recording();
-  // Every op since start_recording(), in issue order; recording stops.
-  std::vector<OpRecord> stop_recording();
+  // Every op since start_recording(), in issue order; recording stops. Device marks are read
+  // (blocking until the device has passed them, at most timeout_ns each) and become the times.
+  std::vector<OpRecord> stop_recording(int64_t timeout_ns);
   bool recording() const;
 
   // The next sequence number of the p2p ops to (is_send) or from a peer, shared by the backend's
@@ -73,6 +81,7 @@ class OpLog {
 
  private:
   OpRecord* find_locked(int64_t id);
+  void settle_locked(int64_t id, int64_t t_ns, int64_t mark, bool ok);
 
   mutable std::mutex mu_;
   size_t capacity_ = 512;

@@ -4,14 +4,13 @@
 #include "replay/clock.h"
 #include "replay/engine.h"
 #include "replay/op_log.h"
+#include "replay/timeline.h"
 
 #include <pybind11/stl.h>
 
-#ifdef PRISM_WITH_CUDA
-#include <c10/cuda/CUDAStream.h>
-
-#include "replay/device_start.h"
-#endif
+#include <map>
+#include <memory>
+#include <mutex>
 
 #include <string>
 #include <tuple>
@@ -99,7 +98,8 @@ py::list export_records(const std::vector<OpRecord>& records) {
 }
 
 void record_p2p(int32_t kind, int64_t self_rank, int64_t peer, int64_t seq, int64_t size_bytes, const std::string& dtype,
-                int64_t issue_ns, int64_t start_ns, int64_t complete_ns, bool async_op, bool has_virtual) {
+                int64_t issue_ns, int64_t start_ns, int64_t complete_ns, bool async_op, bool has_virtual,
+                int64_t issue_mark, int64_t complete_mark) {
   const OpKind op_kind = to_kind(kind);
   if (op_kind != OpKind::kSend && op_kind != OpKind::kRecv) {
     throw py::value_error(std::string("record_p2p kind must be SEND or RECV, got ") + op_kind_name(op_kind));
@@ -115,10 +115,84 @@ void record_p2p(int32_t kind, int64_t self_rank, int64_t peer, int64_t seq, int6
   record.start_ns = start_ns;
   record.async_op = async_op;
   record.has_virtual = has_virtual;
+  record.issue_mark = issue_mark;
+  record.start_mark = issue_mark;
   const int64_t id = op_log().begin(std::move(record));
-  if (complete_ns >= 0) {
+  if (complete_mark >= 0) {
+    op_log().complete_marked(id, complete_mark, true);
+  } else if (complete_ns >= 0) {
     op_log().complete(id, complete_ns, true);
   }
+}
+
+// A p2p op with a virtual peer on the device (the pipeline interceptor's): timed on a stream of its
+// own, the way NCCL runs p2p on its own stream; wait() makes the caller's stream wait for it.
+class DeviceP2P {
+ public:
+  DeviceP2P(device::Queue* queue, std::shared_ptr<device::Event> done, int64_t log_id)
+      : queue_(queue), done_(std::move(done)), log_id_(log_id) {}
+
+  void wait() {
+    const device::StreamId waiter = queue_->current_stream();
+    queue_->wait(waiter, done_);
+    if (!waited_) {
+      waited_ = true;
+      op_log().complete_marked(log_id_, timeline::mark_on(queue_, waiter), true);
+    }
+  }
+  bool is_completed() { return queue_->query(*done_); }
+
+ private:
+  device::Queue* queue_;
+  std::shared_ptr<device::Event> done_;
+  int64_t log_id_;
+  bool waited_ = false;
+};
+
+device::StreamId p2p_stream(device::Queue* queue) {
+  static std::mutex mu;
+  static std::map<device::Queue*, device::StreamId> streams;
+  std::lock_guard<std::mutex> lock(mu);
+  auto found = streams.find(queue);
+  if (found == streams.end()) {
+    found = streams.emplace(queue, queue->new_stream()).first;
+  }
+  return found->second;
+}
+
+std::shared_ptr<DeviceP2P> device_p2p(int64_t self_rank, int64_t peer, bool is_send, int64_t size_bytes,
+                                      const std::string& dtype, bool async_op) {
+  device::Queue* queue = timeline::active_queue();
+  if (queue == nullptr) {
+    throw py::value_error("device_p2p needs a device (CUDA in use, or the test device active); on the host use "
+                          "p2p_completion_ns and wait_until_ns");
+  }
+  const int64_t now_ns = clock::now_ns();
+  const Timing timing = engine().next_p2p(peer, is_send, size_bytes, now_ns);
+  if (!timing.error.empty()) {
+    throw std::runtime_error(timing.error);
+  }
+  OpRecord record;
+  record.kind = is_send ? OpKind::kSend : OpKind::kRecv;
+  record.group = op_log().p2p_group(self_rank, peer);
+  record.peer = peer;
+  record.seq = op_log().next_p2p_seq(peer, is_send);
+  record.size_bytes = size_bytes;
+  record.dtype = dtype;
+  record.issue_ns = now_ns;
+  record.start_ns = now_ns;
+  record.async_op = async_op;
+  record.has_virtual = true;
+  const device::StreamId issuing = queue->current_stream();
+  record.issue_mark = timeline::mark_on(queue, issuing);
+  record.start_mark = timeline::reserve(queue);
+  int64_t* arrived = timeline::cell(record.start_mark);
+  const int64_t log_id = op_log().begin(std::move(record));
+  const device::StreamId stream = p2p_stream(queue);
+  queue->wait(stream, queue->record(issuing));
+  const int64_t* start = timing.start_mark >= 0 ? timeline::cell(timing.start_mark) : timeline::zero_cell(queue);
+  queue->wait_until(stream, start, timing.arrival_offset_ns, timing.cost_ns, arrived, timeline::abort_cell(queue));
+  return std::make_shared<DeviceP2P>(queue, queue->record(stream), log_id);
 }
 
 void bind(py::module_& m) {
@@ -131,11 +205,12 @@ void bind(py::module_& m) {
   m.def(
       "mark_iteration_start",
       [] {
-        const int64_t t = clock::now_ns();
-        engine().mark_iteration_start(t);
-        return t;
+        const int64_t mark = timeline::mark();
+        engine().mark_iteration_start(clock::now_ns(), mark);
+        return mark;
       },
-      "Start a new iteration now; returns its start (CLOCK_MONOTONIC ns).");
+      "Start a new iteration now; returns its start's mark on the device timeline.");
+  m.def("iteration_start_mark", [] { return engine().iteration_start_mark(); });
   m.def("iteration_start_ns", [] { return engine().iteration_start_ns(); });
   m.def("iteration_count", [] { return engine().iteration_count(); });
   m.def(
@@ -163,21 +238,28 @@ void bind(py::module_& m) {
   m.def("set_process_label", [](std::string label) { op_log().set_process_label(std::move(label)); },
         py::arg("label"));
   m.def("start_recording", [] { op_log().start_recording(); });
-  m.def("stop_recording", [] { return export_records(op_log().stop_recording()); });
+  m.def(
+      "stop_recording",
+      [](int64_t timeout_ns) {
+        std::vector<OpRecord> records;
+        {
+          py::gil_scoped_release release;  // reading device marks may wait for the device
+          records = op_log().stop_recording(timeout_ns);
+        }
+        return export_records(records);
+      },
+      py::arg("timeout_ns"));
   m.def("is_recording", [] { return op_log().recording(); });
   m.def("record_p2p", &record_p2p, py::arg("kind"), py::arg("self_rank"), py::arg("peer"), py::arg("seq"),
         py::arg("size_bytes"), py::arg("dtype"), py::arg("issue_ns"), py::arg("start_ns"), py::arg("complete_ns"),
-        py::arg("async_op"), py::arg("has_virtual"));
+        py::arg("async_op"), py::arg("has_virtual"), py::arg("issue_mark") = -1, py::arg("complete_mark") = -1);
   m.def("clear_log", [] { op_log().clear(); });
-#ifdef PRISM_WITH_CUDA
-  m.def(
-      "cuda_stamp_iteration_start",
-      [] {
-        const auto stream = c10::cuda::getCurrentCUDAStream();
-        stamp_device_iteration_start(stream.device_index(), stream.stream());
-      },
-      "Stamp the iteration start on the current device's timer, on the current stream.");
-#endif
+
+  py::class_<DeviceP2P, std::shared_ptr<DeviceP2P>>(m, "DeviceP2P")
+      .def("wait", &DeviceP2P::wait, "The caller's stream waits for the op (the host does not).")
+      .def("is_completed", &DeviceP2P::is_completed);
+  m.def("device_p2p", &device_p2p, py::arg("self_rank"), py::arg("peer"), py::arg("is_send"), py::arg("size_bytes"),
+        py::arg("dtype"), py::arg("async_op"));
 }
 
 }  // namespace

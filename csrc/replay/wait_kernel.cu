@@ -40,24 +40,45 @@ __device__ __forceinline__ int64_t globaltimer_ns() {
   return static_cast<int64_t>(t_ns);
 }
 
-__device__ void spin_until_ns(int64_t deadline_ns) {
+__device__ int64_t read_volatile(const int64_t* cell) { return *static_cast<const volatile int64_t*>(cell); }
+
+// The abort cell is read only while the deadline is far (a read of mapped host memory crosses the
+// bus, ~1 us): the last stretch spins on the timer alone, so precision does not suffer.
+__device__ void spin_until_ns(int64_t deadline_ns, const int64_t* abort) {
   for (int64_t remaining_ns = deadline_ns - globaltimer_ns(); remaining_ns > 0;
        remaining_ns = deadline_ns - globaltimer_ns()) {
-#if __CUDA_ARCH__ >= 700
     if (remaining_ns > kNapWhileRemainingAboveNs) {
+      if (abort != nullptr && read_volatile(abort) != 0) {
+        return;
+      }
+#if __CUDA_ARCH__ >= 700
       __nanosleep(kNapNs);
+#endif
     }
+  }
+}
+
+__global__ void stamp_kernel(int64_t* dst) { *static_cast<volatile int64_t*>(dst) = globaltimer_ns(); }
+
+__global__ void wait_until_kernel(const int64_t* iteration_start, int64_t arrival_offset_ns, int64_t cost_ns,
+                                  int64_t* arrived, const int64_t* abort) {
+  const int64_t own_arrival_ns = globaltimer_ns();
+  const int64_t all_arrived_ns = max(own_arrival_ns, read_volatile(iteration_start) + arrival_offset_ns);
+  if (arrived != nullptr) {
+    *static_cast<volatile int64_t*>(arrived) = all_arrived_ns;
+  }
+  spin_until_ns(all_arrived_ns + cost_ns, abort);
+}
+
+__global__ void wait_flag_kernel(const int64_t* flag, const int64_t* abort) {
+  while (read_volatile(flag) == 0 && read_volatile(abort) == 0) {
+#if __CUDA_ARCH__ >= 700
+    __nanosleep(kNapNs);
 #endif
   }
 }
 
-__global__ void stamp_kernel(int64_t* dst) { *dst = globaltimer_ns(); }
-
-__global__ void wait_until_kernel(const int64_t* iteration_start, int64_t arrival_offset_ns, int64_t cost_ns) {
-  const int64_t own_arrival_ns = globaltimer_ns();
-  const int64_t peers_arrival_ns = *iteration_start + arrival_offset_ns;
-  spin_until_ns(max(own_arrival_ns, peers_arrival_ns) + cost_ns);
-}
+__global__ void spin_kernel(int64_t duration_ns) { spin_until_ns(globaltimer_ns() + duration_ns, nullptr); }
 
 // Records in steps_ns the differences between consecutive distinct timer readings.
 __global__ void timer_steps_kernel(int64_t* steps_ns, int num_steps) {
@@ -109,9 +130,19 @@ void enqueue_stamp(cudaStream_t stream, int64_t* dst) {
 }
 
 void enqueue_wait_until(cudaStream_t stream, const int64_t* iteration_start, int64_t arrival_offset_ns,
-                        int64_t cost_ns) {
-  wait_until_kernel<<<1, 1, 0, stream>>>(iteration_start, arrival_offset_ns, cost_ns);
+                        int64_t cost_ns, int64_t* arrived, const int64_t* abort) {
+  wait_until_kernel<<<1, 1, 0, stream>>>(iteration_start, arrival_offset_ns, cost_ns, arrived, abort);
   check(cudaGetLastError(), "launching the wait-until kernel");
+}
+
+void enqueue_wait_flag(cudaStream_t stream, const int64_t* flag, const int64_t* abort) {
+  wait_flag_kernel<<<1, 1, 0, stream>>>(flag, abort);
+  check(cudaGetLastError(), "launching the wait-flag kernel");
+}
+
+void enqueue_spin(cudaStream_t stream, int64_t duration_ns) {
+  spin_kernel<<<1, 1, 0, stream>>>(duration_ns);
+  check(cudaGetLastError(), "launching the spin kernel");
 }
 
 std::vector<int64_t> measure_wait_errors_ns(cudaStream_t stream, int64_t duration_ns, int num_waits) {
