@@ -13,8 +13,10 @@ megatron-core's own code, and replaces the arithmetic with sleeps:
 * each layer holds a parameter whose gradient flows into megatron-core's DDP grad buffers, so the
   data-parallel gradient reduction (buckets, overlap) and the optimizer step are megatron-core's.
 
-Forward sleeps `fwd_ms` per layer and backward `bwd_ms`, both times `slowdown` (a straggler). The
-values carried are zeros: nothing diverges, and no arithmetic costs time a sleep does not account
+Forward sleeps `fwd_ms` per layer and backward `bwd_ms`, both times `slowdown` (a straggler). A
+sleep is compute where the program issues work (`replay.timeline.compute`): on the host it sleeps,
+on a device (the asynchronous test device, a GPU) it is a kernel of that length on the current
+stream and the host runs ahead, as after launching real kernels. The values carried are zeros: nothing diverges, and no arithmetic costs time a sleep does not account
 for. Processes mostly sleep, so many of them share a few cores without distorting each other.
 """
 
@@ -22,7 +24,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import time
 
 import torch
 from megatron.core import parallel_state
@@ -33,6 +34,8 @@ from megatron.core.tensor_parallel import (
 )
 from megatron.core.transformer import TransformerConfig
 from megatron.core.transformer.module import MegatronModule
+
+from prism_megatron.replay import timeline
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -94,12 +97,12 @@ class _Sleep(torch.autograd.Function):
     def forward(ctx, x, weight, fwd_s: float, bwd_s: float):
         ctx.bwd_s = bwd_s
         ctx.weight_shape = weight.shape
-        time.sleep(fwd_s)
+        timeline.compute(fwd_s)
         return x.clone()
 
     @staticmethod
     def backward(ctx, grad):
-        time.sleep(ctx.bwd_s)
+        timeline.compute(ctx.bwd_s)
         return grad.clone(), grad.new_zeros(ctx.weight_shape), None, None
 
 

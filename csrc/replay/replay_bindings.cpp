@@ -206,7 +206,9 @@ void bind(py::module_& m) {
       "mark_iteration_start",
       [] {
         const int64_t mark = timeline::mark();
-        engine().mark_iteration_start(clock::now_ns(), mark);
+        // On the host the mark holds its time already: host waits count from that very time.
+        const int64_t host_start_ns = timeline::active_queue() == nullptr ? timeline::value(mark) : clock::now_ns();
+        engine().mark_iteration_start(host_start_ns, mark);
         return mark;
       },
       "Start a new iteration now; returns its start's mark on the device timeline.");

@@ -8,7 +8,9 @@ costs only torch's own bookkeeping (the backend is never asked). Nothing is regi
 Semantics of every op (sync and async, functional collectives included):
 
 * **All members real**: the op runs on a real sub-communicator among the real processes (gloo on
-  CPU, NCCL on CUDA); data are exact, as that library computes them.
+  CPU; on CUDA, NCCL when the group's real members have distinct GPUs, gloo on the CUDA tensors
+  when two share one, since NCCL refuses a duplicate device: `real_groups.py`); data are exact, as
+  that library computes them.
 * **Virtual members present**, data policy ``mirror``: a virtual member contributes what its
   *stand-in* contributes: the first real member of the group with the same role (when ``roles`` is
   given), else the real member nearest in group index. With this process the only real member:
@@ -28,13 +30,19 @@ Semantics of every op (sync and async, functional collectives included):
   latest arrival) + cost`` as the replay engine says (:mod:`prism_megatron.replay`); on CPU,
   ``Work.wait()`` returns at that time (C++ sleep then spin, GIL released); a mixed group completes
   at the later of that time and the real part's completion. Ops among real members only are not
-  delayed.
+  delayed. On a device (CUDA tensors; CPU tensors while the asynchronous test device is active)
+  the op completes on the backend's own stream: own arrival is when the device gets to the op,
+  the rule is decided there by a wait-until kernel, and ``Work.wait()`` makes the caller's stream
+  wait, never the host (`csrc/backend/device_path.cpp`). Read results on the host after
+  synchronising, as with NCCL.
 * **Safety**: every op is logged with a per-group sequence number (flight recorder:
   :func:`prism_megatron.replay.flight_recorder_dump`, also printed when the process dies of an
   uncaught exception). A wait longer than ``timeout_s`` raises ``DistBackendError`` with the dump.
   With ``check_consistency`` (default), real members that issue different ops, sizes or dtypes at
   the same sequence number of a group get an error naming the group, the sequence number, the ranks
-  and both ops. Errors surface from ``wait()``; none is swallowed.
+  and both ops. Errors surface from ``wait()``; none is swallowed. On a device a host watchdog
+  bounds every op by ``timeout_s`` from its issue and checks the real parts; a failure ends every
+  device wait (no GPU hangs) and raises from the next call into the backend.
 """
 
 from prism_megatron.backend.activation import Activation, activate, active, deactivate, is_active

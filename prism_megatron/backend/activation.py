@@ -18,6 +18,7 @@ import torch.distributed as dist
 
 from prism_megatron import replay
 from prism_megatron.backend.real_groups import DEVICES, RealSubgroups, store_from_env
+from prism_megatron.replay import timeline
 from prism_megatron.replay.cost import CostLines, CostModel
 
 BACKEND_NAME = "prism"
@@ -234,6 +235,9 @@ def activate(
     from prism_megatron import _C
 
     replay.reset()  # a fresh engine and op log: sequence numbers count from this activation
+    _C.backend.clear_device_failure()  # a device run that failed before does not fail this one
+    timeline.use_cuda(device == "cuda")
+    timeline.set_timeout_s(timeout_s)
     _C.backend.configure(
         world_size,
         virtual_rank,
@@ -296,6 +300,7 @@ def deactivate() -> None:
         activation._subgroups.shutdown()
         _unregister_backend()
         _C.backend.clear()
+        timeline.use_cuda(False)
         replay.reset(keep_log=True)  # the flight recorder stays readable after a failure
         if activation._saved_barrier_env is None:
             os.environ.pop(_BARRIER_ENV, None)

@@ -1,7 +1,17 @@
 """Real sub-communicators: the part of a prism group that runs among real processes.
 
-A prism group with two or more real members needs a real communicator among them (gloo on CPU,
-NCCL on CUDA), built on a store the real processes share. Only real members of a group create it
+A prism group with two or more real members needs a real communicator among them, built on a store
+the real processes share:
+
+* CPU tensors: gloo.
+* CUDA tensors, the group's real members on distinct GPUs: NCCL.
+* CUDA tensors, two or more of the group's real members on one GPU (several real ranks sharing a
+  device: memory ground truth, small tests): gloo on the CUDA tensors. NCCL refuses a communicator
+  with a duplicate device. gloo stages the data through the host; the backend issues its part in
+  program order and a helper thread waits for it, while the backend's stream waits on a host flag
+  (`csrc/backend/device_path.cpp`), so the program's thread still never blocks where NCCL would not.
+  Each process publishes its device (host name and GPU UUID) in the store at activation; a group
+  compares its members' before choosing. Only real members of a group create it
 (torch calls the backend's creator only in member processes), and every real member of a group is a
 member process, so they all create it, in the same order as Megatron creates groups everywhere. The
 store prefix is derived from the sorted real-member list and a per-list counter, so it is the same
@@ -13,7 +23,9 @@ from __future__ import annotations
 import datetime
 import hashlib
 import os
+import socket
 
+import torch
 import torch.distributed as dist
 
 DEVICES = ("cpu", "cuda")
@@ -62,6 +74,11 @@ class RealSubgroups:
         self._timeout = datetime.timedelta(seconds=timeout_s)
         self._created_per_list: dict[tuple[int, ...], int] = {}
         self._backends: list[dist.ProcessGroup] = []
+        self._devices: dict[int, str] = {}
+        self.kinds: dict[tuple[int, ...], str] = {}
+        """The kind of communicator ("gloo" or "nccl") made for each real-member list."""
+        if device == "cuda":
+            self._store.set(_device_key(virtual_rank), device_identity())
 
     @property
     def num_created(self) -> int:
@@ -78,14 +95,26 @@ class RealSubgroups:
         digest = hashlib.sha1(",".join(map(str, real_members)).encode()).hexdigest()[:16]
         store = dist.PrefixStore(f"real/{len(real_members)}-{digest}/{count}/", self._store)
         rank = real_members.index(self._virtual_rank)
-        if self._device == "cpu":
+        if self._device == "cpu" or self.share_a_device(real_members):
             backend = dist.ProcessGroupGloo(store, rank, len(real_members), self._timeout)
+            self.kinds[real_members] = "gloo"
         else:
+            self.kinds[real_members] = "nccl"
             options = dist.ProcessGroupNCCL.Options()
             options._timeout = self._timeout
             backend = dist.ProcessGroupNCCL(store, rank, len(real_members), options)
         self._backends.append(backend)
         return backend
+
+    def share_a_device(self, real_members: tuple[int, ...]) -> bool:
+        """Whether two of these real members run on one GPU (waits until each has published it)."""
+        identities = [self._device_of(member) for member in real_members]
+        return len(set(identities)) < len(identities)
+
+    def _device_of(self, virtual_rank: int) -> str:
+        if virtual_rank not in self._devices:
+            self._devices[virtual_rank] = self._store.get(_device_key(virtual_rank)).decode()
+        return self._devices[virtual_rank]
 
     def shutdown(self) -> None:
         """Release every communicator this object created (safe twice)."""
@@ -94,3 +123,14 @@ class RealSubgroups:
             if shutdown is not None:
                 shutdown()
         self._backends.clear()
+
+
+def device_identity() -> str:
+    """This process's GPU, the same string in every process that uses it: host name and GPU UUID."""
+    index = torch.cuda.current_device()
+    uuid = getattr(torch.cuda.get_device_properties(index), "uuid", None)
+    return f"{socket.gethostname()}/{uuid if uuid is not None else index}"
+
+
+def _device_key(virtual_rank: int) -> str:
+    return f"device/{virtual_rank}"

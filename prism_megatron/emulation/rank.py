@@ -13,14 +13,19 @@ reports each call (`p2p_call`); nothing here knows Megatron. Three passes (`--pr
   real ranks published in the rendezvous store) and loads the next schedule (`closed_loop.ClosedLoop`). At the end it writes its measured op log
   (`ops/rank-<rank>.json`) for the report's timeline.
 
-Every pass measures each iteration's wall time between the two calls; capture and emulate keep a
+Every pass measures each iteration's time between the two calls; capture and emulate keep a
 small progress file (`progress/rank-<rank>.json`: pid, pass, iterations and their times) that the
 orchestrator shows, and reads when a run fails before the ranks wrote their results.
 
-Times are the host's CLOCK_MONOTONIC. On CPU that is when the work happens; on CUDA the host runs
-ahead of the device, so the spans it sees between ops are launch gaps, not kernel time: a capture
-on GPU still gives the right ops but not yet the right compute spans (CUDA events around the
-compute stream would give them; not done).
+Every time here is device time, from the device timeline (`prism_megatron.replay.timeline`): the
+iteration's start and end and each pipeline call's span are marks on the stream where the program
+issues its work, the backend marks its ops the same way, and all are read when the iteration ends.
+On CPU a mark is the host clock (when the work happens); on CUDA and on the asynchronous test
+device it is the device's clock when the stream gets there, so compute spans are device time
+between consecutive ops on the compute stream, not the host's launch gaps. Reading an iteration's
+marks waits for the device to finish that iteration (Megatron's optimizer step already waits for
+the device each iteration, for the gradient norm); the next iteration's time starts at its own
+start mark, so the wait is in no iteration's time.
 """
 
 from __future__ import annotations
@@ -43,6 +48,8 @@ from prism_megatron.graph.capture import (
     iteration_streams,
 )
 from prism_megatron.graph.io import write_json_atomically
+from prism_megatron.replay import timeline
+from prism_megatron.replay.timeline import Mark
 from prism_megatron.sim import WhatIf
 from prism_megatron.topology import Layout
 
@@ -65,21 +72,44 @@ class InstantPhase:
         self.virtual_world = virtual_world
         self.out_dir = config.output.out
         self.starts_ns: list[int] = []
+        """Device times of the iterations read so far (see `read_marks`)."""
         self.ends_ns: list[int] = []
+        self._marks: list[tuple[Mark, Mark | None]] = []
+        """(start, end) marks of the iterations not read yet; end None while one runs."""
         self._progress_written_s = 0.0
+        timeline.set_timeout_s(config.emulation.timeout_s)
         self.write_progress("started")
 
     def iteration_begins(self) -> None:
-        self.starts_ns.append(replay.mark_iteration_start() if self.virtual_world else time.monotonic_ns())
+        start = replay.mark_iteration_start() if self.virtual_world else timeline.mark()
+        self._marks.append((start, None))
 
     def iteration_ends(self) -> None:
-        self.ends_ns.append(time.monotonic_ns())
+        start, _ = self._marks.pop()
+        self._marks.append((start, timeline.mark()))
         self.write_progress("running")
 
-    def p2p_call(self, enter_ns: int, exit_ns: int) -> None:
-        """A pipeline-communicator call ran from enter_ns to exit_ns (its p2p ops form a batch)."""
+    def read_marks(self, *, wait: bool) -> None:
+        """Move the finished iterations' marks to starts_ns / ends_ns: all (wait, blocking until the
+        device has passed them) or those the device has already passed."""
+        while self._marks and self._marks[0][1] is not None:
+            start, end = self._marks[0]
+            if not wait and not timeline.is_reached(end):
+                return
+            start_ns, end_ns = timeline.resolve([start, end])
+            self._marks.pop(0)
+            self.starts_ns.append(start_ns)
+            self.ends_ns.append(end_ns)
+
+    def p2p_call(self, enter: Mark, exit: Mark) -> None:
+        """A pipeline-communicator call ran from `enter` to `exit` (its p2p ops form a batch)."""
 
     def iteration_times_s(self) -> list[float]:
+        """The device time of every finished iteration (waits for the device)."""
+        self.read_marks(wait=True)
+        return self._times_read_s()
+
+    def _times_read_s(self) -> list[float]:
         return [(end - start) / 1e9 for start, end in zip(self.starts_ns, self.ends_ns, strict=False)]
 
     def summary(self) -> dict[str, Any]:
@@ -90,7 +120,10 @@ class InstantPhase:
         self.write_progress("done")
 
     def write_progress(self, state: str) -> None:
-        """At most a few writes a second: a progress file must not cost an iteration's time."""
+        """At most a few writes a second: a progress file must not cost an iteration's time.
+
+        It shows the iterations the device has finished (it never waits for the device); the host
+        clocks here pace the writes and date the file, they time nothing."""
         now_s = time.monotonic()
         if state == "running" and now_s - self._progress_written_s < 0.25:
             return
@@ -99,9 +132,10 @@ class InstantPhase:
             return
         path = files.progress_path(self.out_dir, self.virtual_rank)
         os.makedirs(os.path.dirname(path), exist_ok=True)
+        self.read_marks(wait=state == "done")
         data = {"pid": os.getpid(), "virtual_rank": self.virtual_rank, "phase": self.name, "state": state,
                 "iterations_done": len(self.ends_ns), "wall_time_s": time.time(),
-                "iteration_times_s": self.iteration_times_s()}  # fmt: skip
+                "iteration_times_s": self._times_read_s()}  # fmt: skip
         write_json_atomically(data, path)
 
 
@@ -114,7 +148,7 @@ class _RecordingPhase(InstantPhase):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.iterations: list[CapturedIteration] = []
-        self._calls: list[tuple[int, int]] = []
+        self._calls: list[tuple[Mark, Mark]] = []
 
     def iteration_begins(self) -> None:
         super().iteration_begins()
@@ -122,18 +156,22 @@ class _RecordingPhase(InstantPhase):
         replay.start_recording()
 
     def iteration_ends(self) -> None:
-        self.ends_ns.append(time.monotonic_ns())  # before the op log is read out
-        events = tuple(replay.stop_recording())
+        start, _ = self._marks.pop()
+        self._marks.append((start, timeline.mark()))  # before the op log is read out
+        events = tuple(replay.stop_recording())  # waits for the device to pass the iteration's ops
+        self.read_marks(wait=True)
+        flat = timeline.resolve([m for call in self._calls for m in call])
+        calls = tuple(zip(flat[::2], flat[1::2], strict=True))
         self.write_progress("running")
-        iteration = CapturedIteration(self.starts_ns[-1], self.ends_ns[-1], events, tuple(self._calls))
+        iteration = CapturedIteration(self.starts_ns[-1], self.ends_ns[-1], events, calls)
         self.iterations.append(iteration)
         self.after_iteration(iteration)
 
     def after_iteration(self, iteration: CapturedIteration) -> None:
         """Hook for the emulate pass."""
 
-    def p2p_call(self, enter_ns: int, exit_ns: int) -> None:
-        self._calls.append((enter_ns, exit_ns))
+    def p2p_call(self, enter: Mark, exit: Mark) -> None:
+        self._calls.append((enter, exit))
 
 
 class CapturePhase(_RecordingPhase):
@@ -229,6 +267,7 @@ class EmulatePhase(_RecordingPhase):
     def finish(self) -> None:
         from prism_megatron.report.oplog import ComputeSpan, OpLog, save_op_log
 
+        self.read_marks(wait=True)
         events = tuple(e for it in self.iterations for e in it.events)
         compute = tuple(
             ComputeSpan("compute", start_ns, end_ns)

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import time
 from typing import Any
 
 import torch
 
 import prism_megatron.replay as replay
-from prism_megatron.replay import OpKind
+from prism_megatron.replay import OpKind, timeline
+from prism_megatron.replay.timeline import Mark
 
 # c10's scalar type names, as the backend's op log writes them.
 _C10_DTYPE_NAMES = {
@@ -92,22 +92,26 @@ class Transfer:
     peer: int
     tensor: torch.Tensor
     async_op: bool
-    issue_ns: int = dataclasses.field(default_factory=time.monotonic_ns)
+    issue: Mark = dataclasses.field(default_factory=timeline.mark)
+    """Where the program issued it, on the device timeline."""
 
     @property
     def direction(self) -> str:
         return "send" if self.kind == OpKind.SEND else "recv"
 
-    def log(self, *, complete_ns: int, has_virtual: bool) -> None:
+    @property
+    def dtype(self) -> str:
+        return _C10_DTYPE_NAMES.get(self.tensor.dtype, str(self.tensor.dtype))
+
+    def log(self, *, complete: Mark, has_virtual: bool) -> None:
         replay.record_p2p(
             kind=self.kind,
             self_rank=self.self_rank,
             peer=self.peer,
             size_bytes=nbytes(self.tensor),
-            dtype=_C10_DTYPE_NAMES.get(self.tensor.dtype, str(self.tensor.dtype)),
-            issue_ns=self.issue_ns,
-            start_ns=self.issue_ns,
-            complete_ns=complete_ns,
+            dtype=self.dtype,
+            issue=self.issue,
+            complete=complete,
             async_op=self.async_op,
             has_virtual=has_virtual,
         )
@@ -116,25 +120,44 @@ class Transfer:
 class VirtualPeerOp:
     """A transfer with a virtual stage: it completes when the replay engine says, and `wait()` waits.
 
-    The completion time is asked at issue (that also advances the engine's op index for the
-    (peer, direction)); waiting happens where the schedule waits, as it would on NCCL.
+    The completion is decided at issue (that also advances the engine's op index for the
+    (peer, direction)); waiting happens where the schedule waits, as it would on NCCL. On the host
+    `wait()` blocks until the completion time; on a device (CUDA, the test device) the transfer is
+    timed on a stream of its own and `wait()` makes the caller's stream wait, never the host
+    (`replay.device_p2p`, which also logs it).
     """
 
     def __init__(self, transfer: Transfer) -> None:
         self._transfer = transfer
-        self._complete_ns = replay.p2p_completion_ns(
-            transfer.peer, transfer.direction, nbytes(transfer.tensor)
-        )
+        self._device_op = None
+        if timeline.device_name() != "host":
+            self._device_op = replay.device_p2p(
+                self_rank=transfer.self_rank,
+                peer_virtual_rank=transfer.peer,
+                direction=transfer.direction,
+                size_bytes=nbytes(transfer.tensor),
+                dtype=transfer.dtype,
+                async_op=transfer.async_op,
+            )
+        else:
+            self._complete_ns = replay.p2p_completion_ns(
+                transfer.peer, transfer.direction, nbytes(transfer.tensor)
+            )
         self._done = False
 
     def wait(self, *args: Any, **kwargs: Any) -> bool:
         if not self._done:
             self._done = True
-            replay.wait_until_ns(self._complete_ns)
-            self._transfer.log(complete_ns=self._complete_ns, has_virtual=True)
+            if self._device_op is not None:
+                self._device_op.wait()
+            else:
+                replay.wait_until_ns(self._complete_ns)
+                self._transfer.log(complete=timeline.mark_at(self._complete_ns), has_virtual=True)
         return True
 
     def is_completed(self) -> bool:
+        if self._device_op is not None:
+            return self._device_op.is_completed()
         return self._done
 
 
@@ -159,7 +182,7 @@ class RealPeerOp:
                 self._data.double().sum()
             )
             self._data = None
-            self._transfer.log(complete_ns=time.monotonic_ns(), has_virtual=False)
+            self._transfer.log(complete=timeline.mark(), has_virtual=False)
         return result
 
     def is_completed(self) -> bool:

@@ -5,11 +5,14 @@ virtual rank, telling the ``prism`` backend when an op with virtual members comp
 the op log (flight recorder and capture-pass recording). This module converts Python types to what
 the engine takes and back; it holds no policy.
 
-Time is ``CLOCK_MONOTONIC`` in ns, the clock of :func:`time.monotonic_ns`. An op with virtual
-members completes at ``max(own arrival, virtual members' latest arrival) + cost``; in ``instant``
-mode (and for ops the loaded schedule does not know) the virtual members arrive when the op is
-issued; in ``replay`` mode they arrive at the schedule's offset from the last
-:func:`mark_iteration_start`. The cost is the schedule's ``cost_ns`` when it is >= 0, otherwise the
+Every time comes from the device timeline (:mod:`prism_megatron.replay.timeline`): marks where the
+program issues work, read after the iteration; host times (``*_ns`` arguments and results below)
+are ``CLOCK_MONOTONIC`` ns, the clock of :func:`time.monotonic_ns`. An op with virtual members
+completes at ``max(own arrival, virtual members' latest arrival) + cost``; in ``instant`` mode (and
+for ops the loaded schedule does not know) the virtual members arrive when the op is issued; in
+``replay`` mode they arrive at the schedule's offset from the last :func:`mark_iteration_start`. On
+a device (CUDA, the test device) the rule is decided on the device, own arrival being when the
+stream gets to the op. The cost is the schedule's ``cost_ns`` when it is >= 0, otherwise the
 group's cost lines (:func:`set_group_cost`), else the default lines (:func:`set_default_cost`),
 else zero.
 
@@ -25,17 +28,20 @@ from collections.abc import Sequence
 from prism_megatron.replay.cost import CostLines, CostModel, LatencyBandwidthCost
 from prism_megatron.replay.events import OpEvent
 from prism_megatron.replay.schedule import CostLine, OpKind, ReplaySchedule, ScheduledOp, cost_ns
+from prism_megatron.replay.timeline import Mark
 
 __all__ = [
     "CostLine",
     "CostLines",
     "CostModel",
     "LatencyBandwidthCost",
+    "Mark",
     "OpEvent",
     "OpKind",
     "ReplaySchedule",
     "ScheduledOp",
     "cost_ns",
+    "device_p2p",
     "flight_recorder_dump",
     "load_schedule",
     "mark_iteration_start",
@@ -100,27 +106,18 @@ def load_schedule(schedule: ReplaySchedule) -> None:
     )
 
 
-def mark_iteration_start() -> int:
-    """A training iteration starts now; returns its start (CLOCK_MONOTONIC ns).
+def mark_iteration_start() -> Mark:
+    """A training iteration starts now; returns its start's mark on the device timeline.
 
-    Arrival offsets count from here and every group's op index restarts at 0. When CUDA is in use,
-    the start is also stamped on the device timer, on the current stream: device waits count their
-    arrival offsets from when the device gets there.
+    Arrival offsets count from here and every group's op index restarts at 0. On a device the mark
+    is on the current stream: device waits read the start from its slot, so they count their
+    arrival offsets from when the device got there.
     """
-    start_ns = _native().mark_iteration_start()
-    if hasattr(_native(), "cuda_stamp_iteration_start") and _cuda_in_use():
-        _native().cuda_stamp_iteration_start()
-    return start_ns
-
-
-def _cuda_in_use() -> bool:
-    import torch
-
-    return torch.cuda.is_available() and torch.cuda.is_initialized()
+    return Mark(_native().mark_iteration_start())
 
 
 def iteration_start_ns() -> int:
-    """The last :func:`mark_iteration_start`, or -1 before the first."""
+    """The last :func:`mark_iteration_start` on the host clock, or -1 before the first."""
     return _native().iteration_start_ns()
 
 
@@ -144,10 +141,31 @@ def group_cost_ns(members: Sequence[int], kind: OpKind, size_bytes: int) -> int:
 def p2p_completion_ns(peer_virtual_rank: int, direction: str, size_bytes: int) -> int:
     """When a send to / recv from a virtual peer issued now completes (absolute CLOCK_MONOTONIC ns).
 
-    For the pipeline interceptor. Advances that (peer, direction)'s op index. Raises RuntimeError
-    when the op differs from the schedule's.
+    For the pipeline interceptor on the host. Advances that (peer, direction)'s op index. Raises
+    RuntimeError when the op differs from the schedule's.
     """
     return _native().p2p_completion_ns(peer_virtual_rank, _check_direction(direction), size_bytes)
+
+
+def device_p2p(
+    *,
+    self_rank: int,
+    peer_virtual_rank: int,
+    direction: str,
+    size_bytes: int,
+    dtype: str,
+    async_op: bool = True,
+):
+    """A send to / recv from a virtual peer on the device, issued now (the pipeline interceptor's).
+
+    It is timed on a stream of its own after the current stream's work (own arrival: when the device
+    gets there) and logged with device marks; its ``wait()`` makes the caller's stream wait for it,
+    never the host, and ``is_completed()`` asks the device. Advances the (peer, direction)'s op index
+    like :func:`p2p_completion_ns`. Raises ValueError without a device, RuntimeError when the op
+    differs from the schedule's.
+    """
+    is_send = _check_direction(direction)
+    return _native().device_p2p(self_rank, peer_virtual_rank, is_send, size_bytes, dtype, async_op)
 
 
 def wait_until_ns(t_ns: int) -> None:
@@ -171,9 +189,16 @@ def start_recording() -> None:
     _native().start_recording()
 
 
-def stop_recording() -> list[OpEvent]:
-    """The ops issued since :func:`start_recording`, in issue order; recording stops."""
-    return [OpEvent.from_native(raw) for raw in _native().stop_recording()]
+def stop_recording(timeout_s: float | None = None) -> list[OpEvent]:
+    """The ops issued since :func:`start_recording`, in issue order; recording stops.
+
+    Their device marks are read here: this waits until the device has passed each (at most
+    ``timeout_s`` per mark, default the timeline's timeout).
+    """
+    from prism_megatron.replay import timeline
+
+    seconds = timeline._timeout_s if timeout_s is None else timeout_s
+    return [OpEvent.from_native(raw) for raw in _native().stop_recording(round(seconds * 1e9))]
 
 
 def record_p2p(
@@ -183,17 +208,17 @@ def record_p2p(
     peer: int,
     size_bytes: int,
     dtype: str,
-    issue_ns: int,
-    start_ns: int,
-    complete_ns: int,
+    issue: Mark,
+    complete: Mark | None,
     async_op: bool = True,
     has_virtual: bool = True,
     seq: int | None = None,
 ) -> None:
     """Log a p2p op served outside the backend (the pipeline interceptor); same fields as OpEvent.
 
-    ``seq`` None: the next sequence number of the (peer, direction), shared with the backend's own
-    send/recv. ``complete_ns`` -1: not completed.
+    ``issue`` and ``complete`` are marks on the device timeline (``complete`` None: not completed);
+    the op's start is its issue. ``seq`` None: the next sequence number of the (peer, direction),
+    shared with the backend's own send/recv.
     """
     if kind not in (OpKind.SEND, OpKind.RECV):
         raise ValueError(f"record_p2p kind must be OpKind.SEND or OpKind.RECV, got {kind!r}")
@@ -204,11 +229,13 @@ def record_p2p(
         -1 if seq is None else seq,
         size_bytes,
         dtype,
-        issue_ns,
-        start_ns,
-        complete_ns,
+        0,
+        0,
+        -1,
         async_op,
         has_virtual,
+        issue.id,
+        -1 if complete is None else complete.id,
     )
 
 

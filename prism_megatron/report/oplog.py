@@ -5,8 +5,9 @@ backend's op log, `prism_megatron.replay.OpEvent`), and may know its compute spa
 starts; the orchestrator is another process. So each real rank's log is a file in the run folder,
 `ops/rank-<virtual rank, 5 digits>.json`, that the report reads back and draws.
 
-All times are CLOCK_MONOTONIC ns (`time.monotonic_ns`), the replay engine's clock; real ranks on one
-machine share it, and across machines the launcher synchronises them at start-up.
+All times are the device timeline's (`prism_megatron.replay.timeline`), in ns: CLOCK_MONOTONIC
+(`time.monotonic_ns`) on CPU, which real ranks on one machine share and the launcher synchronises
+across machines at start-up; the GPU global timer on CUDA (real ranks on one GPU share it).
 """
 
 from __future__ import annotations

@@ -15,13 +15,18 @@ import torch
 import torch.distributed as dist
 
 from prism_megatron import backend, replay
-from prism_megatron.replay import CostLine, LatencyBandwidthCost, OpKind, ReplaySchedule, ScheduledOp
+from prism_megatron.replay import CostLine, LatencyBandwidthCost, OpKind, ReplaySchedule, ScheduledOp, timeline
 
 WORLD = 1024
 SELF = 3
 TP = tuple(range(8))
 MS = 1_000_000
 SLACK_NS = 40 * MS  # preemption on a busy 2-core machine
+
+
+def iteration_start_ns() -> int:
+    """Start an iteration; its start on the host clock (marks on the host are the host clock)."""
+    return timeline.resolve_one(replay.mark_iteration_start())
 
 
 @pytest.fixture
@@ -95,7 +100,7 @@ def test_replay_mode_completes_at_the_scheduled_arrival_plus_cost(activate):
     )
     replay.load_schedule(schedule)
     for _ in range(2):  # the schedule repeats every iteration
-        start = replay.mark_iteration_start()
+        start = iteration_start_ns()
         _, first_done, _ = timed_all_reduce(group)
         assert 50 * MS <= first_done - start < 50 * MS + SLACK_NS
         issued, second_done, _ = timed_all_reduce(group)  # peers long arrived: issue + cost
@@ -147,11 +152,11 @@ def test_p2p_completion_follows_the_p2p_schedule_per_peer_and_direction(activate
             p2p={(4, "recv"): (ScheduledOp(OpKind.RECV, 64, 20 * MS, 1 * MS),)},
         )
     )
-    start = replay.mark_iteration_start()
+    start = iteration_start_ns()
     assert replay.p2p_completion_ns(4, "recv", 64) == start + 21 * MS
     issued = time.monotonic_ns()
     assert issued <= replay.p2p_completion_ns(4, "recv", 64) <= time.monotonic_ns()  # unscheduled: now
-    start = replay.mark_iteration_start()
+    start = iteration_start_ns()
     assert replay.p2p_completion_ns(4, "recv", 64) == start + 21 * MS
     with pytest.raises(ValueError, match="direction must be one of"):
         replay.p2p_completion_ns(4, "sideways", 64)
@@ -164,7 +169,7 @@ def test_backend_recv_from_a_virtual_peer_waits_for_the_scheduled_send(activate)
             virtual_rank=SELF, collectives={}, p2p={(2, "recv"): (ScheduledOp(OpKind.RECV, 16, 25 * MS, 0),)}
         )
     )
-    start = replay.mark_iteration_start()
+    start = iteration_start_ns()
     dist.recv(torch.empty(4), src=2)
     assert 25 * MS <= time.monotonic_ns() - start < 25 * MS + SLACK_NS
 
@@ -217,9 +222,8 @@ def test_recording_exports_every_op_and_the_interceptors_p2p_events(activate):
         peer=4,
         size_bytes=128,
         dtype="Float",
-        issue_ns=now,
-        start_ns=now,
-        complete_ns=now + 5,
+        issue=timeline.mark_at(now),
+        complete=timeline.mark_at(now + 5),
     )
     replay.record_p2p(
         kind=OpKind.SEND,
@@ -227,9 +231,8 @@ def test_recording_exports_every_op_and_the_interceptors_p2p_events(activate):
         peer=4,
         size_bytes=128,
         dtype="Float",
-        issue_ns=now,
-        start_ns=now,
-        complete_ns=-1,
+        issue=timeline.mark_at(now),
+        complete=None,
     )
     events = replay.stop_recording()
     pending.wait()

@@ -15,7 +15,6 @@ import argparse
 import functools
 import math
 import sys
-import time
 from typing import Any
 
 import torch
@@ -31,6 +30,7 @@ from prism_megatron.megatron.entry import arguments as pretrain_args
 from prism_megatron.megatron.entry import data, model
 from prism_megatron.megatron.run import collectives, memory, results, runtime
 from prism_megatron.patches import catalog
+from prism_megatron.replay import timeline
 
 
 def sizes_from_args(args: argparse.Namespace) -> runtime.ParallelSizes:
@@ -154,10 +154,12 @@ def train(args: argparse.Namespace, config: TransformerConfig, rt: runtime.Runti
     with tracker or memory.cuda_peak_scope():
         for iteration in range(args.train_iters):
             runtime.iteration_begins(rt)
-            start_s = time.perf_counter()
+            start = timeline.mark()  # device time, as every time of the passes
             step = train_step(args, ddp_model, optimizer, iterators, forward_backward)
-            step["time_s"] = time.perf_counter() - start_s
+            end = timeline.mark()
             runtime.iteration_ends(rt)
+            start_ns, end_ns = timeline.resolve([start, end])
+            step["time_s"] = (end_ns - start_ns) / 1e9
             iterations.append(step)
             if tracker:
                 tracker.label_optimizer(optimizer)

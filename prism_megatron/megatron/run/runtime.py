@@ -21,6 +21,7 @@ from prism_megatron.config import PrismConfig
 from prism_megatron.emulation import rank as rank_phase
 from prism_megatron.megatron.run import world
 from prism_megatron.patches import control_flow, cpu_shim, parallel_state, pipeline, registry
+from prism_megatron.replay import timeline
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -212,11 +213,11 @@ def _reporting_calls(make, phase: rank_phase.InstantPhase):
         bound = make(original)
 
         def _communicate(self, *args, **kwargs):
-            enter_ns = time.monotonic_ns()
+            enter = timeline.mark()  # on the device timeline, as the ops the call posts
             try:
                 return bound._communicate(self, *args, **kwargs)
             finally:
-                phase.p2p_call(enter_ns, time.monotonic_ns())
+                phase.p2p_call(enter, timeline.mark())
 
         return type(bound.__name__, (bound,), {"_communicate": _communicate})
 
