@@ -163,7 +163,11 @@ class RankReport:
             virtual_rank=virtual_rank,
             role=role if role is not None else (breakdown.role if breakdown is not None else None),
             peak_memory_allocated_bytes=memory["peak_bytes"] if memory else None,
-            peak_memory_reserved_bytes=peak_memory_reserved_bytes,
+            peak_memory_reserved_bytes=(
+                peak_memory_reserved_bytes
+                if peak_memory_reserved_bytes is not None
+                else (memory.get("reserved_peak_bytes") if memory else None)
+            ),
             memory_by_category=dict(memory["at_peak_bytes"]) if memory else {},
             memory_method=memory.get("method") if memory else None,
             **times,

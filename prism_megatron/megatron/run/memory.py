@@ -12,8 +12,10 @@ else allocated during a step counts as activations (including temporaries of the
 Limits: storages allocated outside any torch op (by a C++ library writing into its own memory) are
 not seen; `UntypedStorage.resize_` is not followed.
 
-On CUDA the allocator's `max_memory_allocated` gives the peak; the same labels give the static
-categories and activations are the remainder.
+On CUDA the caching allocator's statistics give the peak: `max_memory_allocated` (what tensors
+held at the peak) and `max_memory_reserved` (what the allocator held from the device, the number
+that decides an out-of-memory), over the training steps. The categories at the peak: the static ones
+from the labelled storages (they live through the steps), activations the remainder.
 """
 
 from __future__ import annotations
@@ -47,6 +49,8 @@ class MemoryReport:
     """Each category's own peak (they need not coincide)."""
     method: str
     """How it was measured: 'live-storage' (CPU) or 'cuda-allocator'."""
+    reserved_peak_bytes: int | None = None
+    """The caching allocator's reserved peak (CUDA); None where nothing reserves (CPU)."""
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -184,7 +188,8 @@ def static_bytes(tensors: Iterable[torch.Tensor | None]) -> int:
 
 @contextlib.contextmanager
 def cuda_peak_scope():
-    """Reset the CUDA allocator's peak so `cuda_report` sees the training steps only."""
+    """Reset the CUDA allocator's peaks (allocated and reserved) so `cuda_report` sees the training
+    steps only."""
     torch.cuda.reset_peak_memory_stats()
     yield
 
@@ -208,6 +213,7 @@ def cuda_report(model_chunks: Iterable[torch.nn.Module], optimizer: Any) -> Memo
         at_peak_bytes=at_peak,
         category_peak_bytes=dict(at_peak),
         method="cuda-allocator",
+        reserved_peak_bytes=torch.cuda.max_memory_reserved(),
     )
 
 
