@@ -44,6 +44,7 @@ class Replay:
         self.static = inputs.static
         self.names = GroupNames(world, virtual_rank)
         what_if = WhatIf(stragglers=inputs.stragglers) if inputs.stragglers else None
+        self.virtual_rank = virtual_rank
         self.loop = ClosedLoop.start(
             inputs.graph, world, inputs.cost_fn, virtual_rank=virtual_rank, real_ranks=inputs.real_ranks,
             what_if=what_if,
@@ -80,4 +81,5 @@ class Replay:
             "num_folded": self.num_folded,
             "not_folded": {str(k): v for k, v in self.not_folded.items()},
             "final_simulated_ms": self.loop.iteration_time_ns / 1e6,
+            "final_rank_simulated_ms": self.loop.result.finish_ns(self.virtual_rank) / 1e6,
         }

@@ -32,11 +32,11 @@ def _parallel_flags(job) -> list[str]:
     return flags
 
 
-def gpt_args(job) -> argparse.Namespace:
+def gpt_args(job, device: str = "cpu") -> argparse.Namespace:
     """The built-in entry's arguments: the job's model flags plus its parallel sizes."""
     from prism_megatron.megatron.entry import arguments as pretrain_args
 
-    args = pretrain_args.parse([*job.gpt_flags, *_parallel_flags(job), "--prism-device", "cpu"])
+    args = pretrain_args.parse([*job.gpt_flags, *_parallel_flags(job), "--prism-device", device])
     pretrain_args.derive_world(args, job.world_size)
     return args
 
@@ -60,16 +60,16 @@ def initialize_model_parallel(job) -> None:
     )
 
 
-def build(job, virtual_rank: int) -> Program:
-    return _build_gpt(job) if job.gpt_flags else _build_sleep(job, virtual_rank)
+def build(job, virtual_rank: int, device: str = "cpu") -> Program:
+    return _build_gpt(job, device) if job.gpt_flags else _build_sleep(job, virtual_rank)
 
 
-def _build_gpt(job) -> Program:
+def _build_gpt(job, device: str = "cpu") -> Program:
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
     from prism_megatron.megatron.entry import model, pretrain
 
-    args = gpt_args(job)
+    args = gpt_args(job, device)
     config = model.transformer_config(args)
     ddp_model = model.wrap_ddp(args, config, model.build_chunks(args, config))
     optimizer = model.build_optimizer(args, ddp_model)

@@ -31,6 +31,7 @@ import torch.distributed as dist
 from benchmarks.fidelity import loop, programs
 
 MODES = ("real", "capture", "emulate")
+DEVICES = ("host", "test", "cuda")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -80,6 +81,14 @@ class Request:
     trace: bool = False
     """real: also note when each pipeline exchange and each all-reduce starts and returns
     (`diagnose.py` lays them beside the simulated timeline)."""
+    device: str = "host"
+    """"host": compute sleeps on the host; "test": the asynchronous test device
+    (`prism_megatron.replay.test_device`): compute is enqueued on streams, the backend's ops complete
+    there, the host runs ahead, and every time is read from the device timeline; "cuda": the GPU
+    (the GPT only: the sleep model's compute is then a spin kernel per sleep)."""
+    host_clock_marks: bool = False
+    """Diagnostics: marks read the host clock even on a device (what a capture that took the host's
+    clock for the device's would see)."""
 
 
 def _one_thread() -> None:
@@ -114,7 +123,7 @@ def _bring_up(request: Request):
         emulate=emulate,
         world_size=job.world_size if emulate else None,
         ranks=",".join(str(r) for r in request.real_ranks) if emulate else None,
-        device="cpu",
+        device="cuda" if request.device == "cuda" else "cpu",
     )
     rt = runtime.start(PrismConfig(emulation=emulation))
     rt.sizes = runtime.ParallelSizes(tp=job.tp, pp=job.pp, vpp=job.vpp)
@@ -137,16 +146,34 @@ def _without_cycle_collection():
         gc.enable()
 
 
-def _record_exchanges(p2p_class, windows: list[tuple[int, int]]) -> None:
+class _Windows:
+    """(enter, exit) marks on the device timeline, read on demand (on a device, once it got there)."""
+
+    def __init__(self) -> None:
+        self.marks: list = []
+        self._ns: list[tuple[int, int]] = []
+
+    def ns(self) -> list[tuple[int, int]]:
+        from prism_megatron.replay import timeline
+
+        pending = self.marks[len(self._ns) :]
+        flat = timeline.resolve([m for pair in pending for m in pair])
+        self._ns += list(zip(flat[::2], flat[1::2], strict=True))
+        return list(self._ns)
+
+
+def _record_exchanges(p2p_class, windows: _Windows) -> None:
     """Note when each pipeline exchange starts and returns (in a capture its ops form one batch)."""
+    from prism_megatron.replay import timeline
+
     communicate = p2p_class._communicate
 
     def recorded(self, **kwargs):
-        enter_ns = time.monotonic_ns()
+        enter = timeline.mark()
         try:
             return communicate(self, **kwargs)
         finally:
-            windows.append((enter_ns, time.monotonic_ns()))
+            windows.marks.append((enter, timeline.mark()))
 
     p2p_class._communicate = recorded
 
@@ -187,28 +214,49 @@ def _iterate(request: Request, step, count: int, first: int, timeline: dict, aft
     """`count` iterations, each timed from the end of the previous one (no barrier).
 
     Emulated modes record each iteration's ops and mark its start for the replay engine; `after`
-    gets (number, start, end, events) of each.
+    gets (number, start, end, events) of each. Every time is a mark on the device timeline
+    (`prism_megatron.replay.timeline`), read when the iteration ends.
     """
     import prism_megatron.replay as replay
+    from prism_megatron.replay import timeline as device_timeline
 
-    previous_ns = timeline["ends_ns"][-1] if timeline["ends_ns"] else time.monotonic_ns()
+    previous = (
+        device_timeline.mark_at(timeline["ends_ns"][-1]) if timeline["ends_ns"] else device_timeline.mark()
+    )
     for number in range(first, first + count):
         if request.mode != "real":
             replay.start_recording()
-        start_ns = replay.mark_iteration_start() if request.mode != "real" else previous_ns
+        start = replay.mark_iteration_start() if request.mode != "real" else previous
         timeline["compute_ns"].append(0)
         step()
-        previous_ns = time.monotonic_ns()
+        timeline["host_returns_ns"].append(time.monotonic_ns())
+        previous = device_timeline.mark()
         events = replay.stop_recording() if request.mode != "real" else []
+        start_ns, end_ns = device_timeline.resolve([start, previous])
         timeline["starts_ns"].append(start_ns)
-        timeline["ends_ns"].append(previous_ns)
+        timeline["ends_ns"].append(end_ns)
         timeline["events"].extend(events)
         if after is not None:
-            after(number, start_ns, previous_ns, events)
+            after(number, start_ns, end_ns, events)
 
 
 def _new_timeline() -> dict[str, list]:
-    return {"starts_ns": [], "ends_ns": [], "compute_ns": [], "events": []}
+    return {"starts_ns": [], "ends_ns": [], "compute_ns": [], "events": [], "host_returns_ns": []}
+
+
+@contextlib.contextmanager
+def _device(request: Request):
+    """The device the request runs on (see `Request.device`), for the whole process's run."""
+    from prism_megatron.replay import test_device, timeline
+
+    if request.device not in DEVICES:
+        raise ValueError(f"device must be one of {DEVICES}, got {request.device!r}")
+    with contextlib.ExitStack() as stack:
+        if request.device == "test":
+            stack.enter_context(test_device.active_device())
+        if request.host_clock_marks:
+            stack.enter_context(timeline.host_clock_marks())
+        yield
 
 
 def run(request: Request) -> dict[str, Any]:
@@ -217,33 +265,38 @@ def run(request: Request) -> dict[str, Any]:
     The timed iterations run first; then `memory_iterations` more under the live-storage tracker
     (its dispatch hook costs CPU time per op, so it stays out of the timed ones).
     """
-    from megatron.core import parallel_state
-
-    from prism_megatron.megatron.run import memory
-
     if request.mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {request.mode!r}")
     _one_thread()
     _pin_compute_bound(request)
+    with _device(request):
+        return _run_on_device(request)
+
+
+def _run_on_device(request: Request) -> dict[str, Any]:
+    from megatron.core import parallel_state
+
+    from prism_megatron.megatron.run import memory
+
     rt = _bring_up(request)
     try:
         virtual_rank = dist.get_rank()
         program = programs.build(request.job, virtual_rank)
-        exchanges_ns: list[tuple[int, int]] = []
+        exchanges = _Windows()
         if request.mode != "real" and rt.p2p_class is not None:
-            _record_exchanges(rt.p2p_class, exchanges_ns)
+            _record_exchanges(rt.p2p_class, exchanges)
         all_reduces_ns: list[tuple[int, int]] = []
         if request.mode == "real" and request.trace:
             from megatron.core.pipeline_parallel import schedules
 
-            _record_exchanges(schedules.P2PCommunicator, exchanges_ns)
+            _record_exchanges(schedules.P2PCommunicator, exchanges)
             _record_all_reduces(all_reduces_ns)
         after, replay_state = None, None
         if request.mode == "emulate":
             replay_state = loop.Replay(request.replay_inputs, virtual_rank)
 
             def after(number, start_ns, end_ns, events):
-                calls = [c for c in exchanges_ns if start_ns <= c[0] < end_ns]
+                calls = [c for c in exchanges.ns() if start_ns <= c[0] < end_ns]
                 replay_state.after_iteration(number, start_ns, end_ns, events, calls)
 
         timeline = _new_timeline()
@@ -262,10 +315,11 @@ def run(request: Request) -> dict[str, Any]:
             "mode": request.mode,
             "starts_ns": timeline["starts_ns"],
             "ends_ns": timeline["ends_ns"],
+            "host_returns_ns": timeline["host_returns_ns"],
             "compute_ns": timeline["compute_ns"],
             "memory": tracker.report().as_dict(),
             "events": timeline["events"],
-            "exchanges_ns": exchanges_ns,
+            "exchanges_ns": exchanges.ns(),
             "all_reduces_ns": all_reduces_ns,
             "replay": replay_state.summary() if replay_state else None,
         }

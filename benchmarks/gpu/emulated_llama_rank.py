@@ -87,6 +87,7 @@ def measure(options: argparse.Namespace, work_dir: str) -> dict:
     command_s = time.monotonic() - begin
     rank = read_rank(out_dir, REAL_RANK)
     reported = report["ranks"][str(REAL_RANK)]
+    alone_ms, emulated_ms = compute_per_iteration_ms(out_dir, REAL_RANK, options.train_iters)
     return {
         "device": options.device,
         "tiny": options.tiny,
@@ -103,6 +104,9 @@ def measure(options: argparse.Namespace, work_dir: str) -> dict:
         "simulated_iteration_time_s": report["simulated_iteration_time_s"],
         "tflops_per_gpu": report["tflops_per_gpu"],
         "roles": report["roles"],
+        "compute_alone_ms": alone_ms,
+        "compute_emulated_ms": emulated_ms,
+        "compute_error_pct": 100 * (emulated_ms - alone_ms) / alone_ms if alone_ms else None,
         "peak_bytes": rank["memory"]["peak_bytes"],
         "memory_method": rank["memory"]["method"],
         "memory_at_peak_bytes": rank["memory"]["at_peak_bytes"],
@@ -110,6 +114,27 @@ def measure(options: argparse.Namespace, work_dir: str) -> dict:
         "command_wall_s": command_s,
         "environment": environment(),
     }
+
+
+def compute_per_iteration_ms(out_dir: str, virtual_rank: int, train_iters: int) -> tuple[float, float]:
+    """The rank's compute per iteration (device time, median after warm-up): run alone (its stage
+    in the capture pass, among instant virtual peers) and emulated (from the emulation's op log)."""
+    import statistics
+
+    from prism_megatron.emulation import files
+    from prism_megatron.graph.capture import RankCapture, compute_intervals
+    from prism_megatron.report.oplog import load_op_logs
+
+    capture = RankCapture.load(files.capture_path(os.path.join(out_dir, files.CAPTURE_DIR), virtual_rank))
+    alone = [sum(b - a for a, b in compute_intervals(it)) for it in capture.recorded()]
+    log = load_op_logs(out_dir)[virtual_rank]
+    starts = [*log.iteration_starts_ns, float("inf")]
+    per_iteration = [0] * len(log.iteration_starts_ns)
+    for span in log.compute:
+        index = next(i for i in range(len(starts) - 1) if starts[i] <= span.start_ns < starts[i + 1])
+        per_iteration[index] += span.end_ns - span.start_ns
+    emulated = per_iteration[WARMUP_ITERATIONS:] or per_iteration
+    return statistics.median(alone) / 1e6, statistics.median(emulated) / 1e6
 
 
 def markdown(result: dict) -> str:
@@ -129,6 +154,9 @@ def markdown(result: dict) -> str:
             f"| {result['iteration_s'] * 1e3:.1f} | {result['simulated_iteration_time_s'] * 1e3:.1f} | "
             f"{result['report_iteration_time_s'] * 1e3:.1f} | {result['peak_bytes'] / mib:.1f} | "
             f"{'-' if result['tflops_per_gpu'] is None else format(result['tflops_per_gpu'], '.1f')} |",
+            "",
+            f"Compute per iteration: {result['compute_alone_ms']:.1f} ms with the stage run alone (capture), "
+            f"{result['compute_emulated_ms']:.1f} ms emulated ({result['compute_error_pct']:+.2f} %).",
             "",
             f"At the peak (MiB): {at_peak} ({result['memory_method']}). Whole command "
             f"{result['command_wall_s']:.0f} s.",

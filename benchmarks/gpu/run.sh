@@ -100,6 +100,7 @@ build_wanted() { ((skip_build == 0)) || { echo "--skip-build"; return 1; }; }
 # The emulation on cuda needs the device wait kernel: a CUDA build, not only megatron-core.
 need_memory_step() { have_cuda_build && have_megatron && have_module benchmarks/gpu/memory_ground_truth.py; }
 need_llama_step() { have_cuda_build && have_megatron && have_module benchmarks/gpu/emulated_llama_rank.py; }
+need_gpt_step() { have_cuda_build && have_megatron; }
 
 if [[ -z "${CUDA_HOME:-}" ]]; then
   if [[ -x /usr/local/cuda/bin/nvcc ]]; then CUDA_HOME=/usr/local/cuda
@@ -123,10 +124,15 @@ run_step build_clock_only 200 full_build_failed -- "$PY" benchmarks/gpu/build_cl
 run_step gpu_tests 120 have_cuda_build -- "$PY" -m pytest -q -p no:cacheprovider tests/gpu tests/unit/test_clock.py
 run_step wait_precision 90 have_cuda_build -- "$PY" -m benchmarks.gpu.wait_precision --out {out}
 run_step stream_overlap 60 have_cuda_build -- "$PY" -m benchmarks.gpu.stream_overlap --out {out}
-run_step cpu_clock 90 have_build -- "$PY" -m benchmarks.clock.run --out {out}
+# The device path: backend creation and every op family on CUDA tensors, 1 and 2 real processes.
+run_step backend_ops 60 have_cuda_build -- "$PY" -m benchmarks.gpu.backend_ops --out {out}
+# The device timeline: a GPT capture's compute spans against torch.profiler's trace of the iteration.
+run_step gpt_capture_profile 90 need_gpt_step -- "$PY" -m benchmarks.gpu.gpt_capture_profile --out {out}
 # Later stages: they run once their module exists and megatron-core is importable.
 run_step memory_ground_truth 120 need_memory_step -- "$PY" -m benchmarks.gpu.memory_ground_truth --out {out}
 run_step emulated_llama_rank 180 need_llama_step -- "$PY" -m benchmarks.gpu.emulated_llama_rank --out {out}
+# The CPU waits last: they matter least to the GPU checks above.
+run_step cpu_clock 90 have_build -- "$PY" -m benchmarks.clock.run --out {out}
 
 say "=== summary ($((SECONDS - START_S)) s of ${BUDGET_S} s)"
 if ! "$PY" -m benchmarks.gpu.summarize --work "$WORK" --json "$RESULTS_DIR/$DATE-gpu.json" \
@@ -134,5 +140,8 @@ if ! "$PY" -m benchmarks.gpu.summarize --work "$WORK" --json "$RESULTS_DIR/$DATE
   column -t -s $'\t' "$WORK/steps.tsv" | tee -a "$LOG"
   failed=1
 fi
+# Last: one PASS / FAIL / NOT RUN line per check of the GPU timing path.
+"$PY" -m benchmarks.gpu.verdicts --work "$WORK" --md "$WORK/verdicts.md" | tee -a "$LOG" || failed=1
+[[ -f "$WORK/verdicts.md" ]] && cat "$WORK/verdicts.md" >>"$RESULTS_DIR/$DATE-gpu.md"
 say "results: $RESULTS_DIR/$DATE-gpu.json, $RESULTS_DIR/$DATE-gpu.md; log: $LOG"
 exit "$failed"
