@@ -86,6 +86,10 @@ class Request:
     (`prism_megatron.replay.test_device`): compute is enqueued on streams, the backend's ops complete
     there, the host runs ahead, and every time is read from the device timeline; "cuda": the GPU
     (the GPT only: the sleep model's compute is then a spin kernel per sleep)."""
+    record_sleeps: bool = False
+    """Note every compute sleep on the host as (begin, end, requested ns) (`sleeps_ns` in the result):
+    which part of a span on the host was the compute asked for, and which the program's own host
+    work or a late wake-up."""
     host_clock_marks: bool = False
     """Diagnostics: marks read the host clock even on a device (what a capture that took the host's
     clock for the device's would see)."""
@@ -273,10 +277,29 @@ def run(request: Request) -> dict[str, Any]:
         return _run_on_device(request)
 
 
+def _record_sleeps(sleeps_ns: list[tuple[int, int, int]]) -> None:
+    """Note (begin, end, requested) of every compute sleep on the host (this process's own module,
+    never undone)."""
+    from prism_megatron.replay import timeline
+
+    compute = timeline.compute
+
+    def recorded(duration_s: float) -> None:
+        begin_ns = time.monotonic_ns()
+        compute(duration_s)
+        sleeps_ns.append((begin_ns, time.monotonic_ns(), round(duration_s * 1e9)))
+
+    timeline.compute = recorded
+
+
 def _run_on_device(request: Request) -> dict[str, Any]:
     from megatron.core import parallel_state
 
     from prism_megatron.megatron.run import memory
+
+    sleeps_ns: list[tuple[int, int, int]] = []
+    if request.record_sleeps:
+        _record_sleeps(sleeps_ns)
 
     rt = _bring_up(request)
     try:
@@ -316,6 +339,7 @@ def _run_on_device(request: Request) -> dict[str, Any]:
             "starts_ns": timeline["starts_ns"],
             "ends_ns": timeline["ends_ns"],
             "host_returns_ns": timeline["host_returns_ns"],
+            "sleeps_ns": sleeps_ns,
             "compute_ns": timeline["compute_ns"],
             "memory": tracker.report().as_dict(),
             "events": timeline["events"],

@@ -76,15 +76,17 @@ def every_family(me: int, real: tuple[int, ...], device: str) -> dict[str, torch
     return out
 
 
-def _store(physical_rank: int, num_processes: int, prefix: str) -> dist.Store:
+def _store(physical_rank: int, num_processes: int) -> dist.Store:
+    """The processes' one store (each run below takes a prefix of it: one server, one port)."""
     if num_processes == 1:
         return dist.HashStore()
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size=num_processes,
-                          is_master=physical_rank == 0, timeout=TIMEOUT, wait_for_workers=False)  # fmt: skip
-    return dist.PrefixStore(prefix, store)
+    return dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size=num_processes,
+                         is_master=physical_rank == 0, timeout=TIMEOUT, wait_for_workers=False)  # fmt: skip
 
 
-def _run_on(device: str, physical_rank: int, real: tuple[int, ...]) -> dict[str, torch.Tensor]:
+def _run_on(
+    device: str, physical_rank: int, real: tuple[int, ...], base_store: dist.Store
+) -> dict[str, torch.Tensor]:
     from prism_megatron import backend
     from prism_megatron.replay import test_device
 
@@ -93,7 +95,7 @@ def _run_on(device: str, physical_rank: int, real: tuple[int, ...]) -> dict[str,
     tensor_device = "cpu" if device in ("host", "test") else "cuda"
     if on_test_device:
         test_device.activate()
-    store = _store(physical_rank, len(real), f"{device}/")
+    store = dist.PrefixStore(f"{device}/", base_store)
     try:
         with backend.activate(world_size=WORLD, virtual_rank=me, real_ranks=list(real), real_store=store,
                               device="cuda" if tensor_device == "cuda" else "cpu", timeout_s=60.0):  # fmt: skip
@@ -116,8 +118,12 @@ def process_main(physical_rank: int, num_processes: int, device: str, out_dir: s
     try:
         if device == "cuda":
             torch.cuda.set_device(0)  # every real process shares the one GPU
-        on_device = _run_on("test" if device == "cpu" else "cuda", physical_rank, real)
-        on_host = _run_on("host", physical_rank, real)
+        store = _store(physical_rank, num_processes)
+        on_device = _run_on("test" if device == "cpu" else "cuda", physical_rank, real, store)
+        on_host = _run_on("host", physical_rank, real, store)
+        if num_processes > 1:  # the store's server (physical rank 0) outlives every client's use
+            store.set(f"done/{physical_rank}", "1")
+            store.wait([f"done/{r}" for r in range(num_processes)])
         record["ops"] = {
             name: {"ok": bool(torch.equal(on_device[name], on_host[name])),
                    "device": on_device[name].tolist(), "host": on_host[name].tolist()}

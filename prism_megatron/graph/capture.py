@@ -279,17 +279,20 @@ def iteration_streams(
     return {name: tuple(ops) for name, ops in builder.streams.items()}
 
 
-def compute_intervals(iteration: CapturedIteration) -> list[tuple[int, int]]:
-    """The iteration's compute spans as (start_ns, end_ns), the empty ones left out (for timelines)."""
+def compute_intervals(iteration: CapturedIteration, *, keep_empty: bool = False) -> list[tuple[int, int]]:
+    """The iteration's compute spans as (start_ns, end_ns), the empty ones left out (for timelines).
+
+    With keep_empty, every span, in the order of the COMPUTE ops `iteration_streams` makes.
+    """
     intervals = []
     cursor_ns = iteration.start_ns
     for point in _points(iteration):
         at_ns = max(point.time_ns, cursor_ns)
-        if at_ns > cursor_ns:
+        if at_ns > cursor_ns or keep_empty:
             intervals.append((cursor_ns, at_ns))
         cursor_ns = max(at_ns, point.end_ns)
-    if iteration.end_ns > cursor_ns:
-        intervals.append((cursor_ns, iteration.end_ns))
+    if iteration.end_ns > cursor_ns or keep_empty:
+        intervals.append((cursor_ns, max(iteration.end_ns, cursor_ns)))
     return intervals
 
 

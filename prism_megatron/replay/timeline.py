@@ -26,7 +26,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import time
 from collections.abc import Iterator, Sequence
 
 DEFAULT_TIMEOUT_S = 300.0
@@ -107,14 +106,13 @@ def set_timeout_s(timeout_s: float) -> None:
 def compute(duration_s: float) -> None:
     """Compute lasting ``duration_s`` where the program issues work (the sleep-compute workload).
 
-    On the host a sleep; on a device a kernel of that length on the current stream (the host moves on
-    at once, as it does after launching a kernel).
+    On the host a wait of that length (the replay engine's C++ wait: a sleep, then a spin over the
+    last 100 us, GIL released; a plain ``time.sleep`` wakes tens of milliseconds late on a loaded
+    machine); on a device a kernel of that length on the current stream (the host moves on at once,
+    as it does after launching a kernel).
     """
     if duration_s < 0:
         raise ValueError(f"duration_s must be >= 0, got {duration_s}")
-    if device_name() == "host":
-        time.sleep(duration_s)
-        return
     _native().compute(round(duration_s * 1e9))
 
 
