@@ -16,9 +16,8 @@ import os
 
 from prism_megatron.config import add_prism_arguments
 from prism_megatron.megatron.run import runtime
-from prism_megatron.patches.registry import Patch
-
-VERIFIED_ON = ("0.16.1",)
+from prism_megatron.patches.registry import Patch, variants
+from prism_megatron.patches.versions import EVERY_VERIFIED, MEGATRON_CORE_0_16, MEGATRON_CORE_0_19
 
 
 def megatron_lm_args() -> argparse.Namespace:
@@ -101,19 +100,22 @@ def argument_records(rt: runtime.Runtime) -> tuple[Patch, ...]:
             name="megatron_lm.prism_arguments",
             target="megatron.training.arguments:add_megatron_arguments",
             make=_add_arguments,
-            verified_on=VERIFIED_ON,
+            verified_on=EVERY_VERIFIED,
             reason="adds the --prism-* group to Megatron-LM's parser without editing the user's script; "
             "parse_args looks this function up at call time",
             signature="(parser: argparse.ArgumentParser)",
         ),
-        Patch(
+        *variants(
             name="megatron_lm.validate_args",
             target="megatron.training.arguments:validate_args",
             make=_validate(rt),
-            verified_on=VERIFIED_ON,
             reason="every derivation (DP, global batch, VPP) must see the target world size W and the "
             "virtual rank, not torchrun's; and do_train/do_valid/do_test come from a virtual rank 0",
-            importers=("megatron.training.initialize",),
             signature="(args, defaults={})",
+            by_release={
+                MEGATRON_CORE_0_16: {"importers": ("megatron.training.initialize",)},
+                # The script calls arguments.parse_and_validate_args, which looks it up in its module.
+                MEGATRON_CORE_0_19: {"importers": ()},
+            },
         ),
     )

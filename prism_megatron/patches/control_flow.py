@@ -23,8 +23,7 @@ import torch.distributed as dist
 
 from prism_megatron.megatron.run.world import VirtualWorld
 from prism_megatron.patches.registry import Patch
-
-VERIFIED_ON = ("0.16.1",)
+from prism_megatron.patches.versions import EVERY_VERIFIED
 
 
 def _needs_first_stage_values(module: Any, world: VirtualWorld) -> bool:
@@ -61,7 +60,7 @@ def core_fixes(world: VirtualWorld) -> tuple[Patch, ...]:
             name="megatron.tied_embedding_from_virtual_first_stage",
             target="megatron.core.models.common.language_module.language_module:LanguageModule.setup_embeddings_and_output_layer",
             make=_tied_embedding_fix(world),
-            verified_on=VERIFIED_ON,
+            verified_on=EVERY_VERIFIED,
             reason="the last stage's tied output weight gets its initial values from the first stage by an "
             "all-reduce of zeros; with a virtual first stage it would stay zero, so it is initialised as the "
             "first stage initialises its embedding",

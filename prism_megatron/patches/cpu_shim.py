@@ -25,8 +25,7 @@ from torch.overrides import TorchFunctionMode
 from prism_megatron.megatron.run import memory
 from prism_megatron.patches.pipeline_ops import PinnedSend
 from prism_megatron.patches.registry import ModePatch, Patch
-
-VERIFIED_ON = ("0.16.1",)
+from prism_megatron.patches.versions import EVERY_VERIFIED
 
 # `Tensor.type()` names that megatron-core's optimizer compares against (distrib_optimizer.py, clip_grads.py).
 _CUDA_TYPE_NAMES = {
@@ -196,7 +195,7 @@ def _noop(original: Any) -> Callable[..., None]:
 
 
 def _record(name: str, target: str, make: Callable[[Any], Any], reason: str, **kw: Any) -> Patch:
-    return Patch(name=name, target=target, make=make, verified_on=VERIFIED_ON, reason=reason, **kw)
+    return Patch(name=name, target=target, make=make, verified_on=EVERY_VERIFIED, reason=reason, **kw)
 
 
 MEGATRON_CORE_SHIMS: tuple[Patch | ModePatch, ...] = (
@@ -211,7 +210,7 @@ MEGATRON_CORE_SHIMS: tuple[Patch | ModePatch, ...] = (
     ModePatch(
         name="cpu.device_literals",
         make_mode=CudaToCpuMode,
-        verified_on=VERIFIED_ON,
+        verified_on=EVERY_VERIFIED,
         reason="device='cuda' literals and .cuda() inside function bodies (optimizer found_inf, "
         "schedules total_num_tokens, clip_grads, rerun state machine) are only reachable by a function mode",
     ),
@@ -341,7 +340,8 @@ MEGATRON_CORE_SHIMS: tuple[Patch | ModePatch, ...] = (
         "cpu.moe_te_general_gemm",
         "megatron.core.transformer.moe.moe_utils:te_general_gemm",
         _use(None),
-        "0.16.1 bug: RouterGatingLinearFunction reads te_general_gemm, defined only when TE imports (NameError)",
+        "0.16.1 bug: RouterGatingLinearFunction reads te_general_gemm, defined only when TE imports "
+        "(NameError); 0.19 defines it as None without TE, so there it changes nothing",
         count_calls=False,
         must_exist=False,
     ),

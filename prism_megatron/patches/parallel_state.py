@@ -21,8 +21,7 @@ from typing import Any
 import torch.distributed as dist
 
 from prism_megatron.patches.registry import Patch
-
-VERIFIED_ON = ("0.16.1",)
+from prism_megatron.patches.versions import EVERY_VERIFIED
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -88,7 +87,7 @@ def create_group_patch(*, virtual_backend: str | None, log: GroupLog) -> Patch:
         name="megatron.create_group",
         target="megatron.core.parallel_state:create_group",
         make=_make_create_group(virtual_backend, log),
-        verified_on=VERIFIED_ON,
+        verified_on=EVERY_VERIFIED,
         reason="routes explicitly requested gloo/nccl groups to the virtual world's backend and records "
         "every group; create_group is the one place initialize_model_parallel makes groups, and no hook exists",
         signature="(ranks=None, timeout=None, backend=None, pg_options=None, use_local_synchronization=False, group_desc=None)",

@@ -28,9 +28,8 @@ from megatron.core.pipeline_parallel.p2p_communication import P2PCommunicator
 from prism_megatron.megatron.run.world import VirtualWorld
 from prism_megatron.patches.pipeline_ops import PlausibleValues, RealPeerOp, Transfer, VirtualPeerOp
 from prism_megatron.patches.registry import Patch
+from prism_megatron.patches.versions import EVERY_VERIFIED
 from prism_megatron.replay import OpKind
-
-VERIFIED_ON = ("0.16.1",)
 
 # gloo tags: one per (what, direction of travel) so two real stages' streams never interleave.
 TAG_ACTIVATION, TAG_GRADIENT, TAG_SHAPE_FORWARD, TAG_SHAPE_BACKWARD = 7001, 7002, 7003, 7004
@@ -192,7 +191,7 @@ def p2p_patch(world: VirtualWorld) -> Patch:
         name="megatron.p2p_communicator",
         target="megatron.core.pipeline_parallel.schedules:P2PCommunicator",
         make=lambda original: PrismP2PCommunicator.bind(world),
-        verified_on=VERIFIED_ON,
+        verified_on=EVERY_VERIFIED,
         reason="pipeline sends/receives with virtual stages must return plausible tensors at replayed times; "
         "the schedules build P2PCommunicator through this module global when no communicator is passed "
         "(Megatron-LM's train_step never passes one)",

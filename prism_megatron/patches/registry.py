@@ -20,17 +20,20 @@ import collections
 import dataclasses
 import functools
 import importlib
-import importlib.metadata
 import inspect
 import types
 import warnings
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
-from packaging.version import Version
+from prism_megatron.patches.versions import (
+    UntestedMegatronError,
+    installed_megatron_core_version,
+    select,
+)
 
-MEGATRON_CORE_DIST = "megatron-core"
+__all__ = ["UntestedMegatronError", "installed_megatron_core_version"]
 
 
 class _Absent:
@@ -54,13 +57,15 @@ class Patch:
     make: Callable[[Any], Any]
     """Builds the replacement from the original object (`ABSENT` when the attribute does not exist)."""
     verified_on: tuple[str, ...]
-    """megatron-core versions this patch was verified on (exact versions)."""
+    """megatron-core releases this variant was verified on (exact versions; see `versions`). Variants
+    of one record share its name and split the releases between them."""
     reason: str
     """Why it is needed and why no extension point sufficed."""
     importers: tuple[str, ...] = ()
     """Modules that did `from <module> import <attr>`: `"module"` or `"module:alias"`; rebound too."""
     signature: str | None = None
-    """`str(inspect.signature(original))` as verified; None for non-callables. The drift test checks it."""
+    """The target's signature as verified (`current_signature`); None for non-callables. The drift
+    test checks it."""
     count_calls: bool = True
     """Wrap the replacement so each call is counted (only for plain functions)."""
     must_exist: bool = True
@@ -95,30 +100,12 @@ class ModePatch:
 AnyPatch = Patch | ModePatch
 
 
-class UntestedMegatronError(RuntimeError):
-    """The installed megatron-core is outside the versions a patch was verified on."""
-
-
-def installed_megatron_core_version() -> str:
-    return importlib.metadata.version(MEGATRON_CORE_DIST)
-
-
-def check_versions(
-    patches: Iterable[AnyPatch], *, allow_untested: bool, installed: str | None = None
-) -> None:
-    """Raise UntestedMegatronError if the installed megatron-core is not verified for every patch."""
-    installed = installed or installed_megatron_core_version()
-    unverified = [p for p in patches if Version(installed) not in {Version(v) for v in p.verified_on}]
-    if not unverified:
-        return
-    names = ", ".join(f"{p.name} (verified on {'/'.join(p.verified_on)})" for p in unverified)
-    message = (
-        f"megatron-core {installed} is outside the versions these patches were verified on: {names}. "
-        "Install a verified version, or pass --prism-allow-untested-megatron to proceed at your own risk."
+def variants(*, by_release: Mapping[tuple[str, ...], Mapping[str, Any]], **common: Any) -> tuple[Patch, ...]:
+    """One record's variants: the fields all share, and per group of releases what differs there
+    (a signature, the importers, a target that moved and the replacement that fits it)."""
+    return tuple(
+        Patch(**{**common, **differs}, verified_on=releases) for releases, differs in by_release.items()
     )
-    if not allow_untested:
-        raise UntestedMegatronError(message)
-    warnings.warn(message, stacklevel=3)
 
 
 def resolve(target: str) -> tuple[Any, str, Any]:
@@ -235,17 +222,15 @@ def _apply_one(patch: AnyPatch, applied: AppliedPatches) -> None:
 
 
 def apply(patches: Iterable[AnyPatch], *, allow_untested: bool = False) -> AppliedPatches:
-    """Apply patches in order after checking the megatron-core version; undo all on any failure.
+    """Apply, in order, each record's variant for the installed megatron-core; undo all on any failure.
 
     Raises:
-        UntestedMegatronError: the installed version is not verified (unless `allow_untested`).
+        UntestedMegatronError: a record has no variant verified on the installed release (unless
+            `allow_untested`: then it takes its nearest variant below, with a warning).
+        ValueError: two records of one name claim the same release.
         RuntimeError: a target was already replaced by someone else.
     """
-    patches = list(patches)
-    names = [p.name for p in patches]
-    if len(set(names)) != len(names):
-        raise ValueError(f"patch names must be unique, got {names}")
-    check_versions(patches, allow_untested=allow_untested)
+    patches = select(patches, allow_untested=allow_untested)
     applied = AppliedPatches()
     try:
         for patch in patches:
@@ -268,14 +253,21 @@ def patched(patches: Iterable[AnyPatch], *, allow_untested: bool = False) -> Ite
 
 
 def current_signature(patch: Patch) -> str | None:
-    """The target's signature as installed now (for drift tests); None when not introspectable."""
+    """The target's signature as installed now (for drift tests); None when not introspectable.
+
+    Annotations written as strings (a module with `from __future__ import annotations`) are evaluated
+    first where they can be, so a module that only changed how it spells its annotations does not
+    read as a changed target.
+    """
     _, _, original = resolve(patch.target)
     if original is ABSENT or not callable(original):
         return None
-    try:
-        return str(inspect.signature(original))
-    except (TypeError, ValueError):
-        return None
+    for eval_str in (True, False):
+        try:
+            return str(inspect.signature(original, eval_str=eval_str))
+        except (NameError, TypeError, ValueError, AttributeError, SyntaxError):
+            continue
+    return None
 
 
 def table(patches: Iterable[AnyPatch]) -> str:

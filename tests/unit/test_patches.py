@@ -8,7 +8,7 @@ import types
 import pytest
 from torch.overrides import TorchFunctionMode
 
-from prism_megatron.patches import registry
+from prism_megatron.patches import registry, versions
 from prism_megatron.patches.registry import ABSENT, ModePatch, Patch
 
 INSTALLED = registry.installed_megatron_core_version()
@@ -135,28 +135,65 @@ def test_revert_leaves_a_later_foreign_replacement_in_place_and_warns(fake_modul
     assert target.add is foreign
 
 
-def test_untested_megatron_version_is_refused_with_the_range_named(fake_modules):
+def test_an_untested_megatron_core_is_refused_in_one_line_naming_it_and_the_flag(fake_modules):
     untested = record(verified_on=("0.1.0", "0.2.0"))
-    with pytest.raises(
-        registry.UntestedMegatronError, match=r"verified on 0\.1\.0/0\.2\.0.*--prism-allow-untested-megatron"
-    ):
+    with pytest.raises(registry.UntestedMegatronError) as refused:
         registry.apply([untested])
+    message = str(refused.value)
+    assert "\n" not in message
+    assert f"megatron-core {INSTALLED} is not" in message
+    assert "(0.1.0, 0.2.0)" in message and "--prism-allow-untested-megatron" in message
     assert fake_modules[0].add is original_add
 
 
 def test_allow_untested_applies_with_a_warning(fake_modules):
     untested = record(verified_on=("0.1.0",))
     with (
-        pytest.warns(UserWarning, match="outside the versions"),
+        pytest.warns(UserWarning, match="not a release"),
         registry.patched([untested], allow_untested=True),
     ):
         assert fake_modules[0].add(1, 1) == 4
 
 
 def test_versions_compare_as_versions_not_strings():
-    registry.check_versions([record(verified_on=("0.16.1",))], allow_untested=False, installed="0.16.01")
+    versions.select([record(verified_on=("0.16.1",))], installed="0.16.01")
     with pytest.raises(registry.UntestedMegatronError):
-        registry.check_versions([record(verified_on=("0.16.1",))], allow_untested=False, installed="0.16.10")
+        versions.select([record(verified_on=("0.16.1",))], installed="0.16.10")
+
+
+def variants():
+    old = record(verified_on=("0.16.1",), make=lambda original: lambda a, b: "old")
+    new = record(verified_on=("0.19.0", "0.19.2"), make=lambda original: lambda a, b: "new")
+    return old, new
+
+
+@pytest.mark.parametrize(("installed", "expected"), [("0.16.1", "old"), ("0.19.0", "new"), ("0.19.2", "new")])
+def test_each_release_gets_the_variant_verified_on_it(installed, expected):
+    (chosen,) = versions.select(variants(), installed=installed)
+    assert chosen.make(None)(1, 2) == expected
+
+
+@pytest.mark.parametrize(
+    ("installed", "expected"), [("0.17.1", "old"), ("0.19.9", "new"), ("0.20.0", "new"), ("0.15.0", "old")]
+)
+def test_an_untested_release_is_refused_or_given_the_nearest_variant_below(installed, expected):
+    with pytest.raises(registry.UntestedMegatronError, match=r"\(0\.16\.1, 0\.19\.0, 0\.19\.2\)"):
+        versions.select(variants(), installed=installed)
+    with pytest.warns(UserWarning, match=installed):
+        (chosen,) = versions.select(variants(), installed=installed, allow_untested=True)
+    assert chosen.make(None)(1, 2) == expected
+
+
+def test_the_releases_named_are_those_every_record_was_verified_on():
+    other = record(name="test.other", verified_on=("0.16.1",))
+    with pytest.raises(registry.UntestedMegatronError, match=r"verified on \(0\.16\.1\)"):
+        versions.select([*variants(), other], installed="0.18.0")
+
+
+def test_order_follows_the_first_variant_of_each_name():
+    first = record(name="test.first", verified_on=("0.16.1", "0.19.2"))
+    chosen = versions.select([*variants(), first], installed="0.19.2")
+    assert [p.name for p in chosen] == ["test.add", "test.first"]
 
 
 class CountingMode(TorchFunctionMode):
@@ -182,7 +219,7 @@ def test_a_mode_patch_is_active_while_applied_and_counts():
 
 
 def test_duplicate_names_and_malformed_targets_are_rejected():
-    with pytest.raises(ValueError, match="unique"):
+    with pytest.raises(ValueError, match="2 variants claim"):
         registry.apply([record(), record()])
     with pytest.raises(ValueError, match="module:attr"):
         record(target="no_colon")
