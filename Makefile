@@ -6,8 +6,8 @@ STAMP := $(VENV)/.installed
 SO_STAMP := prism_megatron/.built
 CSRC := $(shell find csrc -name '*.cpp' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh')
 
-.PHONY: venv build demo test test-fast lint format bench cuda-check clean venv-compat build-compat \
-	test-compat wheels-gpu
+.PHONY: venv build demo test test-fast lint format bench cuda-check clean venv-compat _venv-compat \
+	build-compat test-compat wheels-gpu
 
 venv: $(STAMP)
 
@@ -64,20 +64,29 @@ clean:
 
 # --- The compatibility pair: Python 3.12 with the newest megatron-core ------------------------------
 # README "Versions". torch is the newest release the index serves for Python 3.12, a CUDA build
-# (about 5 GB installed with its libraries; it runs on CPU). pip's cache is kept, so only the first
-# install downloads; the venv is reinstalled only when one of its pins or pyproject.toml changes.
-# PYTHON_COMPAT names the interpreter: anything on PATH, or a pyenv version of that name, which is
-# selected for this command alone when the shim refuses it.
+# (about 5 GB installed with its libraries; it runs on CPU). The environment holds third-party
+# packages only (the project runs from the checkout, its extension built in place beside the default
+# one: the file name carries the Python tag), so one environment serves every checkout of a machine:
+# a fresh clone (CI) reuses it instead of downloading 3 GB again, which pip's cache cannot spare
+# where the index sends no caching headers. It is set up again only when a pin or pyproject.toml
+# changes, and then pip installs only what changed.
+# PYTHON_COMPAT names the interpreter: anything on PATH, or a pyenv version of that name, selected
+# for this command alone when the shim refuses it.
 PYTHON_COMPAT ?= python3.12
 TORCH_COMPAT ?= 2.15.0
 MCORE_COMPAT ?= 0.19.2
-VENV_COMPAT := .venv-compat
+VENV_COMPAT ?= $(HOME)/.cache/prism-megatron/venv-py312-torch$(TORCH_COMPAT)
 PY_COMPAT := $(VENV_COMPAT)/bin/python
-STAMP_COMPAT := $(VENV_COMPAT)/.installed-torch$(TORCH_COMPAT)-mcore$(MCORE_COMPAT)
+STAMP_COMPAT := $(VENV_COMPAT)/.installed-mcore$(MCORE_COMPAT)-$(shell sha1sum pyproject.toml | cut -c1-12)
 SO_STAMP_COMPAT := prism_megatron/.built-compat
-# A cap some machines put on torch (a pip config constraint) would refuse the pinned release, and a
-# later install would "fix" torch back down; the pins below are the constraints of this venv.
+# A cap some machines put on torch (a pip config constraint) would refuse the pinned release; the
+# pins here are this environment's only constraints.
 PIP_COMPAT := PIP_CONSTRAINT=/dev/null $(PY_COMPAT) -m pip
+# The compatibility tier: the patch registry and drift tests, a W=8192 emulation of the built-in
+# entry (capture, simulation, emulation, report) and the plan of a shipped configuration.
+TESTS_COMPAT := tests/unit/test_patches.py tests/megatron/test_patch_drift.py \
+	tests/megatron/test_launch.py::test_emulate_command_runs_two_adjacent_stages_of_an_8192_job \
+	tests/megatron/test_plan_configs.py::test_plan_command_prints_each_category_and_writes_json
 
 compat_interpreter = $(shell $(PYTHON_COMPAT) -c 'import sys; print(sys.executable)' 2>/dev/null || \
 	PYENV_VERSION=$$(pyenv latest $(patsubst python%,%,$(notdir $(PYTHON_COMPAT))) 2>/dev/null) \
@@ -85,20 +94,46 @@ compat_interpreter = $(shell $(PYTHON_COMPAT) -c 'import sys; print(sys.executab
 
 venv-compat: $(STAMP_COMPAT)
 
-$(STAMP_COMPAT): pyproject.toml
-	@test -n "$(compat_interpreter)" || { echo "make venv-compat: no interpreter '$(PYTHON_COMPAT)' (set PYTHON_COMPAT=<a Python 3.12>)" >&2; exit 2; }
-	test -x $(PY_COMPAT) || $(compat_interpreter) -m venv $(VENV_COMPAT)
-	rm -f $(VENV_COMPAT)/.installed-*
-	$(PIP_COMPAT) install -q --upgrade pip setuptools wheel
-	$(PIP_COMPAT) install -q torch==$(TORCH_COMPAT) megatron-core==$(MCORE_COMPAT) ninja
-	PRISM_NO_EXTENSION=1 $(PIP_COMPAT) install -q --no-build-isolation -e '.[test]' \
-		torch==$(TORCH_COMPAT) megatron-core==$(MCORE_COMPAT)
-	touch $@
+# flock: two checkouts setting up the shared environment at once take turns.
+$(STAMP_COMPAT):
+	@test -n "$(compat_interpreter)" || { echo "make venv-compat: no interpreter '$(PYTHON_COMPAT)' (set PYTHON_COMPAT to a Python 3.12)" >&2; exit 2; }
+	mkdir -p $(dir $(VENV_COMPAT))
+	flock $(VENV_COMPAT).lock $(MAKE) --no-print-directory _venv-compat
 
-# The extension for Python 3.12 lies beside the default one (the file name carries the Python tag).
-# A CPU build even though torch has CUDA: this pair is tested on CPU machines.
+_venv-compat:
+	test -f $(STAMP_COMPAT) || { \
+	  set -e; \
+	  test -x $(PY_COMPAT) || $(compat_interpreter) -m venv $(VENV_COMPAT); \
+	  $(PIP_COMPAT) install -q --upgrade pip setuptools wheel; \
+	  $(PY_COMPAT) -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; \
+	    print('\n'.join(p['dependencies'] + p['optional-dependencies']['test']))" >$(VENV_COMPAT)/requirements.txt; \
+	  $(PIP_COMPAT) install -q -r $(VENV_COMPAT)/requirements.txt torch==$(TORCH_COMPAT) \
+	    megatron-core==$(MCORE_COMPAT) ninja; \
+	  rm -f $(VENV_COMPAT)/.installed-*; touch $(STAMP_COMPAT); }
+
+# A CPU build even though this torch has CUDA: the pair is tested on CPU machines.
 build-compat: $(STAMP_COMPAT) $(SO_STAMP_COMPAT)
 
 $(SO_STAMP_COMPAT): $(CSRC) setup.py
 	PRISM_FORCE_CPU=1 flock .build.lock $(PY_COMPAT) setup.py -q build_ext --inplace
 	touch $@
+
+test-compat: build-compat
+	PYTHONPATH=$(CURDIR) $(PY_COMPAT) -m pytest -q -p no:cacheprovider $(TESTS_COMPAT)
+
+# --- Wheels for the lent GPU machine (Python 3.12, its own CUDA torch, no network) ------------------
+# megatron-core for its Python and what prism imports that a torch-only environment may lack (numpy,
+# packaging, PyYAML, matplotlib with its dependencies), never torch. benchmarks/gpu/run.sh installs
+# the ones that machine lacks from .whl/ (benchmarks/gpu/carried_wheels.py). The tree that travels
+# there is capped at 64 MiB, so this refuses a larger set.
+WHEELS_GPU := megatron-core==$(MCORE_COMPAT) numpy packaging pyyaml matplotlib contourpy cycler fonttools \
+	kiwisolver pillow pyparsing python-dateutil six
+WHEELS_GPU_PLATFORM := --only-binary=:all: --no-deps --python-version 3.12 --implementation cp \
+	--abi cp312 --abi abi3 --abi none --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+	--platform manylinux2014_x86_64 --platform any
+
+wheels-gpu:
+	rm -rf .whl && mkdir -p .whl
+	$(PYTHON) -m pip download -q $(WHEELS_GPU_PLATFORM) -d .whl $(WHEELS_GPU)
+	@total=$$(cat .whl/*.whl | wc -c); echo "wheels-gpu: $$(ls .whl | wc -l) wheels, $$((total / 1048576)) MiB in .whl/"; \
+	  test $$total -le 67108864 || { echo "wheels-gpu: over 64 MiB" >&2; exit 1; }

@@ -111,9 +111,9 @@ export CUDA_HOME TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0} MAX_JOBS=${MA
 say "prism-megatron GPU run: repo $REPO, python $PY, CUDA_HOME=${CUDA_HOME:-unset}, budget ${BUDGET_S} s, work $WORK"
 
 run_step environment 60 : -- "$PY" -m benchmarks.gpu.environment --out {out}
-# Carried wheels (megatron-core for the later stages) go to a private target, never the system.
-run_step wheels 90 have_wheels -- "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
-  --upgrade --target "$WORK/site" .whl/*.whl
+# Carried wheels (`make wheels-gpu`: megatron-core and what a torch-only Python may lack) go to a
+# private target, never the system, and only those this Python lacks (no network: pip --no-index).
+run_step wheels 90 have_wheels -- "$PY" -m benchmarks.gpu.carried_wheels --wheels .whl --target "$WORK/site"
 [[ -d "$WORK/site" ]] && export PYTHONPATH="$PYTHONPATH:$WORK/site"
 # Each build from scratch in a fresh folder of its own: objects left in the shared build/ folder by
 # an earlier copy of the sources (a warm machine keeps ignored files) are never linked in.
