@@ -57,7 +57,9 @@ def install(wheels: list[str], wheel_dir: str, target: str) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--wheels", default=".whl", help="folder of carried wheels (default .whl)")
-    parser.add_argument("--target", required=True, help="private folder to install into (put it on PYTHONPATH)")
+    parser.add_argument(
+        "--target", required=True, help="private folder to install into (put it on PYTHONPATH)"
+    )
     args = parser.parse_args(argv)
     wheels = sorted(glob.glob(os.path.join(args.wheels, "*.whl")))
     if not wheels:
