@@ -78,6 +78,10 @@ def run(args: argparse.Namespace) -> int:
     if args.nproc_per_node is not None and args.nproc_per_node < 1:
         raise CommandLineError(f"--nproc-per-node must be >= 1, got {args.nproc_per_node}")
     config = parse_prism_flags(megatron_args)
+    if config.emulation.emulate:
+        from prism_megatron.patches import catalog
+
+        catalog.check_installed(allow_untested=config.patches.allow_untested_megatron)
     if not config.emulation.emulate or config.emulation.phase != "auto":
         nproc = args.nproc_per_node if args.nproc_per_node is not None else default_nproc(megatron_args)
         return subprocess.call(launcher_command(nproc, args.script, megatron_args))

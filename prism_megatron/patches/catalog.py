@@ -7,7 +7,7 @@ world: the table and the drift tests need their targets and reasons, not a run.
 from __future__ import annotations
 
 from prism_megatron.megatron.run.world import VirtualWorld
-from prism_megatron.patches import control_flow, cpu_shim, parallel_state, pipeline, registry
+from prism_megatron.patches import control_flow, cpu_shim, parallel_state, pipeline, registry, versions
 
 
 def all_patches() -> tuple[registry.AnyPatch, ...]:
@@ -28,3 +28,9 @@ def all_patches() -> tuple[registry.AnyPatch, ...]:
 
 def table() -> str:
     return registry.table(all_patches())
+
+
+def check_installed(*, allow_untested: bool) -> None:
+    """Refuse an installed megatron-core that no variant was verified on (one line, `ValueError`),
+    before any process starts; with `allow_untested`, warn instead."""
+    versions.select(all_patches(), allow_untested=allow_untested)

@@ -211,7 +211,7 @@ MEGATRON_LM_FLAGS = (
 @pytest.mark.megatron_lm
 @pytest.mark.skipif(
     not (MEGATRON_LM_DIR and os.path.isfile(os.path.join(MEGATRON_LM_DIR, "pretrain_gpt.py"))),
-    reason="needs a Megatron-LM checkout (tag core_v0.16.1) in MEGATRON_LM_DIR",
+    reason="needs a Megatron-LM checkout (the tag matching megatron-core) in MEGATRON_LM_DIR",
 )
 def test_megatron_lms_pretrain_gpt_runs_both_passes_and_writes_every_output(tmp_path):
     for module in ("six", "regex", "triton", "pydantic"):

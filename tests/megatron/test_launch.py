@@ -1,7 +1,8 @@
 """The launcher, the `emulate` command, and Megatron-LM's own pretrain_gpt.py through them.
 
-Tests that run Megatron-LM need a checkout of tag core_v0.16.1 in MEGATRON_LM_DIR (and the extra
-packages its training code imports); they skip otherwise. Its code is never part of this repository.
+Tests that run Megatron-LM need a checkout of the tag matching the installed megatron-core in
+MEGATRON_LM_DIR (core_v0.16.1 for 0.16.1, core_v0.19.0 for 0.19.x) and the extra packages its
+training code imports; they skip otherwise. Its code is never part of this repository.
 """
 
 from __future__ import annotations
@@ -119,7 +120,7 @@ def test_emulate_command_runs_two_adjacent_stages_of_an_8192_job(tmp_path):
 MEGATRON_LM_DIR = os.environ.get("MEGATRON_LM_DIR")
 needs_megatron_lm = pytest.mark.skipif(
     not (MEGATRON_LM_DIR and os.path.isfile(os.path.join(MEGATRON_LM_DIR, "pretrain_gpt.py"))),
-    reason="needs a Megatron-LM checkout (tag core_v0.16.1) in MEGATRON_LM_DIR",
+    reason="needs a Megatron-LM checkout (the tag matching megatron-core) in MEGATRON_LM_DIR",
 )
 MEGATRON_LM_FLAGS = (
     "--seq-length", "32", "--max-position-embeddings", "32", "--lr", "1e-4", "--mock-data",
@@ -148,6 +149,19 @@ def test_megatron_lms_pretrain_gpt_trains_on_virtual_rank_5_of_8192(tmp_path):
     assert result["patches_used"]["megatron_lm.tp_batch_from_virtual_source"] > 0
     assert result["p2p"]["send_next.virtual"] > 0
     assert result["num_parameters"] == sum(n for n, _ in stage_params(first=True, last=False))
+
+
+def test_an_unverified_megatron_core_is_refused_in_one_line_before_any_process(monkeypatch, capsys, tmp_path):
+    from prism_megatron import cli
+    from prism_megatron.patches import versions
+
+    monkeypatch.setattr(versions, "installed_megatron_core_version", lambda: "0.18.2")
+    out = tmp_path / "run"
+    assert cli.main(["emulate", "--", *TP8_PP8, *TINY, *EMULATE, "--prism-out", str(out)]) == 2
+    error = capsys.readouterr().err.strip()
+    assert "\n" not in error and "megatron-core 0.18.2 is not" in error
+    assert "--prism-allow-untested-megatron" in error
+    assert not out.exists()
 
 
 def test_an_earlier_result_is_kept_unless_overwrite_is_given(tmp_path):
