@@ -27,7 +27,10 @@ def all_patches() -> tuple[registry.AnyPatch, ...]:
 
 
 def table() -> str:
-    return registry.table(all_patches())
+    """Every patch record, then the layer-spec substitutions of the built-in entry."""
+    from prism_megatron.megatron.entry import parallel_spec
+
+    return registry.table((*all_patches(), *parallel_spec.SUBSTITUTIONS))
 
 
 def check_installed(*, allow_untested: bool) -> None:

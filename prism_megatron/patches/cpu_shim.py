@@ -47,10 +47,12 @@ def _is_cuda_device(device: Any) -> bool:
 
 
 class CudaToCpuMode(TorchFunctionMode):
-    """Rewrites `device="cuda"` arguments, `.cuda()` and `.to("cuda")` to the CPU.
+    """Rewrites `device="cuda"` arguments, `.cuda()` and `.to("cuda")` to the CPU, and drops
+    `pin_memory=True` (a CPU-only torch has no pinned allocator; the tensor is on the CPU either way).
 
     A torch function mode is the only hook that reaches a literal inside a Megatron function body
-    (for example `torch.zeros(1, device="cuda")` in optimizer.py and schedules.py) without editing it.
+    (for example `torch.zeros(1, device="cuda")` in optimizer.py and schedules.py, or the pinned index
+    of the context-parallel RoPE slice in rope_utils.py) without editing it.
     """
 
     def __init__(self, count: Callable[[], None]) -> None:
@@ -65,6 +67,9 @@ class CudaToCpuMode(TorchFunctionMode):
         if "device" in kwargs and _is_cuda_device(kwargs["device"]):
             self._count()
             kwargs = {**kwargs, "device": "cpu"}
+        if kwargs.get("pin_memory"):
+            self._count()
+            kwargs = {**kwargs, "pin_memory": False}
         if func is torch.Tensor.to and len(args) > 1 and _is_cuda_device(args[1]):
             self._count()
             args = (args[0], "cpu", *args[2:])
@@ -211,8 +216,9 @@ MEGATRON_CORE_SHIMS: tuple[Patch | ModePatch, ...] = (
         name="cpu.device_literals",
         make_mode=CudaToCpuMode,
         verified_on=EVERY_VERIFIED,
-        reason="device='cuda' literals and .cuda() inside function bodies (optimizer found_inf, "
-        "schedules total_num_tokens, clip_grads, rerun state machine) are only reachable by a function mode",
+        reason="device='cuda' literals, pin_memory=True and .cuda() inside function bodies (optimizer "
+        "found_inf, schedules total_num_tokens, clip_grads, rerun state machine, CP RoPE slice) are only "
+        "reachable by a function mode",
     ),
     _record(
         "cpu.synchronize",

@@ -11,7 +11,8 @@ every patch:
   megatron.training.utils up to 0.16, reading the data iterator; in megatron.core.utils from 0.19,
   broadcasting a batch dict the script fetched);
 - CPU only: `initialize_megatron(allow_no_cuda=True)`, no `_compile_dependencies` (fused kernels need
-  nvcc), and a one-device torch.cuda face (`device_count`, `set_device`, an sm90 capability).
+  nvcc), and a one-device torch.cuda face (`device_count`, `set_device`, an sm90 capability); the local
+  layers' sequence- and context-parallel norm and attention (`local_layers`).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Any
 import torch
 
 from prism_megatron.megatron.run import memory, runtime
-from prism_megatron.patches import arguments
+from prism_megatron.patches import arguments, local_layers
 from prism_megatron.patches.registry import Patch, variants
 from prism_megatron.patches.versions import EVERY_VERIFIED, MEGATRON_CORE_0_16, MEGATRON_CORE_0_19
 
@@ -321,4 +322,8 @@ def all_records() -> tuple[Patch, ...]:
     from prism_megatron.config import PrismConfig
 
     placeholder = runtime.Runtime(config=PrismConfig(), device="cpu")
-    return (*emulation_records(placeholder, TrainingRecord(placeholder)), *cpu_records())
+    return (
+        *emulation_records(placeholder, TrainingRecord(placeholder)),
+        *cpu_records(),
+        *local_layers.records(),
+    )

@@ -87,11 +87,34 @@ def test_a_value_outside_megatron_lms_choices_is_refused_with_the_choices(capsys
     assert "argument --moe-router-score-function: invalid choice: 'top1'" in capsys.readouterr().err
 
 
-def test_local_layers_refuse_context_parallelism_but_parsing_does_not():
-    args = parse("--context-parallel-size", "2")
-    with pytest.raises(ValueError, match="--context-parallel-size 2 needs Transformer Engine"):
+def test_sequence_and_context_parallelism_are_not_refused_by_the_local_layers():
+    args = parse("--context-parallel-size", "2", "--sequence-parallel", "--tensor-model-parallel-size", "2")
+    pretrain_args.check_local_spec(args)
+    assert args.cp_comm_type == ["p2p"] and args.hierarchical_context_parallel_sizes is None
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (("--context-parallel-size", "4", "--cp-comm-type", "a2a+p2p"),
+         r"--cp-comm-type a2a\+p2p needs --hierarchical-context-parallel-sizes"),
+        (("--context-parallel-size", "4", "--hierarchical-context-parallel-sizes", "2", "3"),
+         "--hierarchical-context-parallel-sizes 2 3 must multiply to --context-parallel-size 4"),
+        (("--cp-comm-type", "p2p", "a2a"), r"--cp-comm-type takes one type or one per layer \(8\), got 2"),
+    ],
+    ids=["a2a+p2p-without-levels", "levels-not-cp", "types-not-per-layer"],
+)  # fmt: skip
+def test_context_parallel_communication_megatron_lm_refuses_is_refused_naming_the_flag(flags, message):
+    with pytest.raises(ValueError, match=message):
+        parse(*flags)
+
+
+def test_hierarchical_context_parallelism_without_einops_is_refused_in_one_line(monkeypatch):
+    args = parse("--context-parallel-size", "4", "--cp-comm-type", "a2a+p2p",
+                 "--hierarchical-context-parallel-sizes", "2", "2")  # fmt: skip
+    monkeypatch.setattr(pretrain_args.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(ValueError, match="needs the einops package"):
         pretrain_args.check_local_spec(args)
-    pretrain_args.check_local_spec(parse("--tensor-model-parallel-size", "2"))
 
 
 def test_an_unknown_flag_is_named_and_points_at_megatron_lms_script():

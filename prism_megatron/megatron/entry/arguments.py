@@ -7,15 +7,16 @@ Flags that only matter to a real training run's bookkeeping (checkpoints, evalua
 kernel fusions that need Transformer Engine or apex) are accepted and ignored, so a production
 command line parses; any other flag is an error that names it and points at `--script`.
 
-What megatron-core's local layers cannot run (context parallelism, sequence parallelism without apex)
-is refused by `check_local_spec`, after parsing, so that a configuration still parses and can be
-planned or shrunk.
+Sequence and context parallelism run on the local layers of `prism_megatron.megatron.layers`, put in
+the layer spec by `parallel_spec`. What the entry still cannot run is refused by `check_local_spec`,
+after parsing, so that a configuration still parses and can be planned or shrunk.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
+import math
 
 from prism_megatron.config import add_prism_arguments
 
@@ -117,6 +118,14 @@ def _parallel_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--virtual-pipeline-model-parallel-size", type=int, default=None)
     g.add_argument("--num-layers-per-virtual-pipeline-stage", type=int, default=None)
     g.add_argument("--context-parallel-size", type=int, default=1)
+    g.add_argument(
+        "--cp-comm-type",
+        nargs="+",
+        choices=("p2p", "a2a", "allgather", "a2a+p2p"),
+        default=["p2p"],
+        help="one for every layer, or one per layer",
+    )
+    g.add_argument("--hierarchical-context-parallel-sizes", nargs="+", type=int, default=None)
     g.add_argument("--expert-model-parallel-size", type=int, default=1)
     g.add_argument("--expert-tensor-parallel-size", type=int, default=None)
     g.add_argument("--sequence-parallel", action="store_true")
@@ -253,11 +262,28 @@ def _derive_model(args: argparse.Namespace) -> None:
         args.sequence_parallel = False  # Megatron-LM: "Disabling sequence parallelism because TP is 1"
     if args.expert_tensor_parallel_size is None:
         args.expert_tensor_parallel_size = args.tensor_model_parallel_size
+    _derive_context_parallel(args)
     if args.multi_latent_attention and args.group_query_attention:
         raise ValueError("--multi-latent-attention and --group-query-attention are exclusive; pass one")
     if args.mtp_num_layers and args.position_embedding_type != "rope":
         raise ValueError(
             f"--mtp-num-layers needs --position-embedding-type rope, got {args.position_embedding_type}"
+        )
+
+
+def _derive_context_parallel(args: argparse.Namespace) -> None:
+    """Megatron-LM's rules for --cp-comm-type and --hierarchical-context-parallel-sizes."""
+    sizes = args.hierarchical_context_parallel_sizes
+    if sizes is not None and math.prod(sizes) != args.context_parallel_size:
+        raise ValueError(
+            f"--hierarchical-context-parallel-sizes {' '.join(map(str, sizes))} must multiply to "
+            f"--context-parallel-size {args.context_parallel_size}"
+        )
+    if "a2a+p2p" in args.cp_comm_type and sizes is None:
+        raise ValueError("--cp-comm-type a2a+p2p needs --hierarchical-context-parallel-sizes")
+    if len(args.cp_comm_type) not in (1, args.num_layers):
+        raise ValueError(
+            f"--cp-comm-type takes one type or one per layer ({args.num_layers}), got {len(args.cp_comm_type)}"
         )
 
 
@@ -358,20 +384,15 @@ def _derive_moe(args: argparse.Namespace) -> None:
 
 
 def check_local_spec(args: argparse.Namespace) -> None:
-    """Refuse, naming the flag, what megatron-core's local (non-Transformer-Engine) layers cannot run.
+    """Refuse, naming the flag, what the built-in entry's local layers cannot run.
 
     Kept apart from `derive` so that every production configuration still parses (for planning and
     shrinking) while a run of it fails before any process group exists.
     """
-    if args.context_parallel_size > 1:
+    if args.hierarchical_context_parallel_sizes and importlib.util.find_spec("einops") is None:
         raise ValueError(
-            f"--context-parallel-size {args.context_parallel_size} needs Transformer Engine's attention; the "
-            "built-in entry runs megatron-core's local layers (plan the job, or emulate it with CP 1)"
-        )
-    if args.sequence_parallel and importlib.util.find_spec("apex") is None:
-        raise ValueError(
-            "--sequence-parallel needs apex's layer norm (megatron-core's torch norms refuse it) and apex "
-            "is not installed; drop the flag or emulate with --tensor-model-parallel-size 1"
+            "--hierarchical-context-parallel-sizes needs the einops package (megatron-core builds the "
+            "hierarchical groups with it); pip install einops"
         )
 
 

@@ -33,7 +33,7 @@ from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 from megatron.core.tensor_parallel import set_defaults_if_not_set_tensor_model_parallel_attributes
 from megatron.core.transformer import MLATransformerConfig, TransformerConfig
 
-from prism_megatron.megatron.entry import local_mla
+from prism_megatron.megatron.entry import local_mla, parallel_spec
 
 # Megatron-LM's default bucket size floor (training.py get_model: max(4e7, 1e6 * dp_cp)).
 _MIN_BUCKET_SIZE_PARAMS = 40_000_000
@@ -78,6 +78,7 @@ def transformer_config(args: argparse.Namespace) -> TransformerConfig:
         num_layers_in_first_pipeline_stage=args.decoder_first_pipeline_num_layers,
         num_layers_in_last_pipeline_stage=args.decoder_last_pipeline_num_layers,
         context_parallel_size=args.context_parallel_size,
+        cp_comm_type=args.cp_comm_type[0] if len(args.cp_comm_type) == 1 else args.cp_comm_type,
         expert_model_parallel_size=args.expert_model_parallel_size,
         expert_tensor_parallel_size=args.expert_tensor_parallel_size,
         sequence_parallel=args.sequence_parallel,
@@ -240,6 +241,8 @@ def _gpt_model(
 ) -> GPTModel:
     """One model chunk, as Megatron-LM's `gpt_builder` makes it."""
     layer_spec = _layer_spec(args, config, vp_stage)
+    mtp_spec = parallel_spec.mtp_spec(_mtp_spec(args, config, layer_spec, vp_stage), config)
+    layer_spec = parallel_spec.decoder_spec(layer_spec, config, vp_stage)
     with local_mla.constructible():
         return GPTModel(
             config=config,
@@ -252,7 +255,7 @@ def _gpt_model(
             share_embeddings_and_output_weights=not args.untie_embeddings_and_output_weights,
             position_embedding_type=args.position_embedding_type,
             rotary_base=args.rotary_base,
-            mtp_block_spec=_mtp_spec(args, config, layer_spec, vp_stage),
+            mtp_block_spec=mtp_spec,
             vp_stage=vp_stage,
         )
 

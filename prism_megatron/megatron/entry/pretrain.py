@@ -23,7 +23,7 @@ from megatron.core import parallel_state
 from megatron.core.pipeline_parallel import get_forward_backward_func
 from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 from megatron.core.transformer import TransformerConfig
-from megatron.core.utils import get_attr_wrapped_model
+from megatron.core.utils import get_attr_wrapped_model, get_batch_on_this_cp_rank
 
 from prism_megatron.config import PrismConfig
 from prism_megatron.megatron.entry import arguments as pretrain_args
@@ -53,6 +53,7 @@ def initialize_model_parallel(args: argparse.Namespace, sizes: runtime.ParallelS
         pipeline_model_parallel_size=sizes.pp,
         virtual_pipeline_model_parallel_size=sizes.vpp,
         context_parallel_size=sizes.cp,
+        hierarchical_context_parallel_sizes=args.hierarchical_context_parallel_sizes,
         expert_model_parallel_size=sizes.ep,
         expert_tensor_parallel_size=sizes.etp,
         order=sizes.order,
@@ -71,13 +72,14 @@ def loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor):
 
 
 def forward_step(data_iterator, gpt_model):
-    """Read a batch only where Megatron-LM does (first/last stage chunk), then run the chunk."""
+    """Read a batch only where Megatron-LM does (first/last stage chunk), keep this CP rank's two
+    chunks of its sequence (Megatron's load-balanced split), then run the chunk."""
     vp_stage = get_attr_wrapped_model(gpt_model, "vp_stage")
     first = parallel_state.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage)
     last = parallel_state.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage)
     batch = next(data_iterator) if first or last else None
     device = torch.cuda.current_device() if torch.cuda.is_available() else "cpu"
-    batch = {k: v.to(device) for k, v in batch.items()} if batch else {}
+    batch = get_batch_on_this_cp_rank({k: v.to(device) for k, v in batch.items()}) if batch else {}
     output = gpt_model(
         batch.get("tokens"),
         batch.get("position_ids"),

@@ -13,6 +13,7 @@ import runpy
 import sys
 
 from prism_megatron.megatron.run import runtime
+from prism_megatron.patches import local_layers
 from prism_megatron.patches.training import TrainingRecord, cpu_records, emulation_records
 
 
@@ -37,6 +38,7 @@ def run_script(script: str, script_args: list[str], rt: runtime.Runtime) -> Trai
     if rt.device == "cpu":
         os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "1")  # validate_args asserts it for TP/CP > 1
         rt.apply(cpu_records())
+        rt.apply(local_layers.records())
     rt.apply(emulation_records(rt, record))
     saved_argv = sys.argv
     sys.argv = [script, *script_args]
