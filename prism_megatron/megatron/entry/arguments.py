@@ -30,7 +30,6 @@ IGNORED_SWITCHES = (
     "--no-persist-layer-norm",
     "--no-rope-fusion",
     "--disable-gloo-process-groups",
-    "--use-cpu-initialization",
     "--no-load-optim",
     "--no-load-rng",
 )
@@ -146,6 +145,11 @@ def _training_args(parser: argparse.ArgumentParser) -> None:
         "--mock-data", action="store_true", help="the only data this entry has; accepted for compatibility"
     )
     g.add_argument("--seed", type=int, default=1234)
+    g.add_argument(
+        "--use-cpu-initialization",
+        action="store_true",
+        help="initialise every weight whole and split it (the same model for any TP size)",
+    )
     g.add_argument("--lr", type=float, default=1.0e-4)
     g.add_argument("--min-lr", type=float, default=0.0)
     g.add_argument("--weight-decay", type=float, default=0.01)

@@ -89,6 +89,7 @@ def transformer_config(args: argparse.Namespace) -> TransformerConfig:
         hidden_dropout=args.hidden_dropout,
         attention_dropout=args.attention_dropout,
         init_method_std=args.init_method_std,
+        use_cpu_initialization=args.use_cpu_initialization,
         add_bias_linear=not args.disable_bias_linear,
         gated_linear_unit=args.swiglu,
         activation_func=torch.nn.functional.silu if args.swiglu else torch.nn.functional.gelu,
