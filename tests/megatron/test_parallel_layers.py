@@ -21,7 +21,7 @@ from __future__ import annotations
 import pytest
 from launching import TINY_GPT, run_entry
 
-from prism_megatron.megatron import pretrain
+from prism_megatron.megatron.entry import pretrain
 
 pytestmark = pytest.mark.slow
 
