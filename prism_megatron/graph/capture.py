@@ -12,7 +12,10 @@ the compute stream (CPU clock on CPU; CUDA events would feed the same walk on GP
 
 * a blocking collective is a COLLECTIVE op; a pipeline-communicator call is its p2p ops posted
   together (`coalesced`), the stream moving on when the call returned;
-* an async op (`async_op=True`) goes on a side stream per group kind (`async-tp`, ...) after the
+* an async op (`async_op=True`) goes on a side stream per group kind (`async-tp`, ...), an async p2p
+  op on one per direction (`async-p2p-send`, `async-p2p-recv`: a send and a receive posted together,
+  as context parallelism's ring posts them, progress together; on one stream each rank's send would
+  wait for its peer's receive queued behind the peer's own send), after the
   compute that preceded its issue, and a WAIT on the compute stream where it completed: on CPU, the
   prism backend completes an op with instant peers when the program waits on it, so its completion
   time is the program's wait. A WAIT that falls after the iteration's end is put at the end;
@@ -241,7 +244,10 @@ class _StreamBuilder:
     def post(self, event: OpEvent) -> None:
         after = Dep(COMPUTE_STREAM, len(self.streams[COMPUTE_STREAM]) - 1)
         op = self.comm(event, deps=(after,))
-        stream = ASYNC_STREAM_PREFIX + (op.group if op.type == NodeType.COLLECTIVE else "p2p")
+        if op.type == NodeType.COLLECTIVE:
+            stream = ASYNC_STREAM_PREFIX + op.group
+        else:
+            stream = ASYNC_STREAM_PREFIX + ("p2p-send" if op.type == NodeType.SEND else "p2p-recv")
         ops = self.streams.setdefault(stream, [])
         self.posted[event] = Dep(stream, len(ops))
         ops.append(op)
