@@ -1,0 +1,86 @@
+"""Every shipped configuration runs as written, only its size shrunk, through `prism-megatron emulate` on CPU.
+
+`shrink_size` keeps the world size, every parallel size, the batch and every switch, and changes only
+the flags of `SIZE_FLAGS` (checked here for every file, without processes, together with the built-in
+entry's own checks: none is refused). Then each configuration runs end to end: its whole slice (one
+rank per role) in capture passes of two processes in the full-size virtual world, the graph, the
+simulation, two emulated iterations of virtual rank 0 and the report. Sequence parallelism, context
+parallelism (Llama 3 405B at CP 16) and MoE with TP 2 (Mixtral) run on the local layers.
+
+DeepSeek-V3 (EP 64: 1024 roles) and Mixtral (80 roles) have slices too large to capture on a CI
+machine; they run when PRISM_LARGE_SLICES=1 is set.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from launching import quiet_env
+
+from prism_megatron.commands.emulate import check_builtin_flags
+from prism_megatron.megatron.job.configs import read_config, world_size_of
+from prism_megatron.megatron.job.size_shrink import SIZE_FLAGS, shrink_size
+
+CONFIGS = sorted(Path(__file__).resolve().parents[2].joinpath("launch", "configs").glob("*.args"))
+LARGE_SLICES = {"deepseek-v3-2048gpus": 1024, "mixtral-8x22b-2048gpus": 80}
+
+
+def _flag_values(argv: list[str]) -> dict[str, str]:
+    """The last value of every flag (Megatron-LM's parser keeps the last); switches map to ''."""
+    values: dict[str, str] = {}
+    for i, word in enumerate(argv):
+        if word.startswith("--"):
+            following = argv[i + 1] if i + 1 < len(argv) else ""
+            values[word] = "" if following.startswith("--") else following
+    return values
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.stem)
+def test_a_size_shrink_changes_only_the_size_flags_and_the_entry_takes_it(path):
+    production = read_config(path)
+    small = shrink_size(production)
+    before, after = _flag_values(production), _flag_values(small)
+    changed = {flag for flag in after if before.get(flag) != after[flag]}
+    assert changed <= set(SIZE_FLAGS), changed - set(SIZE_FLAGS)
+    assert set(before) <= set(after)
+    assert after["--prism-world-size"] == before["--prism-world-size"]
+    check_builtin_flags(small, world_size_of(small))
+
+
+def _slow_unless_small(path: Path):
+    roles = LARGE_SLICES.get(path.stem)
+    marks = [pytest.mark.slow]
+    if roles and not os.environ.get("PRISM_LARGE_SLICES"):
+        marks.append(pytest.mark.skip(reason=f"{roles} roles to capture; set PRISM_LARGE_SLICES=1"))
+    return pytest.param(path, marks=marks, id=path.stem)
+
+
+@pytest.mark.parametrize("path", [_slow_unless_small(p) for p in CONFIGS])
+def test_the_configuration_runs_as_written_at_full_world_size(tmp_path, path):
+    flags = [
+        *shrink_size(read_config(path)),
+        "--prism-emulate",
+        "--prism-device",
+        "cpu",
+        "--prism-ranks",
+        "0",
+    ]
+    done = subprocess.run(
+        [sys.executable, "-m", "prism_megatron.cli", "emulate", "--nproc-per-node", "2", "--", *flags,
+         "--prism-out", str(tmp_path)],
+        env=quiet_env(), capture_output=True, text=True, timeout=3000,
+    )  # fmt: skip
+    assert done.returncode == 0, f"{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["status"] == "ok" and report["real_ranks"] == [0]
+    assert report["target"]["world_size"] == world_size_of(flags)
+    assert len(report["iterations"]) == 2
+    captured = [name for name in os.listdir(tmp_path / "capture") if name.startswith("capture-")]
+    assert len(captured) == len(report["roles"])
+    result = json.loads((tmp_path / "rank-00000.json").read_text())
+    assert all(it["grad_norm"] is not None and it["grad_norm"] > 0 for it in result["iterations"])
