@@ -150,13 +150,18 @@ std::function<void()> reduce_scatter_local(std::vector<at::Tensor> outputs, std:
 }
 
 // A reduce-scatter input of the real members' chunks only, each repeated, end to end.
+// Stacked along the output's first dimension: the real library checks the input as the output's
+// rows times its members (gloo: outputShape[0] * worldSize == inputShape[0]), which a flat input of
+// a many-dimensional output (a sequence-parallel [s, b, h] reduce-scatter) fails.
 at::Tensor real_chunks(const GroupLayout& layout, const at::Tensor& input, const at::Tensor& output, RedOp op) {
   std::vector<at::Tensor> chunks = repeated_real_chunks(
       layout, op, [&](int64_t m) { return chunk_of(input, layout.size(), m, output); });
-  for (auto& chunk : chunks) {
-    chunk = chunk.view({-1});
+  if (output.dim() == 0) {
+    for (auto& chunk : chunks) {
+      chunk = chunk.view({-1});
+    }
   }
-  return at::cat(chunks);
+  return at::cat(chunks, 0);
 }
 
 void check_scatter_sizes(const at::Tensor& output, const at::Tensor& input, int64_t n, const char* what) {
