@@ -151,6 +151,11 @@ def _two_real_processes_mixed(physical_rank: int, num_processes: int) -> None:
         out = torch.empty(2)
         dist.reduce_scatter_tensor(out, chunks, group=tp)
         assert torch.equal(out, torch.arange(2.0 * me, 2.0 * me + 2) * 15)
+        # Sequence parallelism's [s, b, h] reduce-scatter: the real part keeps the output's rows.
+        sequence = torch.arange(16.0 * 3).view(16, 1, 3) * (me + 1)
+        rows = torch.empty(2, 1, 3)
+        dist.reduce_scatter_tensor(rows, sequence, group=tp)
+        assert torch.equal(rows, torch.arange(6.0 * me, 6.0 * me + 6).view(2, 1, 3) * 15)
 
         blocks = torch.arange(8.0) + 100 * me  # block j goes to member j
         received = torch.empty(8)

@@ -12,8 +12,9 @@ must agree:
 * MoE with TP 2 (sequence parallelism, all-to-all dispatch; expert TP 2 and expert TP 1) gives the
   losses and grad norms of TP 1, all initialised whole (`--use-cpu-initialization`, so the weights do
   not depend on TP).
-Then each job is emulated with rank 0 real and rank 1 virtual: its peak memory is the all-real rank
-0's to the byte (the virtual peer's data differ, the shapes and the allocations do not).
+Then each job is emulated with rank 0 real and rank 1 virtual: its parameters, gradients and optimizer
+state are the all-real rank 0's to the byte, and so is its peak with context parallelism; with TP 2
+the all-real peak is one gloo temporary higher (see the test).
 """
 
 from __future__ import annotations
@@ -115,7 +116,8 @@ def test_context_parallel_attention_computes_the_whole_sequence_step(real):
 @pytest.mark.parametrize("name", ["moe-tp2", "moe-tp2-etp1"])
 def test_moe_with_tensor_parallelism_computes_the_tp1_step(real, name):
     tp2, tp1 = real(name), real("moe-tp1")
-    assert losses(tp2) == pytest.approx(losses(tp1), **TIGHT)
+    # Float tolerance: routing is the same, the expert GEMMs split and sum in another order.
+    assert losses(tp2) == pytest.approx(losses(tp1), rel=1e-4)
     assert grad_norms(tp2) == pytest.approx(grad_norms(tp1), rel=1e-4)
 
 
@@ -126,5 +128,10 @@ def test_one_real_rank_among_virtual_ones_allocates_what_the_all_real_rank_does(
     emulated = pretrain.run([*TINY_GPT, *CPU, *flags, *emulation, "--prism-out", str(tmp_path)])
     all_real = real(name)
     assert emulated["backend"] == "prism" and all_real["backend"] == "gloo"
-    assert emulated["memory"]["peak_bytes"] == all_real["memory"]["peak_bytes"]
-    assert emulated["memory"]["at_peak_bytes"] == all_real["memory"]["at_peak_bytes"]
+    for category in ("parameters", "gradients", "optimizer_state"):
+        assert emulated["memory"]["at_peak_bytes"][category] == all_real["memory"]["at_peak_bytes"][category]
+    # With TP 2 the all-real peak holds one more [s, b, h] float32 tensor (8 KiB here) than the
+    # emulated one: a temporary of gloo's sequence-parallel collectives between two real processes
+    # (no virtual peer's op allocates it). Context parallelism's ring and all-reduces allocate none.
+    allowance = 0 if name == "cp2" else 4 * 32 * 64
+    assert 0 <= all_real["memory"]["peak_bytes"] - emulated["memory"]["peak_bytes"] <= allowance
