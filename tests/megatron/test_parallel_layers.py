@@ -116,9 +116,10 @@ def test_context_parallel_attention_computes_the_whole_sequence_step(real):
 @pytest.mark.parametrize("name", ["moe-tp2", "moe-tp2-etp1"])
 def test_moe_with_tensor_parallelism_computes_the_tp1_step(real, name):
     tp2, tp1 = real(name), real("moe-tp1")
-    # Float tolerance: routing is the same, the expert GEMMs split and sum in another order.
+    # Float tolerance: routing is the same, the expert GEMMs split and sum in another order (the
+    # second step's grad norm, after an Adam step at lr 1e-3, differs by 1e-4 with expert TP 1).
     assert losses(tp2) == pytest.approx(losses(tp1), rel=1e-4)
-    assert grad_norms(tp2) == pytest.approx(grad_norms(tp1), rel=1e-4)
+    assert grad_norms(tp2) == pytest.approx(grad_norms(tp1), rel=5e-4)
 
 
 @pytest.mark.parametrize("name", ["sp", "cp2", "moe-tp2"])
