@@ -48,7 +48,13 @@ def read_json(path) -> dict:
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("run")
-    done = emulate("--train-iters", "4", "--prism-out", str(out))
+    tensorboard = (
+        "--tensorboard-dir",
+        str(out / "tensorboard"),
+        "--log-throughput",
+        "--log-timers-to-tensorboard",
+    )
+    done = emulate("--train-iters", "4", "--prism-out", str(out), *tensorboard)
     assert done.returncode == 0, f"{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
     return out
 
@@ -69,6 +75,34 @@ def test_one_command_captures_simulates_emulates_and_writes_every_output(run_dir
     assert set(report["roles"]) == {"pp0-tp0src", "pp0", "pp1-tp0src", "pp1"}
     for rank in ("0", "8"):
         assert report["ranks"][rank]["peak_memory_allocated_bytes"] > 0
+
+
+@pytest.mark.slow
+def test_real_ranks_log_megatrons_iteration_line_and_the_last_writes_its_tensorboard_tags(run_dir):
+    emulate_logs = [
+        os.path.join(root, name)
+        for root, _, names in os.walk(run_dir / "logs" / "emulate")
+        for name in names
+        if name == "stdout.log"
+    ]
+    text = ""
+    for path in emulate_logs:
+        with open(path, encoding="utf-8") as f:
+            text += f.read()
+    # Each real rank prints its own line (GBS 16: 64 samples after 4 iterations).
+    assert text.count(" iteration        4/       4 | consumed samples:           64 |") == len(REAL_RANKS)
+    assert "| elapsed time per iteration (ms): " in text and "| throughput per GPU (TFLOP/s/GPU): " in text
+    assert "| lm loss: " in text  # rank 8 is on the last pipeline stage
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    event_files = os.listdir(run_dir / "tensorboard")
+    assert len(event_files) == 1, event_files  # the last real rank only, and not the capture pass
+    events = EventAccumulator(str(run_dir / "tensorboard"))
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    assert {"lm loss", "learning-rate", "batch-size", "grad-norm", "iteration-time", "throughput"} <= tags
+    assert [e.step for e in events.Scalars("lm loss")] == [1, 2, 3, 4]
 
 
 @pytest.mark.slow

@@ -19,6 +19,7 @@ import importlib.util
 import math
 
 from prism_megatron.config import add_prism_arguments
+from prism_megatron.megatron.entry import training_log
 
 # Accepted for command-line compatibility; they do not change what the emulated step computes.
 IGNORED_SWITCHES = (
@@ -216,6 +217,7 @@ def build_parser() -> argparse.ArgumentParser:
     _parallel_args(parser)
     _training_args(parser)
     _moe_args(parser)
+    training_log.add_arguments(parser)
     ignored = parser.add_argument_group("accepted and ignored (bookkeeping of a real run)")
     for flag in IGNORED_SWITCHES:
         ignored.add_argument(flag, action="store_true", help=argparse.SUPPRESS)

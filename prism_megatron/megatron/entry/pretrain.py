@@ -27,7 +27,7 @@ from megatron.core.utils import get_attr_wrapped_model, get_batch_on_this_cp_ran
 
 from prism_megatron.config import PrismConfig
 from prism_megatron.megatron.entry import arguments as pretrain_args
-from prism_megatron.megatron.entry import data, model
+from prism_megatron.megatron.entry import data, model, training_log
 from prism_megatron.megatron.run import collectives, memory, results, runtime
 from prism_megatron.patches import catalog
 from prism_megatron.replay import timeline
@@ -153,6 +153,7 @@ def train(args: argparse.Namespace, config: TransformerConfig, rt: runtime.Runti
     if tracker:
         tracker.label_model(ddp_model)
     iterations = []
+    logger = _logger(args, rt)
     with tracker or memory.cuda_peak_scope():
         for iteration in range(args.train_iters):
             runtime.iteration_begins(rt)
@@ -165,23 +166,37 @@ def train(args: argparse.Namespace, config: TransformerConfig, rt: runtime.Runti
             iterations.append(step)
             if tracker:
                 tracker.label_optimizer(optimizer)
-            _log(args, iteration, step, rt)
+            logger.step(iteration + 1, step, loss_scale=_loss_scale(optimizer))
+    logger.close()
     mem = tracker.report() if tracker else memory.cuda_report(ddp_model, optimizer)
     return results.collect(
         rt=rt, ddp_model=ddp_model, optimizer=optimizer, iterations=iterations, memory_report=mem
     )
 
 
-def _log(args: argparse.Namespace, iteration: int, step: dict[str, Any], rt: runtime.Runtime) -> None:
-    if (iteration + 1) % args.log_interval:
-        return
-    loss = "-" if step["loss"] is None else f"{step['loss']:.6f}"
-    grad_norm = "- (skipped)" if step["grad_norm"] is None else f"{step['grad_norm']:.6f}"
-    print(
-        f"[virtual rank {rt.virtual_rank}] iteration {iteration + 1}/{args.train_iters} | lm loss {loss} | "
-        f"grad norm {grad_norm} | {step['time_s'] * 1000:.1f} ms",
-        flush=True,
+def _logger(args: argparse.Namespace, rt: runtime.Runtime) -> training_log.TrainingLogger:
+    """Megatron's iteration line on every real rank; the writers on the last real rank (Megatron's
+    rank W-1, usually virtual under emulation), and not in the capture pass: its iterations are the
+    slice's recording, not the run a user reads in TensorBoard."""
+    from prism_megatron.report.flops import ModelShape, model_flops_per_iteration
+
+    world_size = dist.get_world_size()
+    last_real = max(rt.world.real_ranks) if rt.world else world_size - 1
+    shape = ModelShape.from_args(
+        argparse.Namespace(**vars(args), padded_vocab_size=model.padded_vocab_size(args))
     )
+    return training_log.TrainingLogger(
+        args,
+        world_size=world_size,
+        writes_scalars=rt.virtual_rank == last_real and getattr(rt.phase, "name", "") != "capture",
+        flops=model_flops_per_iteration(shape, args.global_batch_size),
+    )
+
+
+def _loss_scale(optimizer) -> float:
+    """Megatron's `optimizer.get_loss_scale().item()`: 1.0 without fp16's dynamic scaler."""
+    scale = optimizer.get_loss_scale()
+    return float(scale.item() if isinstance(scale, torch.Tensor) else scale)
 
 
 def run(argv: list[str]) -> dict[str, Any]:
