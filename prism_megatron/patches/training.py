@@ -10,6 +10,8 @@ every patch:
 - `get_batch_on_this_tp_rank`: plausible token batches when the TP source rank is virtual (in
   megatron.training.utils up to 0.16, reading the data iterator; in megatron.core.utils from 0.19,
   broadcasting a batch dict the script fetched);
+- the last-rank duties (iteration line, TensorBoard and W&B writers) on the last real rank
+  (last_rank.py);
 - CPU only: `initialize_megatron(allow_no_cuda=True)`, no `_compile_dependencies` (fused kernels need
   nvcc), and a one-device torch.cuda face (`device_count`, `set_device`, an sm90 capability); the local
   layers' sequence- and context-parallel norm and attention (`local_layers`).
@@ -23,7 +25,7 @@ from typing import Any
 import torch
 
 from prism_megatron.megatron.run import memory, runtime
-from prism_megatron.patches import arguments, local_layers
+from prism_megatron.patches import arguments, last_rank, local_layers
 from prism_megatron.patches.registry import Patch, variants
 from prism_megatron.patches.versions import EVERY_VERIFIED, MEGATRON_CORE_0_16, MEGATRON_CORE_0_19
 
@@ -268,6 +270,7 @@ def emulation_records(rt: runtime.Runtime, record: TrainingRecord) -> tuple[Patc
     """Megatron-LM hooks bound to a run (both devices)."""
     return (
         *arguments.argument_records(rt),
+        *last_rank.writer_records(rt),
         *variants(
             name="megatron_lm.initialize_distributed",
             target="megatron.training.initialize:_initialize_distributed",

@@ -138,7 +138,8 @@ def test_megatron_lms_pretrain_gpt_trains_on_virtual_rank_5_of_8192(tmp_path):
     script = os.path.join(MEGATRON_LM_DIR, "pretrain_gpt.py")
     done = subprocess.run(
         [sys.executable, "-m", "prism_megatron.launch", script, *TP8_PP8, *TINY, *MEGATRON_LM_FLAGS, *EMULATE,
-         "--prism-ranks", "5", "--prism-out", str(tmp_path)],
+         "--prism-ranks", "5", "--prism-out", str(tmp_path), "--tensorboard-dir", str(tmp_path / "tb"),
+         "--log-timers-to-tensorboard"],
         env=quiet_env(), capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-4000:]
@@ -149,6 +150,15 @@ def test_megatron_lms_pretrain_gpt_trains_on_virtual_rank_5_of_8192(tmp_path):
     assert result["patches_used"]["megatron_lm.tp_batch_from_virtual_source"] > 0
     assert result["p2p"]["send_next.virtual"] > 0
     assert result["num_parameters"] == sum(n for n, _ in stage_params(first=True, last=False))
+    # Rank W-1 is virtual: the only real rank, 5, takes Megatron-LM's last-rank duties.
+    assert " iteration        2/       2 | consumed samples:         2048 |" in done.stdout
+    assert result["patches_used"]["megatron_lm.tensorboard_writer_on_last_real_rank"] == 1
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(tmp_path / "tb"))
+    events.Reload()
+    assert {"learning-rate", "batch-size", "grad-norm", "iteration-time"} <= set(events.Tags()["scalars"])
 
 
 def test_an_unverified_megatron_core_is_refused_in_one_line_before_any_process(monkeypatch, capsys, tmp_path):
