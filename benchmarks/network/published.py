@@ -71,18 +71,18 @@ class Published:
     size_bytes: int
     algorithm: str | None  # None: NCCL's default choice; else NCCL_ALGO (a candidate name prefix)
     source: str
-    busbw_gbps: float | None = None
+    busbw_gb_per_s: float | None = None
     time_us: float | None = None
     independent: bool = True
     note: str = ""
 
 
 ROWS = (
-    Published("dgx-a100", "all_reduce", 8, None, 8 * GIB, None, AZURE_A100, busbw_gbps=231.58),
-    Published("dgx-a100", "all_reduce", 8, None, 16 * MIB, None, AZURE_A100, busbw_gbps=109.22),
-    Published("dgx-a100", "all_reduce", 8, None, 1 * MIB, None, AZURE_A100, busbw_gbps=36.22),
-    Published("dgx-a100", "all_reduce", 16, None, 8 * GIB, "ring", NCCL_812, busbw_gbps=192.0),
-    Published("dgx-h100", "all_reduce", 8, None, 8 * GIB, None, NCCL_TESTS_212, busbw_gbps=480.0),
+    Published("dgx-a100", "all_reduce", 8, None, 8 * GIB, None, AZURE_A100, busbw_gb_per_s=231.58),
+    Published("dgx-a100", "all_reduce", 8, None, 16 * MIB, None, AZURE_A100, busbw_gb_per_s=109.22),
+    Published("dgx-a100", "all_reduce", 8, None, 1 * MIB, None, AZURE_A100, busbw_gb_per_s=36.22),
+    Published("dgx-a100", "all_reduce", 16, None, 8 * GIB, "ring", NCCL_812, busbw_gb_per_s=192.0),
+    Published("dgx-h100", "all_reduce", 8, None, 8 * GIB, None, NCCL_TESTS_212, busbw_gb_per_s=480.0),
     Published(
         "dgx-h100",
         "all_reduce",
@@ -91,7 +91,7 @@ ROWS = (
         8 * GIB,
         "ring",
         NCCL_TESTS_212,
-        busbw_gbps=370.0,
+        busbw_gb_per_s=370.0,
         independent=False,
         note="NVLink efficiency is NCCL's 20.6 GB/s per link, the figure behind this statement",
     ),
@@ -103,7 +103,7 @@ ROWS = (
         8 * GIB,
         None,
         NCCL_TESTS_212,
-        busbw_gbps=370.0,
+        busbw_gb_per_s=370.0,
         independent=False,
         note="NVLink efficiency is NCCL's 20.6 GB/s per link, the figure behind this statement",
     ),
@@ -116,11 +116,11 @@ ROWS = (
         8 * GIB,
         "ring",
         NCCL_TESTS_290,
-        busbw_gbps=8 * 47.0,
+        busbw_gb_per_s=8 * 47.0,
         independent=False,
         note="NIC efficiency 0.94 is the middle of this statement's 46-48 GB/s",
     ),
-    Published("dgx-h100", "all_reduce", 16, None, 8 * GIB, None, COREWEAVE_92, busbw_gbps=440.58),
+    Published("dgx-h100", "all_reduce", 16, None, 8 * GIB, None, COREWEAVE_92, busbw_gb_per_s=440.58),
     Published(
         "dgx-h100",
         "all_reduce",
@@ -132,18 +132,18 @@ ROWS = (
         time_us=47.54,
         note="H20 GPUs",
     ),
-    Published("dgx-h200", "all_reduce", 8, None, 8 * GIB, None, AZURE_H200, busbw_gbps=479.98),
-    Published("dgx-h200", "all_reduce", 8, None, 16 * MIB, None, AZURE_H200, busbw_gbps=240.41),
-    Published("dgx-h200", "all_reduce", 8, None, 1 * MIB, None, AZURE_H200, busbw_gbps=52.96),
-    Published("dgx-h200", "all_reduce", 1984, None, 512 * MIB, None, NCCL_TESTS_283, busbw_gbps=350.0),
-    Published("gb200-nvl72", "all_reduce", 4, 4, 8 * GIB, "ring", AZURE_GB200, busbw_gbps=679.61),
-    Published("gb200-nvl72", "all_reduce", 4, 4, 16 * MIB, "ring", AZURE_GB200, busbw_gbps=331.09),
-    Published("gb200-nvl72", "all_reduce", 4, 4, 1 * MIB, "ring", AZURE_GB200, busbw_gbps=80.48),
-    Published("gb200-nvl72", "all_reduce", 72, None, 8 * GIB, None, COREWEAVE_43, busbw_gbps=834.57),
-    Published("gb200-nvl72", "all_reduce", 12, 4, 16 * GIB, "ring", NCCL_1801, busbw_gbps=196.72),
-    Published("gb200-nvl72", "all_reduce", 12, 4, 16 * GIB, "tree", NCCL_1801, busbw_gbps=234.43),
-    Published("gb200-nvl72", "all_reduce", 24, 8, 16 * GIB, "ring", NCCL_1801, busbw_gbps=393.66),
-    Published("gb200-nvl72", "all_reduce", 24, 8, 16 * GIB, "tree", NCCL_1801, busbw_gbps=485.68),
+    Published("dgx-h200", "all_reduce", 8, None, 8 * GIB, None, AZURE_H200, busbw_gb_per_s=479.98),
+    Published("dgx-h200", "all_reduce", 8, None, 16 * MIB, None, AZURE_H200, busbw_gb_per_s=240.41),
+    Published("dgx-h200", "all_reduce", 8, None, 1 * MIB, None, AZURE_H200, busbw_gb_per_s=52.96),
+    Published("dgx-h200", "all_reduce", 1984, None, 512 * MIB, None, NCCL_TESTS_283, busbw_gb_per_s=350.0),
+    Published("gb200-nvl72", "all_reduce", 4, 4, 8 * GIB, "ring", AZURE_GB200, busbw_gb_per_s=679.61),
+    Published("gb200-nvl72", "all_reduce", 4, 4, 16 * MIB, "ring", AZURE_GB200, busbw_gb_per_s=331.09),
+    Published("gb200-nvl72", "all_reduce", 4, 4, 1 * MIB, "ring", AZURE_GB200, busbw_gb_per_s=80.48),
+    Published("gb200-nvl72", "all_reduce", 72, None, 8 * GIB, None, COREWEAVE_43, busbw_gb_per_s=834.57),
+    Published("gb200-nvl72", "all_reduce", 12, 4, 16 * GIB, "ring", NCCL_1801, busbw_gb_per_s=196.72),
+    Published("gb200-nvl72", "all_reduce", 12, 4, 16 * GIB, "tree", NCCL_1801, busbw_gb_per_s=234.43),
+    Published("gb200-nvl72", "all_reduce", 24, 8, 16 * GIB, "ring", NCCL_1801, busbw_gb_per_s=393.66),
+    Published("gb200-nvl72", "all_reduce", 24, 8, 16 * GIB, "tree", NCCL_1801, busbw_gb_per_s=485.68),
 )
 
 

@@ -41,8 +41,10 @@ GOAL_QUERY_NS = 1000.0
 def compare(row: Published) -> dict[str, object]:
     model = CostModel(PRESETS[row.system])
     kind = OPS[row.op]
-    predicted = model.bus_bandwidth_gbps(kind, row.num_gpus, row.size_bytes, row.gpus_per_node, row.algorithm)
-    published = row.busbw_gbps
+    predicted = model.bus_bandwidth_gb_per_s(
+        kind, row.num_gpus, row.size_bytes, row.gpus_per_node, row.algorithm
+    )
+    published = row.busbw_gb_per_s
     if published is None:  # a time: turn it into nccl-tests' bus bandwidth
         published = row.size_bytes / (row.time_us * 1e3) * BUS_BANDWIDTH_FACTORS[kind](row.num_gpus)
     return {
@@ -52,8 +54,8 @@ def compare(row: Published) -> dict[str, object]:
         "gpus_per_node": row.gpus_per_node or model.spec.gpus_per_node,
         "size_bytes": row.size_bytes,
         "algorithm": row.algorithm or "default",
-        "predicted_busbw_gbps": predicted,
-        "published_busbw_gbps": published,
+        "predicted_busbw_gb_per_s": predicted,
+        "published_busbw_gb_per_s": published,
         "published_time_us": row.time_us,
         "error": predicted / published - 1.0,
         "large": row.size_bytes >= LARGE_BYTES,
@@ -216,13 +218,13 @@ def _comparison_markdown(record: dict) -> list[str]:
     ]
     for r in record["comparison"]:
         mark = "" if r["independent"] else " \\*"
-        published = f"{r['published_busbw_gbps']:.3g}"
+        published = f"{r['published_busbw_gb_per_s']:.3g}"
         if r["published_time_us"] is not None:
             published += f" ({r['published_time_us']:g} us)"
         note = f" ({r['note']})" if r["note"] else ""
         lines.append(
             f"| {r['system']} | {r['op']} | {r['gpus']} ({r['gpus_per_node']}) | {_size(r['size_bytes'])} | "
-            f"{r['algorithm']} | {r['predicted_busbw_gbps']:.3g} | {published} | {r['error']:+.1%}{mark} | "
+            f"{r['algorithm']} | {r['predicted_busbw_gb_per_s']:.3g} | {published} | {r['error']:+.1%}{mark} | "
             f"{r['source']}{note} |"
         )
     s = record["summary"]
@@ -316,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
     for r in comparison:
         print(
             f"{r['system']:12s} {r['op']:10s} {r['gpus']:5d} {_size(r['size_bytes']):>8s} {r['algorithm']:9s} "
-            f"predicted {r['predicted_busbw_gbps']:8.2f}  published {r['published_busbw_gbps']:8.2f}  "
+            f"predicted {r['predicted_busbw_gb_per_s']:8.2f}  published {r['published_busbw_gb_per_s']:8.2f}  "
             f"{r['error']:+7.1%}"
         )
     calibration = [calibration_check(system) for system in sorted(CURVES)]

@@ -37,11 +37,11 @@ def _check_count(owner: str, name: str, value: int) -> None:
 class IntraNodeFabric:
     """The GPU-to-GPU fabric inside one node (NVLink through NVSwitch)."""
 
-    nvlink_bandwidth_gbps: float
+    nvlink_bandwidth_gb_per_s: float
     """NVLink bandwidth of one GPU, per direction, in GB/s (H100: 18 links x 25 GB/s = 450)."""
 
     nvlink_efficiency: float
-    """Fraction of ``nvlink_bandwidth_gbps`` that NCCL's copy kernels reach (ring bus bandwidth)."""
+    """Fraction of ``nvlink_bandwidth_gb_per_s`` that NCCL's copy kernels reach (ring bus bandwidth)."""
 
     step_latency_us: float
     """Latency of one pipelined step between two GPUs of a node with NCCL's Simple protocol."""
@@ -53,14 +53,14 @@ class IntraNodeFabric:
     """NVLink SHARP: the switch reduces and multicasts (NCCL's NVLS and NVLS-tree algorithms)."""
 
     nvls_efficiency: float = 1.0
-    """Fraction of ``nvlink_bandwidth_gbps`` that NVLS moves per GPU (only read when ``nvls``)."""
+    """Fraction of ``nvlink_bandwidth_gb_per_s`` that NVLS moves per GPU (only read when ``nvls``)."""
 
     nvls_latency_us: float = 25.0
     """Fixed latency of one NVLS operation (only read when ``nvls``)."""
 
     def __post_init__(self) -> None:
         owner = "intra_node"
-        _check_positive(owner, "nvlink_bandwidth_gbps", self.nvlink_bandwidth_gbps)
+        _check_positive(owner, "nvlink_bandwidth_gb_per_s", self.nvlink_bandwidth_gb_per_s)
         _check_fraction(owner, "nvlink_efficiency", self.nvlink_efficiency)
         _check_positive(owner, "step_latency_us", self.step_latency_us)
         _check_fraction(owner, "nvls_efficiency", self.nvls_efficiency)
@@ -76,11 +76,11 @@ class NetworkFabric:
     nics_per_node: int
     """Compute-fabric NICs per node; NIC ``i`` serves the GPUs ``i * gpus_per_node / nics_per_node`` on."""
 
-    nic_bandwidth_gbps: float
+    nic_bandwidth_gb_per_s: float
     """Line rate of one NIC, per direction, in GB/s (400 Gb/s NDR = 50)."""
 
     nic_efficiency: float
-    """Fraction of ``nic_bandwidth_gbps`` that NCCL reaches through one NIC."""
+    """Fraction of ``nic_bandwidth_gb_per_s`` that NCCL reaches through one NIC."""
 
     step_latency_us: float
     """Latency of one pipelined step between GPUs of two nodes (NIC, one switch) with Simple."""
@@ -88,7 +88,7 @@ class NetworkFabric:
     def __post_init__(self) -> None:
         owner = "network"
         _check_count(owner, "nics_per_node", self.nics_per_node)
-        _check_positive(owner, "nic_bandwidth_gbps", self.nic_bandwidth_gbps)
+        _check_positive(owner, "nic_bandwidth_gb_per_s", self.nic_bandwidth_gb_per_s)
         _check_fraction(owner, "nic_efficiency", self.nic_efficiency)
         _check_positive(owner, "step_latency_us", self.step_latency_us)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import sys
 import tempfile
 
 import yaml
@@ -24,6 +25,12 @@ DEFAULT_PRESET = "dgx-h100"
 _SECTIONS = {"intra_node": IntraNodeFabric, "network": NetworkFabric, "topology": Topology}
 _TOP_LEVEL = ("name", "description", "gpus_per_node", "base_latency_us")
 _REQUIRED = ("name", "gpus_per_node", "base_latency_us", "intra_node", "network")
+RENAMED_KEYS = {
+    "nvlink_bandwidth_gbps": "nvlink_bandwidth_gb_per_s",
+    "nic_bandwidth_gbps": "nic_bandwidth_gb_per_s",
+}
+"""Old key -> new key. The old names said Gb/s (bits) while holding GB/s (bytes): NDR's 400 typed
+there made a network eight times too fast. Files with the old keys still load, with a warning."""
 
 
 def load_cluster(source: str | os.PathLike) -> ClusterSpec:
@@ -92,6 +99,7 @@ def _base_dict(base_name: object, source: str) -> dict:
 def _section_dict(value: object, key: str, source: str) -> dict:
     if not isinstance(value, dict):
         raise ValueError(f"{source}: {key} must be a mapping of its fields, got {type(value).__name__}")
+    value = _renamed(value, key, source)
     fields = {f.name for f in dataclasses.fields(_SECTIONS[key])}
     for field in value:
         if field not in fields:
@@ -99,6 +107,25 @@ def _section_dict(value: object, key: str, source: str) -> dict:
                 f"{source}: unknown key {key}.{field}; valid keys are {', '.join(sorted(fields))}"
             )
     return value
+
+
+def _renamed(section: dict, key: str, source: str) -> dict:
+    """The section with old key names replaced by the new ones, each with a one-line warning."""
+    out = {}
+    for field, value in section.items():
+        new = RENAMED_KEYS.get(field)
+        if new is None:
+            out[field] = value
+            continue
+        if new in section:
+            raise ValueError(f"{source}: {key}.{field} and {key}.{new} are the same field; keep only {new}")
+        print(
+            f"warning: {source}: {key}.{field} is now {key}.{new} (the value is GB/s, bytes); "
+            "read as such, rename it",
+            file=sys.stderr,
+        )
+        out[new] = value
+    return out
 
 
 def _build(merged: dict, source: str) -> ClusterSpec:

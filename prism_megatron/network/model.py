@@ -149,7 +149,7 @@ class CostModel:
                 )
         return schedule.cost_ns([line for _, line in named], size_bytes)
 
-    def bus_bandwidth_gbps(
+    def bus_bandwidth_gb_per_s(
         self,
         kind: OpKind,
         n_gpus: int,

@@ -34,9 +34,9 @@ def parameters_of(spec: ClusterSpec) -> dict[str, float]:
         "intra_step_ns": intra.step_latency_us * 1e3,
         "inter_step_ns": net.step_latency_us * 1e3,
         "nvls_ns": intra.nvls_latency_us * 1e3,
-        "nvlink_ns_per_byte": 1.0 / (intra.nvlink_bandwidth_gbps * intra.nvlink_efficiency),
-        "nic_ns_per_byte": 1.0 / (net.nic_bandwidth_gbps * net.nic_efficiency),
-        "nvls_ns_per_byte": 1.0 / (intra.nvlink_bandwidth_gbps * intra.nvls_efficiency),
+        "nvlink_ns_per_byte": 1.0 / (intra.nvlink_bandwidth_gb_per_s * intra.nvlink_efficiency),
+        "nic_ns_per_byte": 1.0 / (net.nic_bandwidth_gb_per_s * net.nic_efficiency),
+        "nvls_ns_per_byte": 1.0 / (intra.nvlink_bandwidth_gb_per_s * intra.nvls_efficiency),
         "spine_ns": spec.topology.spine_latency_us * 1e3,
         CONSTANT_NS: 1.0,
     }
@@ -50,14 +50,14 @@ MAX_LATENCY_NS = 1e7
 def parameter_bounds(spec: ClusterSpec) -> dict[str, tuple[float, float]]:
     """Physical bounds of the fitted parameters: efficiencies in [MIN_EFFICIENCY, 1] of the line
     rates of ``spec``, latencies in [1 ns, 10 ms]."""
-    nvlink, nic = spec.intra_node.nvlink_bandwidth_gbps, spec.network.nic_bandwidth_gbps
+    nvlink, nic = spec.intra_node.nvlink_bandwidth_gb_per_s, spec.network.nic_bandwidth_gb_per_s
     bounds = {key: (1.0, MAX_LATENCY_NS) for key in LATENCY_PARAMETERS}
-    for key, line_rate_gbps in (
+    for key, line_rate_gb_per_s in (
         ("nvlink_ns_per_byte", nvlink),
         ("nvls_ns_per_byte", nvlink),
         ("nic_ns_per_byte", nic),
     ):
-        bounds[key] = (1.0 / line_rate_gbps, 1.0 / (line_rate_gbps * MIN_EFFICIENCY))
+        bounds[key] = (1.0 / line_rate_gb_per_s, 1.0 / (line_rate_gb_per_s * MIN_EFFICIENCY))
     return bounds
 
 
@@ -76,9 +76,9 @@ def cluster_with_parameters(spec: ClusterSpec, values: Mapping[str, float], *, n
         if not merged[key] > 0:
             raise ValueError(f"parameter {key} must be > 0, got {merged[key]!r}")
     intra, net = spec.intra_node, spec.network
-    nvlink_eff = _efficiency("NVLink", merged["nvlink_ns_per_byte"], intra.nvlink_bandwidth_gbps)
-    nvls_eff = _efficiency("NVLS", merged["nvls_ns_per_byte"], intra.nvlink_bandwidth_gbps)
-    nic_eff = _efficiency("NIC", merged["nic_ns_per_byte"], net.nic_bandwidth_gbps)
+    nvlink_eff = _efficiency("NVLink", merged["nvlink_ns_per_byte"], intra.nvlink_bandwidth_gb_per_s)
+    nvls_eff = _efficiency("NVLS", merged["nvls_ns_per_byte"], intra.nvlink_bandwidth_gb_per_s)
+    nic_eff = _efficiency("NIC", merged["nic_ns_per_byte"], net.nic_bandwidth_gb_per_s)
     return spec.replace(
         name=name,
         base_latency_us=merged["base_ns"] / 1e3,
@@ -95,12 +95,12 @@ def cluster_with_parameters(spec: ClusterSpec, values: Mapping[str, float], *, n
     )
 
 
-def _efficiency(link: str, ns_per_byte: float, line_rate_gbps: float) -> float:
-    reached_gbps = 1.0 / ns_per_byte
-    efficiency = reached_gbps / line_rate_gbps
+def _efficiency(link: str, ns_per_byte: float, line_rate_gb_per_s: float) -> float:
+    reached_gb_per_s = 1.0 / ns_per_byte
+    efficiency = reached_gb_per_s / line_rate_gb_per_s
     if efficiency > 1.0 + 1e-9:
         raise ValueError(
-            f"the fitted {link} bandwidth {reached_gbps:.1f} GB/s exceeds the base cluster's line rate "
-            f"{line_rate_gbps:.1f} GB/s; choose a base cluster that matches the measured system"
+            f"the fitted {link} bandwidth {reached_gb_per_s:.1f} GB/s exceeds the base cluster's line rate "
+            f"{line_rate_gb_per_s:.1f} GB/s; choose a base cluster that matches the measured system"
         )
     return min(efficiency, 1.0)

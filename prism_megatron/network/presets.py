@@ -38,7 +38,7 @@ DGX_A100 = ClusterSpec(
     base_latency_us=_BASE_LATENCY_US,
     intra_node=IntraNodeFabric(
         # A100 datasheet: third-generation NVLink, 12 links, 600 GB/s total = 300 GB/s per direction.
-        nvlink_bandwidth_gbps=300.0,
+        nvlink_bandwidth_gb_per_s=300.0,
         nvlink_efficiency=20.0 / 25.0,  # [NCCL-topo] SM80
         step_latency_us=_NVLINK_STEP_US,
         nvswitch=True,  # DGX A100 datasheet: 6x NVSwitch
@@ -47,7 +47,7 @@ DGX_A100 = ClusterSpec(
     network=NetworkFabric(
         # DGX A100 datasheet: 8x single-port ConnectX-6 VPI 200 Gb/s HDR InfiniBand for compute.
         nics_per_node=8,
-        nic_bandwidth_gbps=25.0,
+        nic_bandwidth_gb_per_s=25.0,
         nic_efficiency=_IB_EFFICIENCY,
         step_latency_us=_NET_STEP_US,
     ),
@@ -63,7 +63,7 @@ DGX_H100 = ClusterSpec(
     base_latency_us=_BASE_LATENCY_US,
     intra_node=IntraNodeFabric(
         # H100 datasheet: fourth-generation NVLink, 18 links, 900 GB/s total = 450 GB/s per direction.
-        nvlink_bandwidth_gbps=450.0,
+        nvlink_bandwidth_gb_per_s=450.0,
         nvlink_efficiency=20.6 / 25.0,  # [NCCL-topo] SM90
         step_latency_us=_NVLINK_STEP_US,
         nvswitch=True,  # DGX H100 datasheet: 4x third-generation NVSwitch
@@ -74,7 +74,7 @@ DGX_H100 = ClusterSpec(
     network=NetworkFabric(
         # DGX H100 datasheet: 8x ConnectX-7 (single-port NDR 400 Gb/s each) for the compute fabric.
         nics_per_node=8,
-        nic_bandwidth_gbps=50.0,
+        nic_bandwidth_gb_per_s=50.0,
         nic_efficiency=_IB_EFFICIENCY,
         step_latency_us=_NET_STEP_US,
     ),
@@ -97,7 +97,7 @@ GB200_NVL72 = ClusterSpec(
     base_latency_us=_BASE_LATENCY_US,
     intra_node=IntraNodeFabric(
         # GB200 NVL72 datasheet: fifth-generation NVLink, 1.8 TB/s per GPU = 900 GB/s per direction.
-        nvlink_bandwidth_gbps=900.0,
+        nvlink_bandwidth_gb_per_s=900.0,
         nvlink_efficiency=40.1 / 50.0,  # [NCCL-topo] SM100
         step_latency_us=_NVLINK_STEP_US,
         nvswitch=True,  # 9 NVLink switch trays
@@ -109,7 +109,7 @@ GB200_NVL72 = ClusterSpec(
         # Each of the 18 compute trays holds 4 GPUs and 4 ConnectX-7 400 Gb/s NICs for the compute
         # fabric, one per GPU (recalled from the DGX GB200 user guide, not re-read).
         nics_per_node=72,
-        nic_bandwidth_gbps=50.0,
+        nic_bandwidth_gb_per_s=50.0,
         nic_efficiency=_IB_EFFICIENCY,
         step_latency_us=_NET_STEP_US,
     ),

@@ -32,7 +32,7 @@ class LatencyBandwidthCost:
     """Alpha-beta costs with ring (bandwidth-bound ops) and binary-tree (latency-bound ops) steps.
 
     For a group of n members, a message of S bytes (sizes as in ``replay.events``), per-step latency
-    a (``latency_us``) and link bandwidth B (``bandwidth_gbps``, so 1/B ns per byte at 1 GB/s = 1
+    a (``latency_us``) and link bandwidth B (``bandwidth_gb_per_s``, so 1/B ns per byte at 1 GB/s = 1
     byte/ns):
 
     * all-reduce (ring): 2(n-1) a + 2 (n-1)/n S / B
@@ -46,7 +46,7 @@ class LatencyBandwidthCost:
 
     latency_us: float = 5.0
     """Latency of one step (one message between two members), microseconds."""
-    bandwidth_gbps: float = 25.0
+    bandwidth_gb_per_s: float = 25.0
     """Bandwidth of one link, GB/s (1 GB/s moves one byte per ns)."""
 
     def __post_init__(self) -> None:
@@ -54,9 +54,9 @@ class LatencyBandwidthCost:
             raise ValueError(
                 f"LatencyBandwidthCost.latency_us must be finite and >= 0, got {self.latency_us}"
             )
-        if not (math.isfinite(self.bandwidth_gbps) and self.bandwidth_gbps > 0):
+        if not (math.isfinite(self.bandwidth_gb_per_s) and self.bandwidth_gb_per_s > 0):
             raise ValueError(
-                f"LatencyBandwidthCost.bandwidth_gbps must be finite and > 0, got {self.bandwidth_gbps}"
+                f"LatencyBandwidthCost.bandwidth_gb_per_s must be finite and > 0, got {self.bandwidth_gb_per_s}"
             )
 
     def cost_lines(self, kind: OpKind, members: Sequence[int]) -> CostLines:
@@ -64,7 +64,7 @@ class LatencyBandwidthCost:
         if n <= 1 and kind not in (OpKind.SEND, OpKind.RECV):
             return (CostLine(0.0, 0.0),)
         step_ns = self.latency_us * 1e3
-        ns_per_byte = 1.0 / self.bandwidth_gbps
+        ns_per_byte = 1.0 / self.bandwidth_gb_per_s
         tree_steps = math.ceil(math.log2(n)) if n > 1 else 0
         if kind == OpKind.ALL_REDUCE:
             return (CostLine(2 * (n - 1) * step_ns, 2 * (n - 1) / n * ns_per_byte),)

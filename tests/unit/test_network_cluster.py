@@ -22,10 +22,10 @@ def test_presets_cover_the_systems_the_issue_names():
 def test_preset_numbers_are_the_datasheet_line_rates():
     h100 = PRESETS["dgx-h100"]
     assert h100.gpus_per_node == 8
-    assert h100.intra_node.nvlink_bandwidth_gbps == 450.0  # 900 GB/s bidirectional
-    assert h100.network.nics_per_node == 8 and h100.network.nic_bandwidth_gbps == 50.0  # 400 Gb/s
-    assert PRESETS["dgx-a100"].intra_node.nvlink_bandwidth_gbps == 300.0  # 600 GB/s bidirectional
-    assert PRESETS["dgx-a100"].network.nic_bandwidth_gbps == 25.0  # 200 Gb/s HDR
+    assert h100.intra_node.nvlink_bandwidth_gb_per_s == 450.0  # 900 GB/s bidirectional
+    assert h100.network.nics_per_node == 8 and h100.network.nic_bandwidth_gb_per_s == 50.0  # 400 Gb/s
+    assert PRESETS["dgx-a100"].intra_node.nvlink_bandwidth_gb_per_s == 300.0  # 600 GB/s bidirectional
+    assert PRESETS["dgx-a100"].network.nic_bandwidth_gb_per_s == 25.0  # 200 Gb/s HDR
     assert not PRESETS["dgx-a100"].intra_node.nvls
     assert PRESETS["gb200-nvl72"].gpus_per_node == 72
 
@@ -86,9 +86,39 @@ def test_validation_names_the_field():
     h100 = PRESETS["dgx-h100"]
     with pytest.raises(ValueError, match=r"cluster\.gpus_per_node must be an integer >= 1"):
         dataclasses.replace(h100, gpus_per_node=0)
-    with pytest.raises(ValueError, match=r"network\.nic_bandwidth_gbps must be a finite number > 0"):
-        NetworkFabric(nics_per_node=8, nic_bandwidth_gbps=-1.0, nic_efficiency=0.9, step_latency_us=1.0)
+    with pytest.raises(ValueError, match=r"network\.nic_bandwidth_gb_per_s must be a finite number > 0"):
+        NetworkFabric(nics_per_node=8, nic_bandwidth_gb_per_s=-1.0, nic_efficiency=0.9, step_latency_us=1.0)
     with pytest.raises(ValueError, match=r"nvls needs intra_node\.nvswitch"):
         IntraNodeFabric(
-            nvlink_bandwidth_gbps=1.0, nvlink_efficiency=1.0, step_latency_us=1.0, nvswitch=False, nvls=True
+            nvlink_bandwidth_gb_per_s=1.0,
+            nvlink_efficiency=1.0,
+            step_latency_us=1.0,
+            nvswitch=False,
+            nvls=True,
         )
+
+
+def test_the_old_gbps_keys_load_as_gb_per_s_with_a_one_line_warning(tmp_path, capsys):
+    path = tmp_path / "old.yaml"
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "base": "dgx-h100",
+                "intra_node": {"nvlink_bandwidth_gbps": 400.0},
+                "network": {"nic_bandwidth_gbps": 25},
+            }
+        )
+    )
+    spec = load_cluster(path)
+    assert spec.intra_node.nvlink_bandwidth_gb_per_s == 400.0 and spec.network.nic_bandwidth_gb_per_s == 25
+    warnings = capsys.readouterr().err.strip().splitlines()
+    assert len(warnings) == 2
+    assert "intra_node.nvlink_bandwidth_gbps is now intra_node.nvlink_bandwidth_gb_per_s" in warnings[0]
+    both = tmp_path / "both.yaml"
+    both.write_text(
+        yaml.safe_dump(
+            {"base": "dgx-h100", "network": {"nic_bandwidth_gbps": 25, "nic_bandwidth_gb_per_s": 50}}
+        )
+    )
+    with pytest.raises(ValueError, match="are the same field; keep only nic_bandwidth_gb_per_s"):
+        load_cluster(both)

@@ -19,8 +19,10 @@ TOY = ClusterSpec(
     name="toy",
     gpus_per_node=4,
     base_latency_us=6.6,
-    intra_node=IntraNodeFabric(nvlink_bandwidth_gbps=100.0, nvlink_efficiency=1.0, step_latency_us=3.4),
-    network=NetworkFabric(nics_per_node=4, nic_bandwidth_gbps=10.0, nic_efficiency=1.0, step_latency_us=14.0),
+    intra_node=IntraNodeFabric(nvlink_bandwidth_gb_per_s=100.0, nvlink_efficiency=1.0, step_latency_us=3.4),
+    network=NetworkFabric(
+        nics_per_node=4, nic_bandwidth_gb_per_s=10.0, nic_efficiency=1.0, step_latency_us=14.0
+    ),
     topology=Topology(nodes_per_leaf=2, spine_latency_us=0.5),
 )
 
@@ -181,10 +183,12 @@ def test_bus_bandwidth_follows_the_nccl_tests_definition():
     model = CostModel(TOY)
     size = 1 << 30
     time_ns = model.nccl_tests_time_ns(OpKind.ALL_REDUCE, 4, size)
-    assert model.bus_bandwidth_gbps(OpKind.ALL_REDUCE, 4, size) == pytest.approx(size / time_ns * 2 * 3 / 4)
+    assert model.bus_bandwidth_gb_per_s(OpKind.ALL_REDUCE, 4, size) == pytest.approx(
+        size / time_ns * 2 * 3 / 4
+    )
     # At large sizes the ring's bus bandwidth approaches the NVLink rate.
-    assert model.bus_bandwidth_gbps(OpKind.ALL_REDUCE, 4, 1 << 36, algorithm="ring") == pytest.approx(
+    assert model.bus_bandwidth_gb_per_s(OpKind.ALL_REDUCE, 4, 1 << 36, algorithm="ring") == pytest.approx(
         100, rel=1e-3
     )
     with pytest.raises(ValueError, match="candidates: ring/ll"):
-        model.bus_bandwidth_gbps(OpKind.ALL_REDUCE, 4, size, algorithm="nvls")
+        model.bus_bandwidth_gb_per_s(OpKind.ALL_REDUCE, 4, size, algorithm="nvls")

@@ -79,7 +79,7 @@ def test_written_logs_read_back_and_carry_nccl_tests_bandwidths():
         assert row.size_bytes == size
         assert row.time_us == pytest.approx(time_us, rel=1e-3)  # printed with nccl-tests' 2 decimals
     busbw = float(text.splitlines()[-4].split()[7])  # the busbw column of the last row
-    assert busbw == pytest.approx(model.bus_bandwidth_gbps(OpKind.ALL_GATHER, 16, 1 << 30), rel=1e-3)
+    assert busbw == pytest.approx(model.bus_bandwidth_gb_per_s(OpKind.ALL_GATHER, 16, 1 << 30), rel=1e-3)
 
 
 def test_several_runs_in_one_file_are_kept_apart():

@@ -77,7 +77,7 @@ def test_group_cost_lines_take_the_cheapest_line_and_override_the_default(activa
 
 
 def test_a_cost_model_supplies_lines_for_each_group_it_creates(activate):
-    model = LatencyBandwidthCost(latency_us=2.0, bandwidth_gbps=10.0)
+    model = LatencyBandwidthCost(latency_us=2.0, bandwidth_gb_per_s=10.0)
     activate(cost_model=model)
     dist.new_group(list(TP))
     for kind in (OpKind.ALL_REDUCE, OpKind.ALL_GATHER, OpKind.BROADCAST):
