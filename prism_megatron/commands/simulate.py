@@ -55,7 +55,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="SPEC",
         help="ranks in the timeline (default: each role's representative, stragglers, real ranks)",
     )
-    parser.add_argument("--chakra", action="store_true", help="also export the traced ranks as Chakra JSON")
+    parser.add_argument(
+        "--chakra",
+        action="store_true",
+        help="also export the traced ranks as Chakra execution traces (chakra/<prefix>.<rank>.et)",
+    )
     parser.add_argument(
         "--out", default=None, metavar="DIR", help="output directory (default: GRAPH_DIR/simulation)"
     )
@@ -159,5 +163,5 @@ def _write_outputs(result, graph, world, out, real_ranks, trace_ranks, extra, ch
         schedule.save(path)
         paths.append(path)
     if chakra:
-        paths += export_chakra(ExpandedGraph(graph, world), os.path.join(out, "chakra"), ranks)
+        paths += export_chakra(ExpandedGraph(graph, world), os.path.join(out, "chakra"), ranks).paths
     return paths

@@ -1,10 +1,9 @@
 """Execution graphs: the schema, its printable form and files, expansion to every rank, export.
 
-Knows nothing of Megatron: capture (in `prism_megatron.megatron`) fills the schema, the simulator
+Chakra's binary traces are written by `prism_megatron.graph.chakra`. Knows nothing of Megatron: capture (in `prism_megatron.megatron`) fills the schema, the simulator
 (`prism_megatron.sim`) reads it.
 """
 
-from prism_megatron.graph.chakra import export_chakra
 from prism_megatron.graph.expand import ExpandedGraph, ResolvedOp
 from prism_megatron.graph.io import load_graph, save_graph
 from prism_megatron.graph.printable import format_op, parse_op
@@ -36,10 +35,18 @@ __all__ = [
     "ResolvedOp",
     "RoleGraph",
     "World",
-    "export_chakra",
+    "export_chakra",  # imported on first use: it loads protobuf
     "format_op",
     "load_graph",
     "parse_op",
     "save_graph",
     "world_from_metadata",
 ]
+
+
+def __getattr__(name: str):
+    if name == "export_chakra":
+        from prism_megatron.graph.chakra import export_chakra
+
+        return export_chakra
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,11 +1,9 @@
-"""Expansion of the role graph to every rank of the job, and the Chakra export."""
+"""Expansion of the role graph to every rank of the job (the Chakra export: test_chakra_export.py)."""
 
-import json
 import tracemalloc
 
 import pytest
 
-from prism_megatron.graph.chakra import export_chakra
 from prism_megatron.graph.expand import ExpandedGraph
 from prism_megatron.graph.schema import COMPUTE_STREAM, NodeType
 from prism_megatron.graph.world import LayoutWorld, group_kind_of, peer_spec, world_from_metadata
@@ -78,30 +76,3 @@ def test_a_graph_carries_the_layout_it_expands_with():
         world_from_metadata({**graph.metadata.layout, "world_size": 63})
 
 
-def test_chakra_export_has_one_node_per_op_with_stream_and_cross_stream_dependencies(tmp_path):
-    layout = Layout(world_size=16, tp=2, pp=4)
-    expanded = ExpandedGraph(layout_pipeline_graph(layout, SPEC), LayoutWorld(layout))
-    paths = export_chakra(expanded, str(tmp_path), [2])
-    assert [p.rsplit("/", 1)[1] for p in paths] == ["chakra.2.json", "comm_groups.json"]
-    with open(paths[0], encoding="utf-8") as f:
-        trace = json.load(f)
-    with open(paths[1], encoding="utf-8") as f:
-        groups = json.load(f)
-    nodes = trace["nodes"]
-    streams = expanded.streams(2)
-    assert len(nodes) == sum(len(ops) for ops in streams.values())
-    assert {n["type"] for n in nodes} == {"COMP_NODE", "COMM_COLL_NODE", "COMM_SEND_NODE", "COMM_RECV_NODE"}
-    attrs = [{a["name"]: next(v for k, v in a.items() if k != "name") for a in n["attr"]} for n in nodes]
-    sends = [(n, a) for n, a in zip(nodes, attrs, strict=True) if n["type"] == "COMM_SEND_NODE"]
-    assert layout.group("pp", 2)[0] == 2  # stage 0: it sends forward only
-    assert all(a["comm_src"] == 2 and a["comm_dst"] == layout.group("pp", 2)[1] for _, a in sends)
-    # each send waits for the op that ends its forward chunk: the chunk's last TP all-reduce
-    assert all(
-        len(n["data_deps"]) == 1 and nodes[n["data_deps"][0]]["type"] == "COMM_COLL_NODE" for n, _ in sends
-    )
-    first_of_stream = [n for n, a in zip(nodes, attrs, strict=True) if not n["ctrl_deps"]]
-    assert len(first_of_stream) == len(streams)
-    all_reduces = [a for n, a in zip(nodes, attrs, strict=True) if a.get("comm_type") == 0]
-    assert {
-        groups[a["pg_name"]] == list(layout.group("tp", 2)) for a in all_reduces if a["comm_size"] == 128
-    } == {True}

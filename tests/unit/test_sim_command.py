@@ -65,7 +65,7 @@ def test_a_straggler_simulates_every_rank_and_slows_the_iteration(capsys, graph_
     time_of = lambda text: float(text.split("predicted iteration time: ")[1].split(" ms")[0])  # noqa: E731
     assert time_of(slow) > time_of(base)
     assert "what-if ranks:" in slow
-    assert os.path.isfile(tmp_path / "b" / "chakra" / "chakra.77.json")
+    assert os.path.isfile(tmp_path / "b" / "chakra" / "chakra.77.et")
 
 
 @pytest.mark.parametrize(
