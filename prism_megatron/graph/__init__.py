@@ -35,7 +35,6 @@ __all__ = [
     "ResolvedOp",
     "RoleGraph",
     "World",
-    "export_chakra",  # imported on first use: it loads protobuf
     "format_op",
     "load_graph",
     "parse_op",
@@ -45,6 +44,7 @@ __all__ = [
 
 
 def __getattr__(name: str):
+    """`export_chakra` on first use (it loads protobuf; not in __all__, so `import *` does not)."""
     if name == "export_chakra":
         from prism_megatron.graph.chakra import export_chakra
 
