@@ -28,6 +28,7 @@ from prism_megatron.report import (
     median_iteration_time_s,
     model_flops_per_iteration,
     tflops_per_gpu,
+    tokens_per_s_per_gpu,
     write_report,
 )
 from prism_megatron.report.flops import padded_vocab_size
@@ -127,6 +128,16 @@ def build_report(
         tflops_per_gpu=(
             tflops_per_gpu(flops, iteration_time_s, plan.layout.world_size)
             if flops and iteration_time_s
+            else None
+        ),
+        tokens_per_s_per_gpu=(
+            tokens_per_s_per_gpu(
+                target_job(plan).global_batch_size,
+                target_job(plan).seq_length,
+                iteration_time_s,
+                plan.layout.world_size,
+            )
+            if iteration_time_s
             else None
         ),
         failure=failure,

@@ -28,6 +28,8 @@ _EXPORTS = {
     "ModelShape": "flops",
     "model_flops_per_iteration": "flops",
     "tflops_per_gpu": "flops",
+    "tokens_per_s_per_gpu": "flops",
+    "MEGATRON_NAMES": "model",
     "ComputeSpan": "oplog",
     "OpLog": "oplog",
     "save_op_log": "oplog",

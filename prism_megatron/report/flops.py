@@ -131,6 +131,17 @@ def tflops_per_gpu(flops_per_iteration: float, iteration_time_s: float, world_si
     return flops_per_iteration / (iteration_time_s * world_size) / 1e12
 
 
+def tokens_per_s_per_gpu(
+    global_batch_size: int, seq_length: int, iteration_time_s: float, world_size: int
+) -> float:
+    """Tokens each GPU of the target job processes per second: B s / (t W)."""
+    if iteration_time_s <= 0 or world_size < 1:
+        raise ValueError(
+            f"need a positive iteration time and world size, got {iteration_time_s} s and W={world_size}"
+        )
+    return global_batch_size * seq_length / (iteration_time_s * world_size)
+
+
 def padded_vocab_size(vocab_size: int, *, tp: int, divisible_by: int = 128) -> int:
     """Megatron's padding: the vocabulary rounded up to a multiple of divisible_by x tp."""
     multiple = divisible_by * tp

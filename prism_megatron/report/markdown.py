@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from prism_megatron.report.model import RunReport
+from prism_megatron.report.model import MEGATRON_NAMES, RunReport
 
 _TITLES = {
     "iteration_time.png": "Iteration time",
@@ -84,14 +84,22 @@ def _summary(report: RunReport) -> list[str]:
         versus = f"{(measured - simulated) / simulated * 100:+.2f} %"
     # Three significant figures: CPU demo models run at milli-TFLOP/s, production ones at hundreds.
     tflops = "n/a" if report.tflops_per_gpu is None else f"{report.tflops_per_gpu:.3g}"
+    tokens = "n/a" if report.tokens_per_s_per_gpu is None else f"{report.tokens_per_s_per_gpu:.4g}"
+    megatron = {key: name.split(" [")[0] for key, name in MEGATRON_NAMES.items()}
     rows = [
-        ["iteration time (median after warm-up)", _seconds(measured)],
-        ["simulated iteration time", _seconds(simulated)],
-        ["emulated relative to simulated", versus],
-        ["model TFLOP/s per GPU", tflops],
-        ["real ranks (virtual rank)", ", ".join(map(str, report.real_ranks)) or "none"],
+        ["iteration time (median after warm-up)", _seconds(measured), f"`{megatron['iteration_time_s']}`"],
+        ["simulated iteration time", _seconds(simulated), "-"],
+        ["emulated relative to simulated", versus, "-"],
+        ["model TFLOP/s per GPU", tflops, f"`{megatron['tflops_per_gpu']}`"],
+        ["tokens/s per GPU", tokens, "- (Megatron-LM does not log it)"],
+        [
+            "global batch size",
+            str(report.target.global_batch_size),
+            f"`{megatron['target.global_batch_size']}`",
+        ],
+        ["real ranks (virtual rank)", ", ".join(map(str, report.real_ranks)) or "none", "-"],
     ]
-    return ["## Summary", "", *_table(["", ""], rows)]
+    return ["## Summary", "", *_table(["", "", "Megatron-LM's name"], rows)]
 
 
 def _target(report: RunReport) -> list[str]:
@@ -121,8 +129,8 @@ def _ranks(report: RunReport) -> list[str]:
         header = [
             "virtual rank",
             "role",
-            "peak allocated",
-            "peak reserved",
+            "peak allocated (Megatron: max allocated)",
+            "peak reserved (Megatron: max reserved)",
             "compute",
             "exposed comm",
             "bubble",

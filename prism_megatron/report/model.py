@@ -33,6 +33,19 @@ if TYPE_CHECKING:
 
 _NS_PER_S = 1e9
 
+MEGATRON_NAMES = {
+    "iteration_time_s": "elapsed time per iteration (ms) [log line]; iteration-time [TensorBoard]",
+    "iterations[].time_s": "elapsed time per iteration (ms) [log line]; iteration-time [TensorBoard]",
+    "tflops_per_gpu": "throughput per GPU (TFLOP/s/GPU) [log line]; throughput [TensorBoard]",
+    "model_flops_per_iteration": "num_floating_point_operations(args, global batch size)",
+    "tokens_per_s_per_gpu": "(not logged by Megatron-LM: global batch size x seq length / elapsed time / GPUs)",
+    "target.global_batch_size": "global batch size [log line]; batch-size [TensorBoard]",
+    "ranks.*.peak_memory_allocated_bytes": "max allocated (MB) [memory report]; mem-max-allocated-bytes [TensorBoard]",
+    "ranks.*.peak_memory_reserved_bytes": "max reserved (MB) [memory report]",
+}
+"""Our key in report.json -> the name Megatron-LM prints or logs for the same number (report.json
+carries it as `megatron_names`; report.md shows it beside ours)."""
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class TargetJob:
@@ -241,6 +254,8 @@ class RunReport:
     simulated_iteration_time_s: float | None = None
     tflops_per_gpu: float | None = None
     """Model FLOPs per iteration / (iteration_time_s x world_size), in 10^12 per second."""
+    tokens_per_s_per_gpu: float | None = None
+    """global_batch_size x seq_length / (iteration_time_s x world_size)."""
     model_flops_per_iteration: float | None = None
     failure: Failure | None = None
     prism: Mapping[str, Any] = dataclasses.field(default_factory=dict)
@@ -270,6 +285,8 @@ class RunReport:
             "simulated_iteration_time_s": self.simulated_iteration_time_s,
             "model_flops_per_iteration": self.model_flops_per_iteration,
             "tflops_per_gpu": self.tflops_per_gpu,
+            "tokens_per_s_per_gpu": self.tokens_per_s_per_gpu,
+            "megatron_names": dict(MEGATRON_NAMES),
             "prism": dict(self.prism),
             "shims_used": dict(self.shims_used) if self.shims_used is not None else None,
             "patches": dict(self.patches) if self.patches is not None else None,
@@ -293,6 +310,7 @@ class RunReport:
             roles=tuple(RoleReport(role=k, **v) for k, v in (doc.get("roles") or {}).items()),
             simulated_iteration_time_s=doc["simulated_iteration_time_s"],
             tflops_per_gpu=doc["tflops_per_gpu"],
+            tokens_per_s_per_gpu=doc.get("tokens_per_s_per_gpu"),
             model_flops_per_iteration=doc.get("model_flops_per_iteration"),
             failure=Failure(**doc["failure"]) if doc.get("failure") else None,
             prism=doc.get("prism") or {},

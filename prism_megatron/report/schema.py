@@ -1,11 +1,13 @@
-"""The schema of report.json, checked in plain Python (no JSON-schema dependency).
+"""The schema of report.json: a JSON Schema file for its shape, and the checks a schema cannot express.
 
 report.json is what a run leaves for people and for tools: the target job, what the real ranks
 measured and what the simulator predicted. Readers reject what they do not understand, so every
 document carries `schema_version` and `validate` refuses a newer one with a sentence saying so.
 
-`validate(doc)` checks, in order: the shape (required keys, no unknown keys, JSON types), sane values
-(times and sizes >= 0, ranks inside the world, iteration indices increasing) and consistency
+The shape (required keys, no unknown keys, JSON types, times and sizes >= 0) is `report.schema.json`
+(JSON Schema draft 2020-12, in the package, checked with `jsonschema`), which other tools can use
+as it is. `validate(doc)` checks that, then what the schema cannot say: finite numbers, ranks inside
+the world, iteration indices increasing, and consistency
 (`dp` = world / (tp pp cp); the ranks table holds only real ranks, all of them when the run is ok;
 `iteration_time_s` is the median of the iterations after warm-up; each role's compute, exposed
 communication and bubble add up to the simulated iteration time, as the simulator's breakdown
@@ -15,10 +17,13 @@ guarantees). Every error names its key path (`$.ranks.7168.compute_s`), and all 
 
 from __future__ import annotations
 
+import functools
 import itertools
+import json
 import math
+import os
 import statistics
-from collections.abc import Callable, Mapping
+from collections.abc import Iterable
 from typing import Any
 
 SCHEMA_VERSION = 1
@@ -38,170 +43,119 @@ class SchemaError(ValueError):
         super().__init__(f"{source} does not follow report schema {SCHEMA_VERSION}: {shown}")
 
 
-# ---- type specs: a check is a function (value, path, errors) -> None ------------------------------
+SCHEMA_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "report.schema.json")
+"""The JSON Schema (draft 2020-12) of report.json's shape, shipped in the package."""
 
-Check = Callable[[Any, str, list[str]], None]
-
-
-def _number(*, minimum: float | None = 0, nullable: bool = False, integer: bool = False) -> Check:
-    def check(value: Any, path: str, errors: list[str]) -> None:
-        if value is None and nullable:
-            return
-        kinds = (int,) if integer else (int, float)
-        if isinstance(value, bool) or not isinstance(value, kinds):
-            errors.append(f"{path}: must be {'an integer' if integer else 'a number'}, got {value!r}")
-        elif not math.isfinite(value):
-            errors.append(f"{path}: must be finite, got {value!r}")
-        elif minimum is not None and value < minimum:
-            errors.append(f"{path}: must be >= {minimum}, got {value!r}")
-
-    return check
+_TYPE_WORDS = {
+    "integer": "an integer",
+    "number": "a number",
+    "string": "a string",
+    "object": "an object",
+    "array": "an array",
+    "boolean": "true or false",
+    "null": "null",
+}
 
 
-def _string(*, choices: tuple[str, ...] | None = None, nullable: bool = False) -> Check:
-    def check(value: Any, path: str, errors: list[str]) -> None:
-        if value is None and nullable:
-            return
-        if not isinstance(value, str):
-            errors.append(f"{path}: must be a string, got {value!r}")
-        elif choices is not None and value not in choices:
-            errors.append(f"{path}: must be one of {', '.join(choices)}, got {value!r}")
-
-    return check
+@functools.lru_cache(maxsize=1)
+def json_schema() -> dict[str, Any]:
+    """The parsed schema file."""
+    with open(SCHEMA_FILE, encoding="utf-8") as f:
+        return json.load(f)
 
 
-def _boolean(value: Any, path: str, errors: list[str]) -> None:
-    if not isinstance(value, bool):
-        errors.append(f"{path}: must be true or false, got {value!r}")
+@functools.lru_cache(maxsize=1)
+def _validator():
+    import jsonschema
+
+    schema = json_schema()
+    jsonschema.Draft202012Validator.check_schema(schema)
+    return jsonschema.Draft202012Validator(schema)
 
 
-def _object(
-    required: Mapping[str, Check],
-    optional: Mapping[str, Check] | None = None,
-    *,
-    extra: bool = False,
-    nullable: bool = False,
-) -> Check:
-    optional = optional or {}
-
-    def check(value: Any, path: str, errors: list[str]) -> None:
-        if value is None and nullable:
-            return
-        if not isinstance(value, dict):
-            errors.append(f"{path}: must be an object, got {type(value).__name__}")
-            return
-        for key, sub in required.items():
-            if key not in value:
-                errors.append(f"{path}: missing key {key!r}")
-            else:
-                sub(value[key], f"{path}.{key}", errors)
-        for key, sub in optional.items():
-            if key in value:
-                sub(value[key], f"{path}.{key}", errors)
-        if not extra:
-            unknown = sorted(set(value) - set(required) - set(optional))
-            if unknown:
-                errors.append(f"{path}: unknown key(s) {', '.join(map(repr, unknown))}")
-
-    return check
+def _path(parts: Iterable[Any]) -> str:
+    out = "$"
+    for part in parts:
+        out += f"[{part}]" if isinstance(part, int) else f".{part}"
+    return out
 
 
-def _array(item: Check) -> Check:
-    def check(value: Any, path: str, errors: list[str]) -> None:
-        if not isinstance(value, list):
-            errors.append(f"{path}: must be an array, got {type(value).__name__}")
-            return
-        for index, entry in enumerate(value):
-            item(entry, f"{path}[{index}]", errors)
+def _message(error) -> list[str]:
+    """Our one-line messages for a jsonschema error (the key path first, then what is wrong)."""
+    path, value, rule, expected = (
+        _path(error.absolute_path),
+        error.instance,
+        error.validator,
+        error.validator_value,
+    )
+    if rule == "required":
+        return [f"{path}: missing key {key!r}" for key in expected if key not in value]
+    if rule == "additionalProperties":
+        known = set(error.schema.get("properties", {}))
+        unknown = sorted(set(value) - known)
+        return [f"{path}: unknown key(s) {', '.join(map(repr, unknown))}"]
+    if rule == "type":
+        kinds = [k for k in ([expected] if isinstance(expected, str) else expected) if k != "null"]
+        shown = type(value).__name__ if "object" in kinds or "array" in kinds else repr(value)
+        return [f"{path}: must be {' or '.join(_TYPE_WORDS[k] for k in kinds)}, got {shown}"]
+    if rule == "minimum":
+        return [f"{path}: must be >= {expected}, got {value!r}"]
+    if rule == "enum":
+        return [f"{path}: must be one of {', '.join(map(str, expected))}, got {value!r}"]
+    if (
+        rule == "pattern"
+        and error.absolute_path == error.relative_path
+        and "propertyNames" in error.schema_path
+    ):
+        return [f"{path}: key {value!r} must be a virtual rank written as a decimal string"]
+    return [f"{path}: {error.message}"]
 
-    return check
+
+def _shape_errors(doc: Any) -> list[str]:
+    errors = sorted(_validator().iter_errors(doc), key=lambda e: _order(e.absolute_path))
+    return [line for error in errors for line in _message(error)]
 
 
-def _map(value_check: Check, *, integer_keys: bool = False, nullable: bool = False) -> Check:
-    def check(value: Any, path: str, errors: list[str]) -> None:
-        if value is None and nullable:
-            return
-        if not isinstance(value, dict):
-            errors.append(f"{path}: must be an object, got {type(value).__name__}")
-            return
+def _order(path) -> tuple:
+    """Document order of report.json's top-level keys, then the path itself."""
+    parts = list(path)
+    top = _TOP_LEVEL_ORDER.index(parts[0]) if parts and parts[0] in _TOP_LEVEL_ORDER else -1
+    return (top, [str(p) for p in parts])
+
+
+_TOP_LEVEL_ORDER = (
+    "schema_version",
+    "status",
+    "failure",
+    "target",
+    "real_ranks",
+    "iterations",
+    "iteration_time_s",
+    "ranks",
+    "roles",
+    "simulated_iteration_time_s",
+    "model_flops_per_iteration",
+    "tflops_per_gpu",
+    "tokens_per_s_per_gpu",
+    "megatron_names",
+    "prism",
+    "shims_used",
+    "patches",
+    "versions",
+    "created",
+)
+
+
+def _non_finite(value: Any, path: str, errors: list[str]) -> None:
+    """JSON Schema cannot refuse NaN or infinity (Python's json writes and reads them)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        errors.append(f"{path}: must be finite, got {value!r}")
+    elif isinstance(value, dict):
         for key, entry in value.items():
-            if integer_keys and not (isinstance(key, str) and key.isdigit()):
-                errors.append(f"{path}: key {key!r} must be a virtual rank written as a decimal string")
-            value_check(entry, f"{path}.{key}", errors)
-
-    return check
-
-
-_SECONDS = _number()
-_OPTIONAL = _number(nullable=True)
-_COUNT = _number(integer=True)
-_SIZE = _number(integer=True, minimum=1)
-
-TARGET = _object(
-    {
-        **dict.fromkeys(("world_size", "tp", "pp", "cp", "ep", "etp", "dp"), _SIZE),
-        "vpp": _number(integer=True, minimum=1, nullable=True),
-        **dict.fromkeys(("micro_batch_size", "global_batch_size", "seq_length"), _SIZE),
-    },
-    {"order": _string()},
-)
-ITERATION = _object({"index": _COUNT, "time_s": _SECONDS}, {"warmup": _boolean})
-RANK = _object(
-    {
-        "peak_memory_allocated_bytes": _number(integer=True, nullable=True),
-        "peak_memory_reserved_bytes": _number(integer=True, nullable=True),
-        "compute_s": _OPTIONAL,
-        "exposed_comm_s": _OPTIONAL,
-        "bubble_s": _OPTIONAL,
-    },
-    {
-        "role": _string(nullable=True),
-        "memory_by_category": _map(_number(integer=True)),
-        "memory_method": _string(nullable=True),
-    },
-)
-ROLE = _object(
-    {
-        "virtual_rank": _COUNT,
-        "count": _SIZE,
-        "compute_s": _SECONDS,
-        "exposed_comm_s": _SECONDS,
-        "bubble_s": _SECONDS,
-    }
-)
-FAILURE = _object(
-    {"message": _string()},
-    {"dead_rank": _number(integer=True, nullable=True), "last_op": _string(nullable=True)},
-    nullable=True,
-)
-VERSIONS = _object(
-    {"prism_megatron": _string(), "megatron_core": _string(nullable=True), "torch": _string(nullable=True)},
-    extra=True,
-)
-REPORT = _object(
-    {
-        "schema_version": _COUNT,
-        "status": _string(choices=STATUSES),
-        "target": TARGET,
-        "real_ranks": _array(_COUNT),
-        "iterations": _array(ITERATION),
-        "iteration_time_s": _OPTIONAL,
-        "ranks": _map(RANK, integer_keys=True),
-        "simulated_iteration_time_s": _OPTIONAL,
-        "tflops_per_gpu": _OPTIONAL,
-        "versions": VERSIONS,
-    },
-    {
-        "failure": FAILURE,
-        "roles": _map(ROLE),
-        "model_flops_per_iteration": _OPTIONAL,
-        "prism": _object({}, extra=True),
-        "shims_used": _map(_COUNT, nullable=True),
-        "patches": _map(_COUNT, nullable=True),
-        "created": _string(),
-    },
-)
-"""The shape of report.json (see the module docstring for the checks beyond shape)."""
+            _non_finite(entry, f"{path}.{key}", errors)
+    elif isinstance(value, list):
+        for index, entry in enumerate(value):
+            _non_finite(entry, f"{path}[{index}]", errors)
 
 
 def validate(doc: Any, source: str = "report.json") -> None:
@@ -215,8 +169,8 @@ def validate(doc: Any, source: str = "report.json") -> None:
             ],
             source,
         )
-    errors: list[str] = []
-    REPORT(doc, "$", errors)
+    errors = _shape_errors(doc)
+    _non_finite(doc, "$", errors)
     if not errors:
         _check_consistency(doc, errors)
     if errors:
@@ -253,6 +207,7 @@ def _check_consistency(doc: dict, errors: list[str]) -> None:
         errors.append(f"$.failure: only a failed run has a failure, but status is {status!r}")
     _check_iterations(doc, errors)
     _check_roles(doc, errors)
+    _check_tokens(doc, errors)
 
 
 def _check_iterations(doc: dict, errors: list[str]) -> None:
@@ -288,3 +243,16 @@ def _check_roles(doc: dict, errors: list[str]) -> None:
             )
     if roles and sum(role["count"] for role in roles.values()) != world_size:
         errors.append(f"$.roles: the role counts must add up to world_size {world_size}")
+
+
+def _check_tokens(doc: dict, errors: list[str]) -> None:
+    claimed, time_s = doc.get("tokens_per_s_per_gpu"), doc["iteration_time_s"]
+    if claimed is None or not time_s:
+        return
+    target = doc["target"]
+    expected = target["global_batch_size"] * target["seq_length"] / (time_s * target["world_size"])
+    if not math.isclose(claimed, expected, rel_tol=_REL_TOLERANCE):
+        errors.append(
+            f"$.tokens_per_s_per_gpu: must be global_batch_size x seq_length / (iteration_time_s x "
+            f"world_size) = {expected!r}, got {claimed!r}"
+        )

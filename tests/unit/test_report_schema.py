@@ -155,3 +155,33 @@ def test_a_report_round_trips_through_json():
         _doc(status="failed", failure={"message": "x", "dead_rank": 3, "last_op": "y"})
     )
     assert failed.failure == Failure(message="x", dead_rank=3, last_op="y")
+
+
+def test_the_shape_is_a_json_schema_file_that_jsonschema_itself_checks():
+    import jsonschema
+
+    from prism_megatron.report.schema import SCHEMA_FILE, json_schema
+
+    assert SCHEMA_FILE.endswith("report.schema.json")
+    schema = json_schema()
+    assert schema["$schema"] == "https://json-schema.org/draft/2020-12/schema"
+    jsonschema.Draft202012Validator.check_schema(schema)
+    jsonschema.validate(_doc(), schema, cls=jsonschema.Draft202012Validator)  # valid without our code
+    bad = _doc()
+    bad["target"]["tp"] = 0
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(bad, schema, cls=jsonschema.Draft202012Validator)
+    # What the schema cannot say is still checked: the median, which jsonschema accepts.
+    wrong_median = _doc(iteration_time_s=5.0)
+    jsonschema.validate(wrong_median, schema, cls=jsonschema.Draft202012Validator)
+    assert _errors(wrong_median)[0].startswith("$.iteration_time_s: must be the median")
+
+
+def test_tokens_per_second_per_gpu_and_megatrons_names_are_reported():
+    doc = _doc(tokens_per_s_per_gpu=8 * 128 / (1.1 * 16))
+    validate(doc)
+    assert doc["megatron_names"]["iteration_time_s"].startswith("elapsed time per iteration (ms)")
+    assert doc["megatron_names"]["tflops_per_gpu"].startswith("throughput per GPU (TFLOP/s/GPU)")
+    assert _errors(_doc(tokens_per_s_per_gpu=1.0))[0].startswith(
+        "$.tokens_per_s_per_gpu: must be global_batch_size x seq_length / (iteration_time_s x world_size)"
+    )
