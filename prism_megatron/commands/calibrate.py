@@ -13,14 +13,15 @@ HELP = "fit the network cost model to nccl-tests logs and write a cluster YAML"
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = (
         "Read the stdout of nccl-tests programs (all_reduce_perf, all_gather_perf, reduce_scatter_perf, "
-        "alltoall_perf, broadcast_perf, reduce_perf, sendrecv_perf), from one or several node counts, fit "
+        "alltoall_perf, broadcast_perf, reduce_perf, sendrecv_perf), or the JSON files they write with "
+        "-J FILE.json, from one or several node counts, fit "
         "the latencies and bandwidth efficiencies of the cost model, and write a cluster file."
     )
     parser.add_argument(
         "logs",
         nargs="+",
         metavar="NCCL_TESTS_LOG",
-        help="a log file; prefix it with the program (all_gather:run3.log) when neither the log nor the "
+        help="a log file (stdout, or the JSON of -J); prefix it with the program (all_gather:run3.log) when neither the log nor the "
         "file name says which program wrote it",
     )
     parser.add_argument("--out", required=True, help="the cluster file to write (.yaml, or .json)")

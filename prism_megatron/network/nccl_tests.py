@@ -6,12 +6,20 @@ line per rank, the column titles) and one row per size: ``size count type redop 
 ``root`` or ``Group`` fields or name ``#wrong`` ``error``; the column titles are read from the
 header, so those parse too. Lines tagged by mpirun (``[1,0]<stdout>:``) are untagged first.
 
-The writer produces the same layout from predicted times; tests use it to make synthetic logs.
+With ``-J FILE.json`` (nccl-tests 2.17+) a run also writes a JSON document (src/util.cu, JSON file
+version 3): ``args`` (argv, the program first), ``config`` (``nthreads``, ``ngpus`` per process and
+``devices``: one ``{rank, group, pid, hostname, device, ...}`` per process, its first rank) and
+``results``: per size ``{size, count, type, redop, root, out_of_place: {time, alg_bw, bus_bw,
+nwrong}, in_place: {...}}`` (``cpu_time`` instead of ``time`` with -C; ``out_of_place`` null when
+only in-place ran). `read_nccl_tests` reads either form; the rows mean the same.
+
+The writer produces the text layout from predicted times; tests use it to make synthetic logs.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 
@@ -93,9 +101,73 @@ def op_from_name(name: str) -> str | None:
 
 
 def read_nccl_tests(path: str, op: str | None = None) -> list[NcclTestsRun]:
-    """Parse every run in a file; ``op`` names the program when the log does not (old versions)."""
+    """Parse every run in a file, stdout or -J JSON; ``op`` names the program when the log does not."""
     with open(path, encoding="utf-8", errors="replace") as f:
-        return parse_nccl_tests(f.read(), source=path, op=op)
+        text = f.read()
+    if text.lstrip().startswith("{"):
+        try:
+            doc = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}: looks like nccl-tests JSON (-J) but is not JSON ({exc})") from exc
+        return [parse_nccl_tests_json(doc, source=path, op=op)]
+    return parse_nccl_tests(text, source=path, op=op)
+
+
+def parse_nccl_tests_json(doc: object, *, source: str, op: str | None = None) -> NcclTestsRun:
+    """One run from the JSON document nccl-tests writes with -J (see the module docstring).
+
+    Raises:
+        ValueError: naming ``source`` and the key that is missing or wrong.
+    """
+    if not isinstance(doc, dict) or not isinstance(doc.get("results"), list):
+        raise ValueError(f"{source}: not nccl-tests JSON output (no 'results' list)")
+    args = doc.get("args") or []
+    program = (
+        op or (op_from_name(args[0]) if args and isinstance(args[0], str) else None) or op_from_name(source)
+    )
+    if program is None or program not in OPS:
+        raise ValueError(
+            f"{source}: cannot tell which nccl-tests program wrote this (args[0] is {args[:1]}); "
+            f"prefix the path with the program, e.g. all_gather:{source}"
+        )
+    config = doc.get("config")
+    if not isinstance(config, dict) or not config.get("devices"):
+        raise ValueError(f"{source}: config.devices is missing; the ranks' hosts cannot be told")
+    per_process = int(config.get("nthreads", 1)) * int(config.get("ngpus", 1))
+    ranks: dict[int, tuple[str, int]] = {}
+    try:
+        for device in config["devices"]:
+            for i in range(per_process):
+                ranks[int(device["rank"]) + i] = (str(device["hostname"]), int(device["device"]) + i)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"{source}: config.devices entries need rank, hostname and device ({exc})") from exc
+    if sorted(ranks) != list(range(len(ranks))):
+        raise ValueError(f"{source}: config.devices does not cover ranks 0..n-1 (got {sorted(ranks)[:8]})")
+    state = _RunState(program)
+    state.ranks = ranks
+    state.rows = [_json_row(result, index, source) for index, result in enumerate(doc["results"])]
+    if not state.rows:
+        raise ValueError(f"{source}: no nccl-tests result rows found")
+    (run,) = state.finish(source)
+    return run
+
+
+def _json_row(result: object, index: int, source: str) -> NcclTestsRow:
+    where = f"{source}: results[{index}]"
+    if not isinstance(result, dict) or not isinstance(result.get("size"), int):
+        raise ValueError(f"{where}: needs an integer 'size'")
+    times = []
+    for placement in ("out_of_place", "in_place"):
+        entry = result.get(placement)
+        if isinstance(entry, dict):
+            value = entry.get("time", entry.get("cpu_time"))
+            if not isinstance(value, int | float) or value <= 0:
+                raise ValueError(f"{where}.{placement}: needs a time > 0 in us, got {value!r}")
+            times.append(float(value))
+    if not times:
+        raise ValueError(f"{where}: neither out_of_place nor in_place has a time")
+    # The row's "line" is its index in the results (JSON has no lines); errors name it.
+    return NcclTestsRow(size_bytes=result["size"], time_us=sum(times) / len(times), line_number=index)
 
 
 def parse_nccl_tests(text: str, *, source: str, op: str | None = None) -> list[NcclTestsRun]:

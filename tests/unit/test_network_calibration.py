@@ -3,6 +3,8 @@ writes a cluster file that the emulator can load."""
 
 from __future__ import annotations
 
+import os
+
 import dataclasses
 
 import numpy as np
@@ -111,3 +113,11 @@ def test_the_calibrate_command_reports_user_mistakes_in_one_line(tmp_path, capsy
     assert cli.main(["calibrate", f"all_gather:{log}", "--out", str(tmp_path / "c.yaml")]) == 0
     assert cli.main(["calibrate", str(tmp_path / "missing.log"), "--out", "c.yaml"]) == 2
     assert "is not a file" in capsys.readouterr().err
+
+
+def test_the_calibrate_command_reads_nccl_tests_json_output(tmp_path, capsys):
+    data = os.path.join(os.path.dirname(__file__), "data", "nccl_tests")
+    out = tmp_path / "from_json.yaml"
+    assert cli.main(["calibrate", os.path.join(data, "all_reduce_2nodes.json"), "--out", str(out)]) == 0
+    assert "1 run(s), 3 rows" in capsys.readouterr().out
+    assert load_cluster(out).name == "from_json"

@@ -91,3 +91,44 @@ def test_several_runs_in_one_file_are_kept_apart():
     )
     runs = parse_nccl_tests(text, source="both.log")
     assert [run.op for run in runs] == ["all_reduce", "alltoall"]
+
+
+def test_the_json_of_dash_j_reads_as_the_same_run_as_its_stdout():
+    """all_reduce_2nodes.json is the -J document of all_reduce_2nodes.log, laid out as nccl-tests'
+    src/util.cu writes it (JSON file version 3: args, config.devices, results[].out_of_place ...)."""
+    (text_run,) = read_nccl_tests(fixture("all_reduce_2nodes.log"))
+    (json_run,) = read_nccl_tests(fixture("all_reduce_2nodes.json"))
+    assert json_run.op == "all_reduce"  # from args[0], ./build/all_reduce_perf
+    assert json_run.placement == text_run.placement
+    assert [(r.size_bytes, r.time_us) for r in json_run.rows] == [
+        (r.size_bytes, r.time_us) for r in text_run.rows
+    ]
+
+
+def test_json_with_several_gpus_per_process_and_bad_documents(tmp_path):
+    import json
+
+    with open(fixture("all_reduce_2nodes.json"), encoding="utf-8") as f:
+        doc = json.load(f)
+    # -g 2: one device entry per process, its first rank; the process's ranks follow on its next GPUs
+    doc["config"]["ngpus"] = 2
+    doc["config"]["devices"] = [
+        {"rank": 0, "hostname": "a", "device": 0},
+        {"rank": 2, "hostname": "b", "device": 0},
+    ]
+    path = tmp_path / "ag.json"
+    path.write_text(json.dumps(doc))
+    (run,) = read_nccl_tests(str(path))
+    assert run.placement == ((0, 0), (0, 1), (1, 0), (1, 1))
+    doc["results"][1]["out_of_place"] = None
+    doc["results"][1]["in_place"]["time"] = -1
+    path.write_text(json.dumps(doc))
+    with pytest.raises(ValueError, match=r"ag.json: results\[1\].in_place: needs a time > 0"):
+        read_nccl_tests(str(path))
+    doc["args"] = ["./mystery"]
+    path.write_text(json.dumps(doc))
+    with pytest.raises(ValueError, match="cannot tell which nccl-tests program"):
+        read_nccl_tests(str(path))
+    path.write_text("{not json")
+    with pytest.raises(ValueError, match=r"looks like nccl-tests JSON \(-J\) but is not JSON"):
+        read_nccl_tests(str(path))
