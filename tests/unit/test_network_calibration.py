@@ -3,9 +3,8 @@ writes a cluster file that the emulator can load."""
 
 from __future__ import annotations
 
-import os
-
 import dataclasses
+import os
 
 import numpy as np
 import pytest
