@@ -265,9 +265,11 @@ class EmulatePhase(_RecordingPhase):
         }
 
     def finish(self) -> None:
-        from prism_megatron.report.oplog import ComputeSpan, OpLog, save_op_log
+        from prism_megatron.megatron.memory import CATEGORIES, last_samples
+        from prism_megatron.report.oplog import ComputeSpan, MemorySample, OpLog, save_op_log
 
         self.read_marks(wait=True)
+        memory = tuple(MemorySample(t, dict(zip(CATEGORIES, b, strict=True))) for t, *b in last_samples())
         events = tuple(e for it in self.iterations for e in it.events)
         compute = tuple(
             ComputeSpan("compute", start_ns, end_ns)
@@ -275,7 +277,7 @@ class EmulatePhase(_RecordingPhase):
             for start_ns, end_ns in compute_intervals(it)
         )
         log = OpLog(virtual_rank=self.virtual_rank, events=events, compute=compute,
-                    iteration_starts_ns=tuple(self.starts_ns))  # fmt: skip
+                    iteration_starts_ns=tuple(self.starts_ns), memory=memory)  # fmt: skip
         save_op_log(self.out_dir, log)
         super().finish()
 

@@ -37,6 +37,14 @@ class ComputeSpan:
     end_ns: int
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class MemorySample:
+    """Live bytes by category at one moment (the CPU memory account's samples)."""
+
+    time_ns: int
+    bytes_by_category: dict[str, int]
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class OpLog:
     """Everything one real rank measured that the timeline draws."""
@@ -46,6 +54,8 @@ class OpLog:
     compute: tuple[ComputeSpan, ...] = ()
     iteration_starts_ns: tuple[int, ...] = ()
     """When each training iteration started (`prism_megatron.replay.mark_iteration_start`)."""
+    memory: tuple[MemorySample, ...] = ()
+    """Live memory by category over the run (CPU only; empty where nothing sampled it)."""
 
     def earliest_ns(self) -> int | None:
         """The first time the log mentions (None for an empty log)."""
@@ -82,6 +92,7 @@ def op_log_to_json(log: OpLog) -> dict:
         "events": events,
         "compute": [dataclasses.asdict(c) for c in log.compute],
         "iteration_starts_ns": list(log.iteration_starts_ns),
+        "memory": [[m.time_ns, m.bytes_by_category] for m in log.memory],
     }
 
 
@@ -99,6 +110,9 @@ def op_log_from_json(doc: dict, source: str) -> OpLog:
             events=events,
             compute=tuple(ComputeSpan(**c) for c in doc.get("compute", ())),
             iteration_starts_ns=tuple(int(t) for t in doc.get("iteration_starts_ns", ())),
+            memory=tuple(
+                MemorySample(int(t), {str(k): int(v) for k, v in b.items()}) for t, b in doc.get("memory", ())
+            ),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise ValueError(f"{source}: not a measured op log ({exc})") from exc

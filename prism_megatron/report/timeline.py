@@ -5,7 +5,10 @@ dp=0) real" or "rank 7169 (tp=1 pp=14 dp=0) virtual, replayed", with one thread 
 Real ranks come first. Timestamps are µs from the run start (the earliest time a real rank's log
 mentions).
 
-Real ranks show what their op logs measured (`oplog.py`). Virtual ranks show the simulated
+Real ranks show what their op logs measured (`oplog.py`): one track per stream, an "iterations"
+track with a span per training iteration, and memory counter tracks (live bytes by category, in
+MiB, where the rank sampled them: the CPU account). Arrows link a send to its receive and a
+collective's last arrival to its completion (`links.py`). Virtual ranks show the simulated
 timeline of one iteration, the one whose arrivals the replay engine played back; it is drawn from
 the start of the last iteration the real ranks measured, so a real rank's wait lines up with the
 virtual peer it waited for. Which virtual ranks: by default each real rank's pipeline neighbours,
@@ -22,14 +25,18 @@ import dataclasses
 import os
 from collections.abc import Iterable, Mapping
 
+from prism_megatron.graph.world import LayoutWorld
 from prism_megatron.report import files
+from prism_megatron.report.links import flows
 from prism_megatron.report.oplog import OpLog, measured_spans
-from prism_megatron.report.trace import chrome_trace
+from prism_megatron.report.trace import Counter, chrome_trace
 from prism_megatron.sim import SimResult
 from prism_megatron.sim.timeline import Span, spans
 from prism_megatron.topology import Layout
 
 DEFAULT_MAX_VIRTUAL_TRACKS = 64
+ITERATIONS_THREAD = "iterations"
+MEMORY_COUNTER = "memory (MiB)"
 SIMULATED_FILE = os.path.join("spans", "simulated.json")
 SIMULATED_SCHEMA_VERSION = 1
 _NEIGHBOUR_KINDS = ("dp", "cp", "ep")
@@ -138,25 +145,55 @@ def timeline_trace(
     ends = [t for log in real_logs.values() if (t := log.latest_ns()) is not None]
     run_start_ns = min(starts, default=0)
     end_ns = max(ends, default=run_start_ns)
-    drawn: list[Span] = []
+    measured: list[Span] = []
+    counters: list[Counter] = []
     names: dict[int, str] = {}
     real = sorted({*real_ranks, *real_logs})
     for virtual_rank in real:
         names[virtual_rank] = process_name(virtual_rank, layout, real=True)
         if virtual_rank in real_logs:
-            drawn += _shifted(measured_spans(real_logs[virtual_rank], end_ns=end_ns), -run_start_ns)
+            log = real_logs[virtual_rank]
+            spans = [*_iteration_spans(log, end_ns), *measured_spans(log, end_ns=end_ns)]
+            measured += _shifted(spans, -run_start_ns)
+            counters += _memory_counters(log, -run_start_ns)
+    replayed: list[Span] = []
     if simulated is not None:
         origin_ns = _simulated_origin_ns(real_logs, run_start_ns) - run_start_ns
         for virtual_rank, role in simulated.roles.items():
             if virtual_rank not in names:
                 names[virtual_rank] = process_name(virtual_rank, layout, real=False, role=role)
-        drawn += _shifted((s for s in simulated.spans if s.process not in real), origin_ns)
-    trace = chrome_trace(drawn, names)
+        replayed = _shifted((s for s in simulated.spans if s.process not in real), origin_ns)
+    world = LayoutWorld(layout) if layout is not None else None
+    trace = chrome_trace(
+        [*measured, *replayed], names, flows=flows(measured, replayed, world), counters=counters
+    )
     trace["traceEvents"] += [
         {"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0, "args": {"sort_index": index}}
         for index, pid in enumerate(names)
     ]
     return trace
+
+
+def _iteration_spans(log: OpLog, end_ns: int) -> list[Span]:
+    """One span per training iteration, from its start to the next one's (the last: to `end_ns`)."""
+    starts = list(log.iteration_starts_ns)
+    stops = [*starts[1:], max(end_ns, starts[-1])] if starts else []
+    return [
+        Span(log.virtual_rank, ITERATIONS_THREAD, f"iteration {i}", "iteration", a, b, {"index": i})
+        for i, (a, b) in enumerate(zip(starts, stops, strict=True))
+    ]
+
+
+def _memory_counters(log: OpLog, offset_ns: int) -> list[Counter]:
+    return [
+        Counter(
+            log.virtual_rank,
+            MEMORY_COUNTER,
+            sample.time_ns + offset_ns,
+            {category: size / (1 << 20) for category, size in sample.bytes_by_category.items()},
+        )
+        for sample in log.memory
+    ]
 
 
 def _simulated_origin_ns(real_logs: Mapping[int, OpLog], run_start_ns: int) -> int:
@@ -166,6 +203,11 @@ def _simulated_origin_ns(real_logs: Mapping[int, OpLog], run_start_ns: int) -> i
 
 
 def _shifted(items: Iterable[Span], offset_ns: int) -> list[Span]:
-    return [
-        dataclasses.replace(s, start_ns=s.start_ns + offset_ns, end_ns=s.end_ns + offset_ns) for s in items
-    ]
+    """The spans moved by `offset_ns` (with the last arrival a simulated span records)."""
+    out = []
+    for s in items:
+        args = {**s.args, "ready_ns": s.args["ready_ns"] + offset_ns} if "ready_ns" in s.args else s.args
+        out.append(
+            dataclasses.replace(s, start_ns=s.start_ns + offset_ns, end_ns=s.end_ns + offset_ns, args=args)
+        )
+    return out

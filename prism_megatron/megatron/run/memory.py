@@ -16,12 +16,17 @@ On CUDA the caching allocator's statistics give the peak: `max_memory_allocated`
 held at the peak) and `max_memory_reserved` (what the allocator held from the device, the number
 that decides an out-of-memory), over the training steps. The categories at the peak: the static ones
 from the labelled storages (they live through the steps), activations the remainder.
+
+For the timeline's memory tracks the CPU account also keeps samples of the live bytes by category
+(CLOCK_MONOTONIC ns, at most one per `SAMPLE_INTERVAL_NS` and `MAX_SAMPLES` in all, so sampling costs
+an iteration nothing measurable); `last_samples()` gives those of the tracker that ran last.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import time
 import weakref
 from collections.abc import Iterable
 from typing import Any
@@ -35,6 +40,9 @@ GRADIENTS = "gradients"
 OPTIMIZER_STATE = "optimizer_state"
 ACTIVATIONS = "activations"
 CATEGORIES = (PARAMETERS, GRADIENTS, OPTIMIZER_STATE, ACTIVATIONS)
+SAMPLE_INTERVAL_NS = 1_000_000
+MAX_SAMPLES = 20_000
+_LAST_SAMPLES: list[tuple[int, ...]] = []
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -65,6 +73,15 @@ class _StorageAccount:
         self.category_peak = dict.fromkeys(CATEGORIES, 0)
         self.peak_total = 0
         self.at_peak = dict.fromkeys(CATEGORIES, 0)
+        self.samples: list[tuple[int, ...]] = []
+        """(time ns, bytes of each of CATEGORIES), throttled (see the module docstring)."""
+        self._last_sample_ns = 0
+
+    def sample(self, *, force: bool = False) -> None:
+        now_ns = time.monotonic_ns()
+        if len(self.samples) < MAX_SAMPLES and (force or now_ns - self._last_sample_ns >= SAMPLE_INTERVAL_NS):
+            self._last_sample_ns = now_ns
+            self.samples.append((now_ns, *(self.current[c] for c in CATEGORIES)))
 
     def add(self, storage: torch.UntypedStorage, category: str) -> None:
         ptr, size_bytes = storage.data_ptr(), storage.nbytes()
@@ -94,6 +111,7 @@ class _StorageAccount:
             return
         del self.entries[ptr]
         self.current[entry[1]] -= size_bytes
+        self.sample()
 
     def _update_peaks(self) -> None:
         for category, value in self.current.items():
@@ -102,6 +120,7 @@ class _StorageAccount:
         if total > self.peak_total:
             self.peak_total = total
             self.at_peak = dict(self.current)
+        self.sample()
 
 
 class LiveStorageTracker(TorchDispatchMode):
@@ -154,8 +173,10 @@ class LiveStorageTracker(TorchDispatchMode):
         return super().__enter__()
 
     def __exit__(self, *exc: Any) -> None:
-        global _ACTIVE
+        global _ACTIVE, _LAST_SAMPLES
         _ACTIVE = None
+        self.account.sample(force=True)
+        _LAST_SAMPLES = self.account.samples
         super().__exit__(*exc)
 
     def report(self) -> MemoryReport:
@@ -165,6 +186,11 @@ class LiveStorageTracker(TorchDispatchMode):
             category_peak_bytes=dict(self.account.category_peak),
             method="live-storage",
         )
+
+
+def last_samples() -> list[tuple[int, ...]]:
+    """The samples of the CPU tracker that exited last: (time ns, bytes per CATEGORIES); [] on CUDA."""
+    return list(_LAST_SAMPLES)
 
 
 def _inner_optimizers(optimizer: Any) -> list[Any]:
