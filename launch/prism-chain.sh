@@ -56,7 +56,7 @@ rank_flags=()
 plan="$("$python" - "$gpus" "$nodes" "$config" ${rank_flags[@]+"${rank_flags[@]}"} ${extra[@]+"${extra[@]}"} <<'EOF'
 import sys
 from prism_megatron.emulation import plan_run
-from prism_megatron.megatron.plan_config import read_config
+from prism_megatron.megatron.job.configs import read_config
 gpus, nodes = int(sys.argv[1]), int(sys.argv[2])
 try:
     flags = [*read_config(sys.argv[3]), "--prism-emulate", *sys.argv[4:]]
@@ -73,7 +73,7 @@ EOF
 )"
 mapfile -t batches <<<"$plan"
 mapfile -t config_flags < <("$python" -c 'import sys
-from prism_megatron.megatron.plan_config import read_config
+from prism_megatron.megatron.job.configs import read_config
 print("\n".join(read_config(sys.argv[1])))' "$config")
 
 dry_ids=1000  # DRY_RUN's made-up job ids; the counter lives in a file, as submit runs in $(...)

@@ -265,7 +265,7 @@ class EmulatePhase(_RecordingPhase):
         }
 
     def finish(self) -> None:
-        from prism_megatron.megatron.memory import CATEGORIES, last_samples
+        from prism_megatron.megatron.run.memory import CATEGORIES, last_samples
         from prism_megatron.report.oplog import ComputeSpan, MemorySample, OpLog, save_op_log
 
         self.read_marks(wait=True)

@@ -74,5 +74,3 @@ def test_a_graph_carries_the_layout_it_expands_with():
         world_from_metadata({})
     with pytest.raises(ValueError, match="not divisible"):
         world_from_metadata({**graph.metadata.layout, "world_size": 63})
-
-

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from prism_megatron.emulation import plan_run
-from prism_megatron.megatron.plan_config import read_config
+from prism_megatron.megatron.job.configs import read_config
 
 REPO = Path(__file__).resolve().parents[2]
 CHAIN = REPO / "launch" / "prism-chain.sh"
