@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from prism_megatron.megatron import pretrain_args
+from prism_megatron.megatron.entry import arguments as pretrain_args
 
 REPO = Path(__file__).resolve().parents[2]
 README = (REPO / "README.md").read_text(encoding="utf-8")
