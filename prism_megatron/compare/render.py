@@ -36,6 +36,9 @@ def to_json(
         "max_regression_pct": thresholds.max_regression_pct,
         "max_memory_regression_pct": thresholds.max_memory_regression_pct,
         "versions": {"a": dict(run_a.report.versions), "b": dict(run_b.report.versions)},
+        "same_graph": (
+            run_a.graph_sha256 == run_b.graph_sha256 if run_a.graph_sha256 and run_b.graph_sha256 else None
+        ),
         "metrics": [
             {
                 "key": j.key,
@@ -88,6 +91,7 @@ def to_markdown(doc: dict, judged: Sequence[Judged], *, plot_name: str | None = 
         f"alpha = {doc['alpha']:g}; a metric with one value per run is judged on the threshold alone. "
         "A time part's change is a percentage of the iteration time.",
         "",
+        *_graph_note(doc["same_graph"]),
         "| metric | Megatron's name | A | B | difference | change % | of | p | verdict |",
         "|---|---|---:|---:|---:|---:|---|---:|---|",
     ]
@@ -116,6 +120,19 @@ def to_markdown(doc: dict, judged: Sequence[Judged], *, plot_name: str | None = 
         ),
     ]
     return "\n".join(lines) + "\n"
+
+
+def _graph_note(same_graph: bool | None) -> list[str]:
+    if same_graph is None:
+        return []
+    if same_graph:
+        return ["Both runs emulated the same execution graph.", ""]
+    return [
+        "Note: the runs emulated different execution graphs (each captured its own), so the virtual peers "
+        "of each carry their own capture's noise; for a gate, emulate one graph before and after the change "
+        "(`--prism-graph RUN_A/graph`).",
+        "",
+    ]
 
 
 def _signed(kind: str, value: float) -> str:

@@ -251,3 +251,16 @@ def test_json_document_is_finite_and_complete(capsys, tmp_path):
     for metric in doc["metrics"]:
         assert set(metric) >= {"key", "metric", "a", "b", "difference", "change_pct", "p_value", "verdict"}
         assert metric["change_pct"] is None or math.isfinite(metric["change_pct"])
+
+
+def test_compare_says_whether_both_runs_emulated_the_same_graph(capsys, tmp_path):
+    a = _run(tmp_path, "a", BASE_MS)
+    b = _run(tmp_path, "b", BASE_MS)
+    for run, digest in ((a, "1" * 64), (b, "1" * 64)):
+        os.makedirs(os.path.join(run, "graph"))
+        write_json({"sha256": digest}, os.path.join(run, "graph", "graph.json"))
+    _, text, _ = _cli(capsys, ["compare", a, b, "--json"])
+    assert json.loads(text)["same_graph"] is True
+    write_json({"sha256": "2" * 64}, os.path.join(b, "graph", "graph.json"))
+    _, text, _ = _cli(capsys, ["compare", a, b])
+    assert "the runs emulated different execution graphs" in text
