@@ -60,10 +60,12 @@ class OpLog:
     def earliest_ns(self) -> int | None:
         """The first time the log mentions (None for an empty log)."""
         times = [e.issue_ns for e in self.events] + [c.start_ns for c in self.compute]
+        times += [m.time_ns for m in self.memory]
         return min([*times, *self.iteration_starts_ns], default=None)
 
     def latest_ns(self) -> int | None:
         times = [max(e.issue_ns, e.start_ns, e.complete_ns) for e in self.events]
+        times += [m.time_ns for m in self.memory]
         return max([*times, *(c.end_ns for c in self.compute), *self.iteration_starts_ns], default=None)
 
 

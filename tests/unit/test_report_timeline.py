@@ -86,6 +86,9 @@ def _logs():
             memory += [
                 MemorySample(t + k * MS, {"parameters": 1 << 20, "activations": k << 18}) for k in (1, 30)
             ]
+        memory.insert(
+            0, MemorySample(T0 - 3 * MS, {"parameters": 1 << 20, "activations": 0})
+        )  # before training
         logs[rank] = OpLog(
             virtual_rank=rank,
             events=tuple(events),
@@ -110,7 +113,7 @@ def trace():
 
 def test_the_timeline_follows_the_trace_event_format(trace):
     counts = check_trace_event_format(trace)
-    assert counts["X"] > 0 and counts["C"] == 8 and counts["s"] == counts["f"] > 0
+    assert counts["X"] > 0 and counts["C"] == 10 and counts["s"] == counts["f"] > 0
 
 
 def test_each_real_rank_has_an_iterations_track(trace):
@@ -121,13 +124,14 @@ def test_each_real_rank_has_an_iterations_track(trace):
         (0, "iteration 0"), (0, "iteration 1"), (8, "iteration 0"), (8, "iteration 1")
     ]  # fmt: skip
     first = next(e for e in iterations if e["pid"] == 0 and e["name"] == "iteration 0")
-    assert (first["ts"], first["dur"]) == (0, 100 * MS / 1000)
+    # µs from the run start: the first memory sample, 3 ms before the first iteration
+    assert (first["ts"], first["dur"]) == (3 * MS / 1000, 100 * MS / 1000)
 
 
 def test_memory_counter_tracks_carry_mib_by_category(trace):
     counters = [e for e in trace["traceEvents"] if e["ph"] == "C"]
     assert {e["pid"] for e in counters} == {0, 8} and {e["name"] for e in counters} == {"memory (MiB)"}
-    assert counters[1]["args"] == {"parameters": 1.0, "activations": 30 / 4}
+    assert counters[0]["ts"] == 0 and counters[2]["args"] == {"parameters": 1.0, "activations": 30 / 4}
 
 
 def test_arrows_go_from_a_send_to_its_receive_and_from_the_last_arrival(trace):
@@ -136,7 +140,7 @@ def test_arrows_go_from_a_send_to_its_receive_and_from_the_last_arrival(trace):
     ends = {e["id"]: e for e in events if e["ph"] == "f"}
     measured_p2p = [i for i, e in starts.items() if e["name"] == "send 0 -> 8" and e["pid"] == 0]
     assert len(measured_p2p) == 2  # one per iteration, matched by sequence number
-    assert all(ends[i]["pid"] == 8 and ends[i]["ts"] == pytest.approx((22 + 100 * k) * 1000, abs=0.01)
+    assert all(ends[i]["pid"] == 8 and ends[i]["ts"] == pytest.approx((3 + 22 + 100 * k) * 1000, abs=0.01)
                for k, i in enumerate(sorted(measured_p2p)))  # fmt: skip
     last = [i for i, e in starts.items() if e["cat"] == "collective" and e["pid"] in (0, 8)]
     assert len(last) == 2 and all(starts[i]["pid"] == 8 and ends[i]["pid"] == 0 for i in last)
