@@ -142,7 +142,7 @@ def markdown(record: dict) -> str:
         f"test: {record['test']}.",
         "",
         f"Pairs of the same configuration judged same: **{same} of {len(record['pairs'])}** "
-        f"(target >= {TARGET_SAME}); straggler `{STRAGGLER}` against run 0: **{record['straggler']['verdict']}**, "
+        f"(target >= {TARGET_SAME}); straggler `{STRAGGLER}` against a run without it, at once: **{record['straggler']['verdict']}**, "
         f"exit {record['straggler']['exit']} (target: regression, exit 1). Bar {met}.",
         f"Median |iteration-time change| between the runs of a pair: {record['median_abs_change_pct']:.2f} % "
         f"(spread {record['min_abs_change_pct']:.2f} .. {record['max_abs_change_pct']:.2f} %).",
