@@ -15,7 +15,14 @@ import torch
 import torch.distributed as dist
 
 from prism_megatron import backend, replay
-from prism_megatron.replay import CostLine, LatencyBandwidthCost, OpKind, ReplaySchedule, ScheduledOp, timeline
+from prism_megatron.replay import (
+    CostLine,
+    LatencyBandwidthCost,
+    OpKind,
+    ReplaySchedule,
+    ScheduledOp,
+    timeline,
+)
 
 WORLD = 1024
 SELF = 3
