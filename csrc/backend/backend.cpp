@@ -6,6 +6,7 @@
 #include <ATen/core/LegacyTypeDispatch.h>
 
 #include <sstream>
+#include <stdexcept>
 
 #include "replay/clock.h"
 #include "replay/timeline.h"
@@ -47,24 +48,49 @@ int64_t total_bytes(const std::vector<at::Tensor>& tensors) {
 
 void fill_deterministic(at::Tensor& tensor) { tensor.zero_(); }
 
-PrismBackend::PrismBackend(int group_rank, int group_size, std::vector<int64_t> members,
-                           const std::string& group_name, c10::intrusive_ptr<c10d::Backend> real,
+c10::intrusive_ptr<PrismBackend> PrismBackend::create(int64_t group_rank, int64_t group_size,
+                                                      std::vector<int64_t> members, const std::string& group_name,
+                                                      c10::intrusive_ptr<c10d::Backend> real,
+                                                      std::shared_ptr<const BackendContext> ctx) {
+  const std::string what = "group " + (group_name.empty() ? std::string("?") : group_name);
+  auto fail = [&](const std::string& message) { throw std::invalid_argument("prism: " + what + ": " + message); };
+  if (!ctx) {
+    throw std::runtime_error("prism: the backend is not active; call prism_megatron.backend.activate() first");
+  }
+  if (group_size < 1 || group_size > ctx->world_size) {
+    fail("group_size " + std::to_string(group_size) + " must lie in [1, " + std::to_string(ctx->world_size) +
+         "] (the world size given at activation)");
+  }
+  if (static_cast<int64_t>(members.size()) != group_size) {
+    fail("members has " + std::to_string(members.size()) + " virtual ranks but group_size is " +
+         std::to_string(group_size) + "; give one member per group rank");
+  }
+  if (group_rank < 0 || group_rank >= group_size) {
+    fail("group_rank " + std::to_string(group_rank) + " must lie in [0, group_size " + std::to_string(group_size) +
+         ")");
+  }
+  GroupLayout layout = GroupLayout::checked(std::move(members), group_rank, *ctx, what);
+  const int64_t k = layout.num_real();
+  if ((k >= 2) != static_cast<bool>(real)) {
+    fail("it has " + std::to_string(k) + (k == 1 ? " real member" : " real members") + ", so real must be " +
+         (k >= 2 ? "the sub-communicator among them, got None" : "None, got a sub-communicator") +
+         " (a real sub-communicator exactly when a group has two or more real members)");
+  }
+  if (real && (real->getSize() != k || real->getRank() != layout.self_real_index())) {
+    fail("the real sub-communicator has rank " + std::to_string(real->getRank()) + " of " +
+         std::to_string(real->getSize()) + ", expected rank " + std::to_string(layout.self_real_index()) + " of " +
+         std::to_string(k) + " (this process's index among the group's real members, of their number)");
+  }
+  return c10::make_intrusive<PrismBackend>(std::move(layout), group_name, std::move(real), std::move(ctx));
+}
+
+PrismBackend::PrismBackend(GroupLayout layout, const std::string& group_name, c10::intrusive_ptr<c10d::Backend> real,
                            std::shared_ptr<const BackendContext> ctx)
-    : c10d::Backend(group_rank, group_size),
-      layout_(std::move(members), group_rank, *ctx),
+    : c10d::Backend(static_cast<int>(layout.self_index()), static_cast<int>(layout.size())),
+      layout_(std::move(layout)),
       real_(std::move(real)),
       ctx_(std::move(ctx)),
       timeout_ns_(ctx_->timeout_ns) {
-  TORCH_CHECK(layout_.size() == group_size, "prism: group ", group_name, " has ", layout_.size(),
-              " members but size ", group_size);
-  const int64_t k = layout_.num_real();
-  TORCH_CHECK((k >= 2) == static_cast<bool>(real_), "prism: group ", group_name, " has ", k,
-              " real members: it needs a real sub-communicator exactly when it has two or more");
-  if (real_) {
-    TORCH_CHECK(real_->getSize() == k && real_->getRank() == layout_.self_real_index(), "prism: group ",
-                group_name, ": the real sub-communicator has rank ", real_->getRank(), " of ", real_->getSize(),
-                ", expected ", layout_.self_real_index(), " of ", k);
-  }
   slot_ = replay::engine().group_slot(layout_.members());
   auto info = std::make_shared<replay::GroupInfo>();
   info->members = layout_.members();

@@ -79,10 +79,20 @@ void clear_device_failure();
 
 class PrismBackend : public c10d::Backend {
  public:
-  // real: the sub-communicator among this group's real members (their real index is their rank
-  // in it), or null when this process is the group's only real member.
-  PrismBackend(int group_rank, int group_size, std::vector<int64_t> members, const std::string& group_name,
-               c10::intrusive_ptr<c10d::Backend> real, std::shared_ptr<const BackendContext> ctx);
+  // The backend of one group, created only after every argument is checked: group_size >= 1 and
+  // equal to the number of members, group_rank in [0, group_size), the layout's checks
+  // (GroupLayout::checked), and `real` present exactly when the group has two or more real members,
+  // with one rank per real member and this process at its real index. real: the sub-communicator
+  // among this group's real members (their real index is their rank in it), or null when this
+  // process is the group's only real member. Throws std::invalid_argument (ValueError in Python)
+  // naming the argument, the value and what is valid.
+  static c10::intrusive_ptr<PrismBackend> create(int64_t group_rank, int64_t group_size, std::vector<int64_t> members,
+                                                 const std::string& group_name, c10::intrusive_ptr<c10d::Backend> real,
+                                                 std::shared_ptr<const BackendContext> ctx);
+
+  // Trusts its arguments (create() checks them); public for make_intrusive.
+  PrismBackend(GroupLayout layout, const std::string& group_name, c10::intrusive_ptr<c10d::Backend> real,
+               std::shared_ptr<const BackendContext> ctx);
 
   const std::string getBackendName() const override { return "prism"; }
   c10::intrusive_ptr<Options> getBackendOptions() override;
@@ -176,3 +186,8 @@ int64_t total_bytes(const std::vector<at::Tensor>& tensors);
 void fill_deterministic(at::Tensor& tensor);
 
 }  // namespace prism::backend
+
+// Every unit that includes this header (the one that allocates the backend, the ones that define
+// its methods) records the layout it compiled; module init compares them (abi_probe.h).
+PRISM_ABI_PROBE(PrismBackend, ::prism::backend::PrismBackend)
+PRISM_ABI_PROBE(OpPlan, ::prism::backend::OpPlan)

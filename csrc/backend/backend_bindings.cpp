@@ -5,6 +5,8 @@
 
 #include <torch/csrc/utils/pybind.h>
 
+#include <cmath>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -18,32 +20,51 @@ namespace py = pybind11;
 namespace prism::backend {
 namespace {
 
+// Argument errors are the caller's: ValueError naming the argument, the value and what is valid.
+void require(bool ok, const std::string& message) {
+  if (!ok) {
+    throw py::value_error("prism: " + message);
+  }
+}
+
+// c10d ranks are ints; a world larger than that cannot be a process group.
+constexpr int64_t kMaxWorldSize = std::numeric_limits<int>::max();
+// timeout_s * 1e9 must fit in int64 ns (about 292 years): 1e9 s (31 years) leaves room and is no limit.
+constexpr double kMaxTimeoutS = 1e9;
+
 void configure_process(int64_t world_size, int64_t virtual_rank, int64_t physical_rank,
                        const std::vector<int64_t>& real_ranks, const std::vector<int64_t>& roles, double timeout_s,
                        bool check_consistency) {
-  if (world_size < 1 || virtual_rank < 0 || virtual_rank >= world_size) {
-    throw py::value_error("virtual_rank " + std::to_string(virtual_rank) + " must lie in [0, world_size " +
-                          std::to_string(world_size) + ")");
-  }
-  if (!roles.empty() && static_cast<int64_t>(roles.size()) != world_size) {
-    throw py::value_error("roles must give one role per virtual rank (" + std::to_string(world_size) + "), got " +
-                          std::to_string(roles.size()));
-  }
+  require(world_size >= 1 && world_size <= kMaxWorldSize, "world_size " + std::to_string(world_size) +
+                                                              " must lie in [1, " + std::to_string(kMaxWorldSize) + "]");
+  require(virtual_rank >= 0 && virtual_rank < world_size, "virtual_rank " + std::to_string(virtual_rank) +
+                                                              " must lie in [0, world_size " +
+                                                              std::to_string(world_size) + ")");
+  require(roles.empty() || static_cast<int64_t>(roles.size()) == world_size,
+          "roles must give one role per virtual rank (" + std::to_string(world_size) + ") or none, got " +
+              std::to_string(roles.size()));
+  require(std::isfinite(timeout_s) && timeout_s > 0 && timeout_s <= kMaxTimeoutS,
+          "timeout_s " + std::to_string(timeout_s) + " must be a number of seconds in (0, 1e9]");
   auto ctx = std::make_shared<BackendContext>();
   ctx->world_size = world_size;
   ctx->virtual_rank = virtual_rank;
   ctx->physical_rank = physical_rank;
   ctx->is_real.assign(world_size, 0);
-  for (int64_t r : real_ranks) {
-    if (r < 0 || r >= world_size) {
-      throw py::value_error("real rank " + std::to_string(r) + " is not a virtual rank of a world of " +
-                            std::to_string(world_size));
-    }
+  for (size_t i = 0; i < real_ranks.size(); ++i) {
+    const int64_t r = real_ranks[i];
+    require(r >= 0 && r < world_size, "real_ranks[" + std::to_string(i) + "] = " + std::to_string(r) +
+                                          " is not a virtual rank: real ranks must lie in [0, world_size " +
+                                          std::to_string(world_size) + ")");
+    require(ctx->is_real[r] == 0,
+            "virtual rank " + std::to_string(r) + " appears more than once in real_ranks; they must be distinct");
     ctx->is_real[r] = 1;
   }
-  if (ctx->is_real[virtual_rank] == 0) {
-    throw py::value_error("virtual_rank " + std::to_string(virtual_rank) + " must be one of real_ranks");
-  }
+  require(ctx->is_real[virtual_rank] != 0,
+          "virtual_rank " + std::to_string(virtual_rank) + " must be one of real_ranks (this process is real)");
+  const auto num_real = static_cast<int64_t>(real_ranks.size());
+  require(physical_rank >= 0 && physical_rank < num_real, "physical_rank " + std::to_string(physical_rank) +
+                                                              " must lie in [0, " + std::to_string(num_real) +
+                                                              ") (one per real rank)");
   ctx->roles = roles;
   ctx->timeout_ns = static_cast<int64_t>(timeout_s * 1e9);
   ctx->check_consistency = check_consistency;
@@ -53,31 +74,37 @@ void configure_process(int64_t world_size, int64_t virtual_rank, int64_t physica
                                      std::to_string(physical_rank) + ")");
 }
 
-c10::intrusive_ptr<c10d::Backend> create_backend(int group_rank, int group_size, std::vector<int64_t> members,
-                                                 const std::string& group_name, const py::object& real) {
+std::shared_ptr<const BackendContext> active_context() {
   auto ctx = context();
   if (!ctx) {
     throw std::runtime_error("prism: the backend is not active; call prism_megatron.backend.activate() first");
   }
-  if (static_cast<int64_t>(members.size()) != group_size || group_rank < 0 || group_rank >= group_size) {
-    throw py::value_error("group " + group_name + ": rank " + std::to_string(group_rank) + " of " +
-                          std::to_string(group_size) + " with " + std::to_string(members.size()) + " members");
-  }
-  c10::intrusive_ptr<c10d::Backend> real_backend;
-  if (!real.is_none()) {
-    real_backend = real.cast<c10::intrusive_ptr<c10d::Backend>>();
-  }
-  return c10::make_intrusive<PrismBackend>(group_rank, group_size, std::move(members), group_name,
-                                           std::move(real_backend), ctx);
+  return ctx;
 }
 
-// Who is real in a group, as the backend sees it (for tests and diagnostics).
-py::dict describe_group(const std::vector<int64_t>& members, int64_t self_index) {
-  auto ctx = context();
-  if (!ctx) {
-    throw std::runtime_error("prism: the backend is not active");
+// Every argument is checked (PrismBackend::create) before anything of the backend is built.
+c10::intrusive_ptr<c10d::Backend> create_backend(int64_t group_rank, int64_t group_size, std::vector<int64_t> members,
+                                                 const std::string& group_name, const py::object& real) {
+  auto ctx = active_context();
+  c10::intrusive_ptr<c10d::Backend> real_backend;
+  if (!real.is_none()) {
+    try {
+      real_backend = real.cast<c10::intrusive_ptr<c10d::Backend>>();
+    } catch (const py::cast_error&) {
+      throw py::type_error("prism: group " + group_name +
+                           ": real must be a torch.distributed Backend (the real sub-communicator) or None, got " +
+                           std::string(py::str(py::type::of(real).attr("__name__"))));
+    }
   }
-  GroupLayout layout(members, self_index, *ctx);
+  return PrismBackend::create(group_rank, group_size, std::move(members), group_name, std::move(real_backend),
+                              std::move(ctx));
+}
+
+// Who is real in a group, as the backend sees it (for tests and diagnostics); the same checks as
+// create_backend's on members and self_index.
+py::dict describe_group(const std::vector<int64_t>& members, int64_t self_index) {
+  auto ctx = active_context();
+  const GroupLayout layout = GroupLayout::checked(members, self_index, *ctx, "describe_group");
   std::vector<int64_t> stand_in(layout.size());
   std::vector<int64_t> source(layout.size());
   for (int64_t m = 0; m < layout.size(); ++m) {

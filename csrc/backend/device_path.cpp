@@ -115,7 +115,11 @@ void fail_run(const std::string& message) {
   timeline::abort_device_waits();
 }
 
-// Watches the ops in flight on devices (see the file comment). Never destroyed.
+// Watches the ops in flight on devices (see the file comment). Never destroyed: it holds the
+// in-flight ops' CUDA events and tensors, and a static would destroy them at exit after CUDA's own
+// teardown (the runtime and the caching allocator register theirs later, at first use, so they run
+// first), which can crash the exiting process; its detached thread may also still run then. The
+// process is ending; the driver reclaims both.
 class Watchdog {
  public:
   void add(std::shared_ptr<DeviceOp> op) {

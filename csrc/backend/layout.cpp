@@ -1,9 +1,10 @@
 // Group layout and the mirror policy's stand-ins (contract in layout.h).
 #include "backend/layout.h"
 
-#include <cassert>
+#include <algorithm>
 #include <mutex>
 #include <sstream>
+#include <stdexcept>
 #include <unordered_map>
 
 namespace prism::backend {
@@ -30,6 +31,48 @@ void clear_context() {
   current_context.reset();
 }
 
+GroupLayout GroupLayout::checked(std::vector<int64_t> members, int64_t self_index, const BackendContext& ctx,
+                                 const std::string& what) {
+  const auto n = static_cast<int64_t>(members.size());
+  auto fail = [&](const std::string& message) {
+    throw std::invalid_argument("prism: " + what + ": " + message);
+  };
+  if (n == 0) {
+    fail("members is empty; a group has at least one member (this process's virtual rank)");
+  }
+  if (self_index < 0 || self_index >= n) {
+    fail("self_index (this process's group rank) " + std::to_string(self_index) + " must lie in [0, " +
+         std::to_string(n) + ") (one per member)");
+  }
+  for (int64_t m = 0; m < n; ++m) {
+    if (members[m] < 0 || members[m] >= ctx.world_size) {
+      fail("members[" + std::to_string(m) + "] = " + std::to_string(members[m]) +
+           " is not a virtual rank: members must lie in [0, " + std::to_string(ctx.world_size) +
+           ") (the world size given at activation)");
+    }
+  }
+  std::vector<int64_t> sorted = members;
+  std::sort(sorted.begin(), sorted.end());
+  const auto repeated = std::adjacent_find(sorted.begin(), sorted.end());
+  if (repeated != sorted.end()) {
+    fail("virtual rank " + std::to_string(*repeated) + " appears more than once in members; members must be distinct");
+  }
+  if (members[self_index] != ctx.virtual_rank) {
+    fail("members[" + std::to_string(self_index) + "] = " + std::to_string(members[self_index]) +
+         " at this process's group rank " + std::to_string(self_index) + " must be this process's virtual rank " +
+         std::to_string(ctx.virtual_rank));
+  }
+  // Internal invariant: activation made this process's virtual rank real, so the group has a real
+  // member; a context built any other way must not reach the layout.
+  if (ctx.is_real.size() != static_cast<size_t>(ctx.world_size) || ctx.is_real[ctx.virtual_rank] == 0) {
+    throw std::logic_error("prism: the activation context does not make its own virtual rank real");
+  }
+  if (!ctx.roles.empty() && ctx.roles.size() != static_cast<size_t>(ctx.world_size)) {
+    throw std::logic_error("prism: the activation context's role table does not cover the world");
+  }
+  return GroupLayout(std::move(members), self_index, ctx);
+}
+
 GroupLayout::GroupLayout(std::vector<int64_t> members, int64_t self_index, const BackendContext& ctx)
     : members_(std::move(members)), self_index_(self_index) {
   const auto n = static_cast<int64_t>(members_.size());
@@ -41,8 +84,7 @@ GroupLayout::GroupLayout(std::vector<int64_t> members, int64_t self_index, const
       real_positions_.push_back(m);
     }
   }
-  assert(self_real_index_ >= 0 && "this process's own virtual rank must be real");
-  const int64_t k = num_real();
+  const int64_t k = num_real();  // >= 1: checked() made sure this process's own member is real
 
   if (!ctx.roles.empty()) {
     std::unordered_map<int64_t, int64_t> holder_of_role;

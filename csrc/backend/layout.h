@@ -17,6 +17,8 @@
 #include <string>
 #include <vector>
 
+#include "abi_probe.h"
+
 namespace prism::backend {
 
 // Facts of the activation, the same for every group of this process.
@@ -37,8 +39,14 @@ void clear_context();
 
 class GroupLayout {
  public:
-  // members: global virtual ranks in group order; self_index: this process's group rank.
-  GroupLayout(std::vector<int64_t> members, int64_t self_index, const BackendContext& ctx);
+  // The layout of a group, built only after its arguments are checked (a bad member would index
+  // the real-rank table out of bounds): members are distinct virtual ranks in [0, world_size) in
+  // group order, self_index (this process's group rank) lies in [0, members.size()) and its member
+  // is this process's virtual rank, so the group has at least one real member. Throws
+  // std::invalid_argument (ValueError in Python) naming `what` (the group), the argument, the value
+  // and the valid range.
+  static GroupLayout checked(std::vector<int64_t> members, int64_t self_index, const BackendContext& ctx,
+                             const std::string& what);
 
   int64_t size() const { return static_cast<int64_t>(members_.size()); }
   int64_t num_real() const { return static_cast<int64_t>(real_positions_.size()); }
@@ -61,6 +69,9 @@ class GroupLayout {
   int64_t source_stand_in(int64_t member_index) const;
 
  private:
+  // Trusts its arguments: use checked().
+  GroupLayout(std::vector<int64_t> members, int64_t self_index, const BackendContext& ctx);
+
   std::vector<int64_t> members_;
   int64_t self_index_;
   int64_t self_real_index_ = -1;
@@ -74,3 +85,6 @@ class GroupLayout {
 std::string group_label(const std::string& group_name, const std::vector<int64_t>& members);
 
 }  // namespace prism::backend
+
+PRISM_ABI_PROBE(BackendContext, ::prism::backend::BackendContext)
+PRISM_ABI_PROBE(GroupLayout, ::prism::backend::GroupLayout)

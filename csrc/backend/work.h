@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "abi_probe.h"
 #include "replay/engine.h"
 #include "replay/op_log.h"
 
@@ -104,3 +105,6 @@ class CoalescedWork : public c10d::Work {
 std::exception_ptr make_error(const std::string& message);
 
 }  // namespace prism::backend
+
+PRISM_ABI_PROBE(WorkSpec, ::prism::backend::WorkSpec)
+PRISM_ABI_PROBE(PrismWork, ::prism::backend::PrismWork)

@@ -12,6 +12,8 @@
 #include <memory>
 #include <mutex>
 
+#include <algorithm>
+#include <cmath>
 #include <string>
 #include <tuple>
 #include <unordered_map>
@@ -36,11 +38,41 @@ OpKind to_kind(int32_t value) {
   return static_cast<OpKind>(value);
 }
 
+// Argument checks: ValueError naming the argument, the value and what is valid. The engine keys its
+// slots by rank and member list, so a bad rank cannot corrupt memory here; it would only make a
+// slot that no op ever finds, which is a silent mistake worth an error.
+void require(bool ok, const std::string& message) {
+  if (!ok) {
+    throw py::value_error(message);
+  }
+}
+
+int64_t checked_rank(int64_t rank, const char* name) {
+  require(rank >= 0, std::string(name) + " " + std::to_string(rank) + " is not a virtual rank (>= 0)");
+  return rank;
+}
+
+int64_t checked_size(int64_t size_bytes) {
+  require(size_bytes >= 0, "size_bytes must be >= 0, got " + std::to_string(size_bytes));
+  return size_bytes;
+}
+
+const std::vector<int64_t>& checked_members(const std::vector<int64_t>& members) {
+  require(!members.empty(), "members is empty; a group has at least one virtual rank");
+  std::vector<int64_t> sorted = members;
+  std::sort(sorted.begin(), sorted.end());
+  require(sorted.front() >= 0, "members holds " + std::to_string(sorted.front()) + ", not a virtual rank (>= 0)");
+  const auto repeated = std::adjacent_find(sorted.begin(), sorted.end());
+  require(repeated == sorted.end(), "virtual rank " + (repeated == sorted.end() ? std::string() : std::to_string(*repeated)) +
+                                        " appears more than once in members; members must be distinct");
+  return members;
+}
+
 std::vector<ScheduledOp> to_ops(const std::vector<RawOp>& raw) {
   std::vector<ScheduledOp> ops;
   ops.reserve(raw.size());
   for (const auto& [kind, size_bytes, arrival_offset_ns, cost_ns] : raw) {
-    ops.push_back({to_kind(kind), size_bytes, arrival_offset_ns, cost_ns});
+    ops.push_back({to_kind(kind), checked_size(size_bytes), arrival_offset_ns, cost_ns});
   }
   return ops;
 }
@@ -49,6 +81,9 @@ std::vector<CostLine> to_lines(const std::vector<RawLine>& raw) {
   std::vector<CostLine> lines;
   lines.reserve(raw.size());
   for (const auto& [latency_ns, ns_per_byte] : raw) {
+    require(std::isfinite(latency_ns) && std::isfinite(ns_per_byte),
+            "a cost line must be finite, got latency_ns " + std::to_string(latency_ns) + ", ns_per_byte " +
+                std::to_string(ns_per_byte));
     lines.push_back({latency_ns, ns_per_byte});
   }
   return lines;
@@ -56,20 +91,24 @@ std::vector<CostLine> to_lines(const std::vector<RawLine>& raw) {
 
 void load_schedule(int64_t virtual_rank, const std::vector<std::pair<std::vector<int64_t>, std::vector<RawOp>>>& collectives,
                    const std::vector<std::tuple<int64_t, bool, std::vector<RawOp>>>& p2p, int64_t iteration_time_ns) {
+  checked_rank(virtual_rank, "virtual_rank");
+  require(iteration_time_ns >= 0, "iteration_time_ns must be >= 0, got " + std::to_string(iteration_time_ns));
   std::vector<std::pair<std::vector<int64_t>, std::vector<ScheduledOp>>> groups;
   groups.reserve(collectives.size());
   for (const auto& [members, ops] : collectives) {
-    groups.emplace_back(members, to_ops(ops));
+    groups.emplace_back(checked_members(members), to_ops(ops));
   }
   std::vector<std::pair<std::pair<int64_t, bool>, std::vector<ScheduledOp>>> pairs;
   pairs.reserve(p2p.size());
   for (const auto& [peer, is_send, ops] : p2p) {
-    pairs.push_back({{peer, is_send}, to_ops(ops)});
+    pairs.push_back({{checked_rank(peer, "p2p peer"), is_send}, to_ops(ops)});
   }
   engine().load_schedule(virtual_rank, groups, pairs, iteration_time_ns);
 }
 
 int64_t p2p_completion_ns(int64_t peer, bool is_send, int64_t size_bytes) {
+  checked_rank(peer, "peer");
+  checked_size(size_bytes);
   const int64_t now = clock::now_ns();
   const Timing timing = engine().next_p2p(peer, is_send, size_bytes, now);
   if (!timing.error.empty()) {
@@ -101,6 +140,9 @@ void record_p2p(int32_t kind, int64_t self_rank, int64_t peer, int64_t seq, int6
                 int64_t issue_ns, int64_t start_ns, int64_t complete_ns, bool async_op, bool has_virtual,
                 int64_t issue_mark, int64_t complete_mark) {
   const OpKind op_kind = to_kind(kind);
+  checked_rank(self_rank, "self_rank");
+  checked_rank(peer, "peer");
+  checked_size(size_bytes);
   if (op_kind != OpKind::kSend && op_kind != OpKind::kRecv) {
     throw py::value_error(std::string("record_p2p kind must be SEND or RECV, got ") + op_kind_name(op_kind));
   }
@@ -198,7 +240,9 @@ std::shared_ptr<DeviceP2P> device_p2p(int64_t self_rank, int64_t peer, bool is_s
 void bind(py::module_& m) {
   m.def("set_mode", [](bool replay) { engine().set_mode(replay ? Mode::kReplay : Mode::kInstant); }, py::arg("replay"));
   m.def("is_replay_mode", [] { return engine().mode() == Mode::kReplay; });
-  m.def("set_virtual_rank", [](int64_t r) { engine().set_virtual_rank(r); }, py::arg("virtual_rank"));
+  m.def(
+      "set_virtual_rank", [](int64_t r) { engine().set_virtual_rank(checked_rank(r, "virtual_rank")); },
+      py::arg("virtual_rank"));
   m.def("load_schedule", &load_schedule, py::arg("virtual_rank"), py::arg("collectives"), py::arg("p2p"),
         py::arg("iteration_time_ns"));
   m.def("has_schedule", [] { return engine().has_schedule(); });
@@ -218,7 +262,7 @@ void bind(py::module_& m) {
   m.def(
       "set_group_cost",
       [](const std::vector<int64_t>& members, int32_t kind, const std::vector<RawLine>& lines) {
-        engine().set_group_cost(members, to_kind(kind), to_lines(lines));
+        engine().set_group_cost(checked_members(members), to_kind(kind), to_lines(lines));
       },
       py::arg("members"), py::arg("kind"), py::arg("lines"));
   m.def("set_default_cost", [](const std::vector<RawLine>& lines) { engine().set_default_cost(to_lines(lines)); },
@@ -226,7 +270,7 @@ void bind(py::module_& m) {
   m.def(
       "cost_ns",
       [](const std::vector<int64_t>& members, int32_t kind, int64_t size_bytes) {
-        return engine().cost_ns(members, to_kind(kind), size_bytes);
+        return engine().cost_ns(checked_members(members), to_kind(kind), checked_size(size_bytes));
       },
       py::arg("members"), py::arg("kind"), py::arg("size_bytes"));
   m.def("p2p_completion_ns", &p2p_completion_ns, py::arg("peer"), py::arg("is_send"), py::arg("size_bytes"));
