@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 SO_STAMP := prism_megatron/.built
 CSRC := $(shell find csrc -name '*.cpp' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh')
 
-.PHONY: venv build demo test test-fast lint format bench cuda-check clean venv-compat _venv-compat \
+.PHONY: venv build demo test test-fast lint format bench cuda-venv cuda-check clean venv-compat _venv-compat \
 	build-compat test-compat wheels-gpu
 
 venv: $(STAMP)
@@ -50,15 +50,35 @@ bench: build
 # The CUDA build with a CUDA torch in a separate venv, on a machine without a GPU: it must compile,
 # import, and run the prism backend (activation and collectives on CPU tensors, one and two
 # processes), since a build that imports can still crash when torch first constructs a backend.
-cuda-check:
-	test -x .venv-cuda/bin/python || $(PYTHON) -m venv .venv-cuda
-	.venv-cuda/bin/python -m pip install -q torch==2.14.1 ninja numpy setuptools wheel
-	rm -rf build/cuda-check && mkdir -p build/cuda-check
-	CUDA_HOME=/usr/local/cuda .venv-cuda/bin/python setup.py -q build_ext --build-lib build/cuda-check --build-temp build/cuda-check/tmp
-	# torch first: the extension links libc10, which importing torch loads. No kernel is launched.
-	cd build/cuda-check && ../../.venv-cuda/bin/python -c "import torch, prism_megatron._C as C; assert C.with_cuda; assert hasattr(C.clock, 'cuda_wait_until'); print('CUDA build imports:', sorted(n for n in dir(C) if not n.startswith('_')))"
-	PYTHONPATH=$(CURDIR) .venv-cuda/bin/python -X faulthandler benchmarks/backend/build_smoke.py --native-dir build/cuda-check/prism_megatron
+# The venv holds third-party packages only (torch 2.14.1 with CUDA from this machine's disk, about
+# 5.4 GB installed), so like the compatibility venv below it lives outside the checkout and one copy
+# serves every checkout of a machine: a fresh clone (CI) reuses it. It is installed again only when
+# the requirement line changes. The build is always forced and from empty folders
+# (tools/native_build.py), like every GPU build.
+CUDA_REQUIREMENTS := torch==2.14.1 ninja numpy setuptools wheel
+CUDA_VENV ?= $(HOME)/.cache/prism-megatron/venv-cuda-torch2.14.1
+CUDA_PY := $(CUDA_VENV)/bin/python
+CUDA_STAMP := $(CUDA_VENV)/.installed
 
+# flock: two checkouts setting up the shared venv at once take turns.
+cuda-venv:
+	@mkdir -p $(dir $(CUDA_VENV))
+	@flock $(CUDA_VENV).lock sh -c 'if grep -qxF "$(CUDA_REQUIREMENTS)" $(CUDA_STAMP) 2>/dev/null; then \
+	  echo "$(CUDA_VENV): $(CUDA_REQUIREMENTS) already installed"; \
+	else \
+	  set -e; test -x $(CUDA_PY) || $(PYTHON) -m venv $(CUDA_VENV); \
+	  $(CUDA_PY) -m pip install -q $(CUDA_REQUIREMENTS); \
+	  echo "$(CUDA_REQUIREMENTS)" >$(CUDA_STAMP); \
+	fi'
+
+cuda-check: cuda-venv
+	CUDA_HOME=$${CUDA_HOME:-/usr/local/cuda} TORCH_CUDA_ARCH_LIST=9.0 $(CUDA_PY) -m tools.native_build \
+	  --out build/cuda-check --work build/cuda-check-objects
+	# torch first: the extension links libc10, which importing torch loads. No kernel is launched.
+	cd build/cuda-check && $(abspath $(CUDA_PY)) -c "import torch, prism_megatron._C as C; assert C.with_cuda; assert hasattr(C.clock, 'cuda_wait_until'); print('CUDA build imports:', sorted(n for n in dir(C) if not n.startswith('_')))"
+	$(CUDA_PY) -X faulthandler -m tools.build_smoke --native-dir build/cuda-check/prism_megatron
+
+# Build outputs only: the venvs stay (make cuda-check reinstalls nothing while its venv is current).
 clean:
 	rm -rf build $(SO_STAMP) $(SO_STAMP_COMPAT) prism_megatron/_C*.so
 

@@ -3,17 +3,18 @@
 Why: a build can compile and import and still crash the first time torch constructs a prism backend,
 because only then do this module and torch's c10d bindings exchange ``c10d::Backend`` holders (the
 GPU check of 2026-11-29 met a segmentation fault there). ``make cuda-check`` runs this against the
-CUDA build it just made, and ``benchmarks/backend/gpu_check.sh`` before its tests; everything runs on
-CPU tensors, so no GPU is needed. Two checks:
+CUDA build it just made, and ``benchmarks/gpu/run.sh`` right after its build (with a native
+backtrace and a malloc-checked rerun on a crash); everything runs on CPU tensors, so no GPU is
+needed. Two checks:
 
 - one process, the only real rank of W=8: all-reduce and a subgroup all-gather (mirror values);
 - two processes, real ranks 0 and 4 of W=8: every group gets a real gloo sub-communicator, which
   torch hands to ``_C.backend.create_backend`` as a ProcessGroupGloo; an all-real group's
   all-reduce is exact.
 
-Usage, from the repository root (the root must be importable: ``PYTHONPATH=.``)::
+Usage, from the repository root::
 
-    python -X faulthandler benchmarks/backend/build_smoke.py [--native-dir DIR] [--single-process]
+    python -X faulthandler -m tools.build_smoke [--native-dir DIR] [--single-process]
 
 ``--native-dir`` names the directory holding the ``_C`` module to check (for instance
 ``build/cuda-check/prism_megatron``); by default the package's own. Prints one line per check and
@@ -123,7 +124,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     native = use_native(args.native_dir)
     print(
-        f"torch {torch.__version__}; {native.__file__} (with_cuda={native.with_cuda})",
+        f"torch {torch.__version__} ({torch.__file__}); {native.__file__} (with_cuda={native.with_cuda}, "
+        f"built against torch {native.build_info.torch_version})",
         flush=True,
     )
     print(check_single_process(), flush=True)
