@@ -10,7 +10,8 @@ Usage, from the repository root::
 
     python -m tools.build_env [--json PATH]
 
-Prints one ``key: value`` line per fact; ``--json`` also writes them as a JSON object.
+Prints one ``key: value`` line per fact as it is found (the interpreter and the link flags first,
+then torch, the tools and the built module); ``--json`` also writes them as a JSON object.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import subprocess
 import sys
 import sysconfig
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -89,9 +91,13 @@ def _module_facts(root: Path) -> dict[str, object]:
             "print(_C.build_info.torch_version, '|', _C.build_info.compiler, '|', _C.with_cuda)"
         )
         env = {**os.environ, "PYTHONPATH": f"{root}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-        done = subprocess.run(
-            [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env, check=False
-        )
+        try:
+            done = subprocess.run(
+                [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env, check=False
+            )
+        except subprocess.TimeoutExpired:
+            facts["module_build"] = "import timed out after 60 s"
+            return facts
         lines = (done.stdout if done.returncode == 0 else done.stderr).strip().splitlines()
         facts["module_build"] = (
             lines[-1]
@@ -101,36 +107,37 @@ def _module_facts(root: Path) -> dict[str, object]:
     return facts
 
 
-def collect(root: Path = REPO) -> dict[str, object]:
-    """Every fact, in the order printed."""
-    facts: dict[str, object] = {
-        "python": sys.executable,
-        "python_version": sys.version.replace("\n", " "),
-        "platform": platform.platform(),
-        "libc": " ".join(platform.libc_ver()),
-    }
-    facts.update(_torch_facts())
-    facts.update({f"sysconfig_{name}": sysconfig.get_config_var(name) for name in LINK_VARS})
-    facts.update({f"env_{name}": os.environ[name] for name in ENV_VARS if name in os.environ})
-    facts["c++"] = _first_line(["c++", "--version"])
-    facts["nvcc"] = _first_line(["nvcc", "--version"], last=True)
-    facts["ninja"] = _first_line(["ninja", "--version"])
-    facts["gdb"] = _first_line(["gdb", "--version"])
-    facts["malloc_debug_library"] = malloc_debug_library()
-    facts.update(_module_facts(root))
-    return facts
+def facts(root: Path = REPO) -> Iterator[tuple[str, object]]:
+    """Every fact, cheapest first, so a step killed early still leaves the interpreter's."""
+    yield "python", sys.executable
+    yield "python_version", sys.version.replace("\n", " ")
+    yield "platform", platform.platform()
+    yield "libc", " ".join(platform.libc_ver())
+    for name in LINK_VARS:
+        yield f"sysconfig_{name}", sysconfig.get_config_var(name)
+    for name in ENV_VARS:
+        if name in os.environ:
+            yield f"env_{name}", os.environ[name]
+    yield from _torch_facts().items()
+    yield "c++", _first_line(["c++", "--version"])
+    yield "nvcc", _first_line(["nvcc", "--version"], last=True)
+    yield "ninja", _first_line(["ninja", "--version"])
+    yield "gdb", _first_line(["gdb", "--version"])
+    yield "malloc_debug_library", malloc_debug_library()
+    yield from _module_facts(root).items()
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", type=Path, help="also write the facts to this JSON file")
     args = parser.parse_args(argv)
-    facts = collect()
-    for key, value in facts.items():
+    recorded = {}
+    for key, value in facts():
         print(f"{key}: {value}", flush=True)
+        recorded[key] = value
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(facts, indent=2) + "\n")
+        args.json.write_text(json.dumps(recorded, indent=2) + "\n")
     return 0
 
 

@@ -63,11 +63,6 @@ have_backend_build() {
 have_wheels() { compgen -G ".whl/*.whl" >/dev/null || { echo "no wheels carried in .whl/"; return 1; }; }
 have_megatron() { "$PY" -c 'import megatron.core' >/dev/null 2>&1 || { echo "megatron-core not importable"; return 1; }; }
 have_module() { [[ -f "$1" ]] || { echo "$1 not written yet"; return 1; }; }
-step_failed() {  # step_failed NAME: the step ran and did not pass
-  local status
-  status=$(awk -F'\t' -v name="$1" '$1 == name {print $2}' "$WORK/steps.tsv")
-  [[ -n "$status" && "$status" != ok && "$status" != skipped ]] || { echo "$1 did not fail"; return 1; }
-}
 full_build_failed() { step_failed build; }
 backend_build_failed() { step_failed build && step_failed build_backend_only; }
 build_wanted() { ((skip_build == 0)) || { echo "--skip-build"; return 1; }; }

@@ -101,3 +101,10 @@ run_step() {
     failed=1
   fi
 }
+
+# A prerequisite: step NAME ran and did not pass (failed, timeout or crashed).
+step_failed() {
+  local status
+  status=$(awk -F'\t' -v name="$1" '$1 == name {print $2}' "$WORK/steps.tsv" 2>/dev/null)
+  [[ -n "$status" && "$status" != ok && "$status" != skipped ]] || { echo "$1 did not fail"; return 1; }
+}

@@ -55,6 +55,21 @@ def test_a_plain_failure_is_not_followed_up(tmp_path):
     assert rows == [["tests", "failed", rows[0][2], "exit status 3"]]
 
 
+def test_a_fallback_build_runs_only_after_the_build_before_it_failed(tmp_path):
+    steps = (
+        "run_step build 30 : -- false\n"
+        "run_step build_backend_only 30 'step_failed build' -- true\n"
+        "run_step build_clock_only 30 'step_failed build_backend_only' -- true\n"
+    )
+    rows, _ = run_steps(tmp_path, steps)
+    assert [(row[0], row[1]) for row in rows] == [
+        ("build", "failed"),
+        ("build_backend_only", "ok"),
+        ("build_clock_only", "skipped"),
+    ]
+    assert rows[2][3] == "build_backend_only did not fail"
+
+
 @pytest.mark.parametrize("script", ["benchmarks/gpu/run.sh", "benchmarks/gpu/steps.sh"])
 def test_the_gpu_scripts_parse(script):
     subprocess.run(["bash", "-n", str(REPO / script)], check=True)
