@@ -204,6 +204,9 @@ device::StreamId p2p_stream(device::Queue* queue) {
 
 std::shared_ptr<DeviceP2P> device_p2p(int64_t self_rank, int64_t peer, bool is_send, int64_t size_bytes,
                                       const std::string& dtype, bool async_op) {
+  checked_rank(self_rank, "self_rank");
+  checked_rank(peer, "peer");
+  checked_size(size_bytes);
   device::Queue* queue = timeline::active_queue();
   if (queue == nullptr) {
     throw py::value_error("device_p2p needs a device (CUDA in use, or the test device active); on the host use "
