@@ -55,6 +55,10 @@ WORLD = LayoutWorld(LAYOUT)
 ITERATIONS = 6
 WARMUP = 1
 SPAN_TOLERANCE = 0.02
+WAKE_UP_NS = 1_000_000
+"""A test-device stream's worker may stamp a mark up to one thread wake-up late (measured here: 0.3-0.4
+ms on a quiet machine for a span with nothing asked in it); against spans of 60-120 ms that is below the
+2 % bound, but it decides spans of a fraction of a millisecond."""
 REAL_RANK = 2  # the last stage of replica 0
 
 
@@ -117,7 +121,7 @@ def test_a_capture_on_the_test_device_gives_the_synchronous_capture_graph(graphs
         for position, (h, d) in enumerate(zip(spans, compute_spans(device)[role], strict=True)):
             host_own = own[role][position]
             # The device sees at most the host's own time and late wake-ups, and the compute within 2 %.
-            if not (h - host_own - SPAN_TOLERANCE * h <= d <= h + SPAN_TOLERANCE * h):
+            if not (h - host_own - SPAN_TOLERANCE * h <= d <= h + SPAN_TOLERANCE * h + WAKE_UP_NS):
                 misses.append((role, position, h / 1e6, host_own / 1e6, d / 1e6))
     assert not misses, f"(role, span, host ms, its not-asked ms, test device ms) beyond 2 %: {misses}"
     slept = sum(sum(s) for s in compute_spans(host).values()) - sum(sum(o) for o in own.values())
