@@ -191,7 +191,6 @@ def test_an_existing_run_folder_is_refused_before_any_process_starts(tmp_path):
         (("--prism-graph", "no-such-graph"), "--prism-graph no-such-graph"),
         (("--num-layers", "3"), "--num-layers 3 must be divisible"),
         (("--no-such-flag", "3"), "does not support --no-such-flag 3"),
-        (("--sequence-parallel",), "--sequence-parallel needs apex"),
         (("--recompute-granularity", "full"), "megatron-core refuses these flags"),
     ],
 )
