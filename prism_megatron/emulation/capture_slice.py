@@ -2,9 +2,10 @@
 
 The classes come from the job (`topology.equivalence.role_classes` over the flags' `JobModel`);
 each class's representative role is captured by its smallest rank. A pass runs `nproc` processes,
-so the last pass may have places to spare: they capture a second member of the largest classes
-(the one whose pipeline schedule differs most from the representative's, the member with the fewest
-warm-up microbatches), which confirms the class op for op when the graph is built and pools its
+so the last pass may have places to spare: they capture a second member of the classes whose
+members run in different orders (middle stages of a 1F1B pipeline) and then of the largest (the
+member whose schedule differs most from the representative's, with the fewest warm-up
+microbatches), which confirms the class op for op when the graph is built and pools its
 spans, at no extra pass. With `--prism-capture-all-roles` every role is its own class, as before.
 """
 
@@ -30,7 +31,10 @@ def capture_ranks(layout: Layout, classes: Sequence[RoleClass], nproc: int) -> t
     by_name = {role.name: role for role in layout.roles()}
     ranks = sorted(layout.representative(by_name[c.representative]) for c in classes)
     spare = -len(ranks) % nproc
-    shared = sorted((c for c in classes if len(c.members) > 1), key=lambda c: -len(c.members))
+    # Derived orders first (the graph reorders their steps: the most to confirm), then the largest.
+    shared = sorted(
+        (c for c in classes if len(c.members) > 1), key=lambda c: (c.warmup is None, -len(c.members))
+    )
     extra = [layout.representative(by_name[_confirmer(c)]) for c in shared[:spare]]
     return tuple(ranks) + tuple(extra)
 

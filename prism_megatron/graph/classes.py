@@ -25,10 +25,13 @@ pooled over the captured members: the median of each canonical span.
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
 import statistics
 from collections.abc import Mapping, Sequence
 
 from prism_megatron.graph.capture import COMPUTE_NAME, compute_durations, first_difference, structure
+from prism_megatron.graph.io import write_json_atomically
 from prism_megatron.graph.printable import format_op
 from prism_megatron.graph.schedule import IDLE, StageOrder, Step, one_f_one_b
 from prism_megatron.graph.schema import COMPUTE_STREAM, P2P, Dep, ExecutionGraph, NodeType, Op, RoleGraph
@@ -219,12 +222,16 @@ class ClassProgram:
             self._steps = _cut(self._items, one_f_one_b(num, warmup), reference, what)
         self._layouts: dict[int | None, _MemberLayout] = {}
 
-    def _layout(self, member: str) -> _MemberLayout:
+    def order_of(self, member: str) -> int | None:
+        """What sets the member's op order: its warm-up count (None: the reference's order)."""
         if member not in self.role_class.members:
             raise ValueError(
                 f"role {member!r} is not a member of the class of {self.role_class.representative!r}"
             )
-        warmup = None if self._steps is None else self.role_class.warmup[member]
+        return None if self._steps is None else self.role_class.warmup[member]
+
+    def _layout(self, member: str) -> _MemberLayout:
+        warmup = self.order_of(member)
         if warmup not in self._layouts:
             pieces = self._pieces(warmup)
             source = []
@@ -355,7 +362,39 @@ def spread(
             continue
         done.add(id(program))
         canonical, idle_ns = program.pooled({r: v for r, v in measured.items() if programs.get(r) is program})
+        by_order: dict[int | None, list[int]] = {}  # members in one order share one list (1024 roles)
         for member in program.role_class.members:
             if member not in measured:
-                out[member] = program.durations(member, canonical, idle_ns)
+                order = program.order_of(member)
+                if order not in by_order:
+                    by_order[order] = program.durations(member, canonical, idle_ns)
+                out[member] = by_order[order]
     return out
+
+
+CLASSES_FILE = "role-classes.json"
+"""Beside a folder of capture files: the role classes the capture was planned with."""
+
+
+def save_classes(classes: Sequence[RoleClass], directory: str) -> str:
+    """Write the role classes into a capture folder (atomically), so the folder builds the same graph."""
+    path = os.path.join(directory, CLASSES_FILE)
+    os.makedirs(directory, exist_ok=True)
+    write_json_atomically({"role_classes": [c.to_json() for c in classes]}, path)
+    return path
+
+
+def load_classes(directory: str) -> tuple[RoleClass, ...] | None:
+    """The role classes saved in a capture folder; None when it has none (every role its own class).
+
+    Raises:
+        ValueError: the file is there but is not a list of role classes.
+    """
+    path = os.path.join(directory, CLASSES_FILE)
+    if not os.path.isfile(path):
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            return tuple(RoleClass.from_json(data) for data in json.load(f)["role_classes"])
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"{path}: damaged role classes ({exc})") from None
