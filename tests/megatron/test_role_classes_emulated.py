@@ -27,7 +27,7 @@ JOB = (
     "--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
     "--vocab-size", "1000", "--micro-batch-size", "1", "--global-batch-size", "8",
     "--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "4",
-    "--hidden-dropout", "0", "--attention-dropout", "0", "--train-iters", "3",
+    "--hidden-dropout", "0", "--attention-dropout", "0", "--train-iters", "3", "--prism-capture-iters", "2",
     "--prism-emulate", "--prism-world-size", "16", "--prism-device", "cpu", "--prism-ranks", "pp=0,1;tp=0;dp=0",
 )  # fmt: skip
 
