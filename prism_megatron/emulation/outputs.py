@@ -89,7 +89,7 @@ def iteration_times(results: dict[int, dict[str, Any]]) -> list[float]:
 
 def capture_summary(plan: RunPlan, graph, walls: dict[str, float]) -> CaptureSummary:
     """How `graph` was captured: its roles, classes and captured ranks, and this run's capture passes
-    (`walls`: seconds per phase, a pass named capture-N) unless the graph was reused."""
+    (`walls`: seconds per phase, a pass named capture-N) unless the graph came from --prism-graph."""
     from prism_megatron.graph.classes import graph_classes
 
     passes = [seconds for name, seconds in walls.items() if name.startswith("capture-")]

@@ -1,6 +1,7 @@
 """report.json's schema: what it accepts, and errors that name the key path of every problem."""
 
 import copy
+import dataclasses
 
 import pytest
 
@@ -206,6 +207,8 @@ def test_the_capture_says_how_many_roles_ran_for_how_many_and_reads_back():
     assert doc["capture"]["num_captured_roles"] == 1 and doc["capture"]["num_roles"] == 2
     assert RunReport.from_json(doc).capture == capture
     assert capture.describe() == "1 of 2 roles captured (1 program) in 1 pass, 12.5 s"
+    earlier = dataclasses.replace(capture, num_passes=None, capture_s=None)
+    assert earlier.describe() == "1 of 2 roles captured (1 program) before this run (--prism-graph)"
 
 
 def test_capture_classes_must_hold_every_role_once_and_count_what_was_captured():
