@@ -11,7 +11,7 @@ the world, iteration indices increasing, and consistency
 (`dp` = world / (tp pp cp); the ranks table holds only real ranks, all of them when the run is ok;
 `iteration_time_s` is the median of the iterations after warm-up; each role's compute, exposed
 communication and bubble add up to the simulated iteration time, as the simulator's breakdown
-guarantees). Every error names its key path (`$.ranks.7168.compute_s`), and all are reported at once
+guarantees; the capture's classes hold every role of the job once). Every error names its key path (`$.ranks.7168.compute_s`), and all are reported at once
 (consistency is checked once the shape is right, as it reads the values the shape check vouches for).
 """
 
