@@ -7,8 +7,9 @@ two pipeline stages: send a gradient back, receive the next activation), with th
 dtype, on one core each:
 
 * interceptor: one process, virtual rank 1 of a W = 2, PP = 2 job (rank 0 virtual), set up as the
-  emulation pass sets it up (`prism_megatron.megatron.run.runtime`), virtual peers instant, so what
-  is timed is the interceptor's own host work;
+  emulation pass sets it up (`prism_megatron.megatron.run.runtime`, which also gives it its share of
+  the machine: one thread, a core of its own), virtual peers instant, so what is timed is the
+  interceptor's own host work;
 * gloo: two real processes (both stages) exchanging in lockstep through megatron-core's own
   communicator, as the all-real run does; rank 1's calls are timed.
 
@@ -45,8 +46,9 @@ def _communicator(*, emulate: bool):
     from prism_megatron.config import EmulationConfig, PrismConfig
     from prism_megatron.megatron.run import runtime
 
-    emulation = EmulationConfig(emulate=emulate, world_size=2 if emulate else None,
-                                ranks="1" if emulate else None, device="cpu")  # fmt: skip
+    emulation = EmulationConfig(
+        emulate=emulate, world_size=2 if emulate else None, ranks="1" if emulate else None, device="cpu"
+    )
     rt = runtime.start(PrismConfig(emulation=emulation))
     rt.sizes = runtime.ParallelSizes(pp=2)
     runtime.bring_up(rt)
@@ -74,8 +76,6 @@ def measure(request: tuple[str, int, bool]) -> dict[str, float]:
     from megatron.core import parallel_state
 
     side, num_calls, profile = request
-    os.sched_setaffinity(0, {int(os.environ.get("RANK", "0")) % os.cpu_count()})
-    torch.set_num_threads(1)
     rt, communicator = _communicator(emulate=side == "interceptor")
     last_stage = side == "interceptor" or int(os.environ["RANK"]) == 1
     medians = {}
@@ -123,16 +123,23 @@ def run(num_calls: int, repetitions: int, profile: bool = False) -> dict:
     summary = {}
     for side, per_round in rounds.items():
         summary[side] = {
-            name: {"rounds_us": [r[name] for r in per_round],
-                   "median_us": statistics.median(r[name] for r in per_round)}
+            name: {
+                "rounds_us": [r[name] for r in per_round],
+                "median_us": statistics.median(r[name] for r in per_round),
+            }
             for name in SHAPES
-        }  # fmt: skip
+        }
     ratio = {
         name: summary["interceptor"][name]["median_us"] / summary["gloo"][name]["median_us"]
         for name in SHAPES
     }
-    return {"calls_per_round": num_calls, "repetitions": repetitions, "sides": summary, "ratio": ratio,
-            "load_average_1min": os.getloadavg()[0]}  # fmt: skip
+    return {
+        "calls_per_round": num_calls,
+        "repetitions": repetitions,
+        "sides": summary,
+        "ratio": ratio,
+        "load_average_1min": os.getloadavg()[0],
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -52,6 +52,7 @@ def test_the_tile_repeats_over_the_buffer():
 
 
 def test_a_transfer_reads_its_size_and_type_once_at_issue():
-    transfer = Transfer(kind=OpKind.SEND, self_rank=1, peer=0, tensor=torch.zeros(4, 8, dtype=torch.bfloat16),
-                        async_op=False)  # fmt: skip
+    transfer = Transfer(
+        kind=OpKind.SEND, self_rank=1, peer=0, tensor=torch.zeros(4, 8, dtype=torch.bfloat16), async_op=False
+    )
     assert (transfer.size_bytes, transfer.dtype, transfer.direction) == (64, "BFloat16", "send")
