@@ -133,8 +133,13 @@ def _table(path: str, key: str, rows: object) -> tuple[tuple[OpKind, int], Point
         )
     points = []
     for row in rows if isinstance(rows, list) else [None]:
-        if not (isinstance(row, list) and len(row) == 2 and all(isinstance(v, int | float) for v in row)
-                and row[0] >= 0 and row[1] >= 0):  # fmt: skip
+        if not (
+            isinstance(row, list)
+            and len(row) == 2
+            and all(isinstance(v, int | float) for v in row)
+            and row[0] >= 0
+            and row[1] >= 0
+        ):
             raise ValueError(f"{path}: costs_us.{key} must be a list of [bytes, microseconds] pairs >= 0")
         points.append((int(row[0]), float(row[1]) * 1e3))
     return (OpKind[kind_name], int(size_text)), monotone(points)
@@ -164,5 +169,8 @@ def load_measured(source: str | os.PathLike) -> MeasuredCost:
     if not isinstance(costs, dict) or not costs:
         raise ValueError(f"{path}: costs_us must map KIND/GROUP_SIZE to [bytes, microseconds] pairs")
     tables = dict(_table(path, key, rows) for key, rows in costs.items())
-    return MeasuredCost(tables, name=str(data.get("name", os.path.basename(path))),
-                        description=str(data.get("description", "")))  # fmt: skip
+    return MeasuredCost(
+        tables,
+        name=str(data.get("name", os.path.basename(path))),
+        description=str(data.get("description", "")),
+    )

@@ -60,6 +60,10 @@ def take(emulation: EmulationConfig, environ: dict[str, str] | None = None) -> C
     cores = cores_for(allowed, int(environ.get("LOCAL_RANK", "0")), threads) if allowed else None
     if cores is not None:
         os.sched_setaffinity(0, set(cores))
-    return CpuShare(threads=threads, cores=cores if cores is not None else tuple(allowed),
-                    pinned=cores is not None, previous_threads=previous_threads,
-                    previous_cores=tuple(allowed))  # fmt: skip
+    return CpuShare(
+        threads=threads,
+        cores=cores if cores is not None else tuple(allowed),
+        pinned=cores is not None,
+        previous_threads=previous_threads,
+        previous_cores=tuple(allowed),
+    )
