@@ -13,8 +13,8 @@ Per real rank and round, the error is (emulated median - real median) / real med
 iteration times after warm-up; the case reports the rounds' median error, inter-quartile range and
 worst round, the pooled medians, and the real run's own spread over rounds (its stability). Memory
 is the rank's peak of live tensor storage, the highest over rounds on each side. The rank's compute
-time (inside megatron-core's forward_step and backward_step) is recorded on both sides too, per
-round, for the overhead suite.
+time (inside megatron-core's forward_step and backward_step, wall and CPU time) is recorded on both
+sides too, per round, for the overhead suite.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def group_sizes(job) -> list[int]:
 
 def _after_warmup(run: dict, warmup: int, key: str = "iteration_times_ms") -> list[float]:
     values = run[key][warmup:]
-    return [v / 1e6 for v in values] if key == "compute_ns" else list(values)
+    return [v / 1e6 for v in values] if key.startswith("compute") else list(values)
 
 
 def _one_side(runs: list[dict], warmup: int) -> dict[str, Any]:
@@ -48,11 +48,13 @@ def _one_side(runs: list[dict], warmup: int) -> dict[str, Any]:
     per_round = [statistics.median(_after_warmup(run, warmup)) for run in runs]
     pooled = [t for run in runs for t in _after_warmup(run, warmup)]
     compute = [statistics.median(_after_warmup(run, warmup, "compute_ns")) for run in runs]
+    compute_cpu = [statistics.median(_after_warmup(run, warmup, "compute_cpu_ns")) for run in runs]
     return {
         "round_medians_ms": per_round,
         "pooled_median_ms": statistics.median(pooled),
         "iterations_ms": [run["iteration_times_ms"] for run in runs],
         "compute_round_medians_ms": compute,
+        "compute_cpu_round_medians_ms": compute_cpu,
         "peak_bytes": max(run["memory"]["peak_bytes"] for run in runs),
         "peak_bytes_every_round": [run["memory"]["peak_bytes"] for run in runs],
         "cpu_share": runs[0].get("cpu_share"),
@@ -65,12 +67,10 @@ def _rank_record(real: list[dict], emulated: list[dict], warmup: int, simulated_
         100.0 * (e - r) / r
         for e, r in zip(emu_side["round_medians_ms"], real_side["round_medians_ms"], strict=True)
     ]
-    compute = [
-        100.0 * (e - r) / r
-        for e, r in zip(
-            emu_side["compute_round_medians_ms"], real_side["compute_round_medians_ms"], strict=True
-        )
-    ]
+    compute, compute_cpu = (
+        [100.0 * (e - r) / r for e, r in zip(emu_side[key], real_side[key], strict=True)]
+        for key in ("compute_round_medians_ms", "compute_cpu_round_medians_ms")
+    )
     return {
         "virtual_rank": real[0]["virtual_rank"],
         "simulated_ms": simulated_ns / 1e6,
@@ -87,6 +87,7 @@ def _rank_record(real: list[dict], emulated: list[dict], warmup: int, simulated_
         / (simulated_ns / 1e6),
         "memory_diff_bytes": emu_side["peak_bytes"] - real_side["peak_bytes"],
         "compute_overhead_pct": stats.spread(compute),
+        "compute_cpu_overhead_pct": stats.spread(compute_cpu),
         "phase": emulated[0]["phase"],
         "phase_summary": emulated[-1]["phase_summary"],
     }

@@ -177,34 +177,53 @@ def _record_all_reduces(windows: list[tuple[int, int]]) -> None:
     dist.all_reduce = recorded
 
 
-def time_compute(spans_ns: list[int]) -> None:
-    """Add the time spent in megatron-core's forward_step and backward_step to spans_ns[-1] (a new
-    entry starts at each call of `new_iteration`, which the caller appends)."""
-    from megatron.core.pipeline_parallel import schedules
+class ComputeClock:
+    """Time inside megatron-core's forward_step and backward_step, per iteration: wall time, and this
+    thread's CPU time (what the rank computed, whatever the cores' load made it wait)."""
 
-    def timed(original):
-        def wrapper(*args, **kwargs):
-            begin_ns = time.monotonic_ns()
-            try:
-                return original(*args, **kwargs)
-            finally:
-                if spans_ns:
-                    spans_ns[-1] += time.monotonic_ns() - begin_ns
+    def __init__(self) -> None:
+        self.wall_ns: list[int] = []
+        self.cpu_ns: list[int] = []
+        self.running = False
 
-        return wrapper
+    def new_iteration(self) -> None:
+        self.wall_ns.append(0)
+        self.cpu_ns.append(0)
+        self.running = True
 
-    schedules.forward_step = timed(schedules.forward_step)
-    schedules.backward_step = timed(schedules.backward_step)
+    def stop(self) -> None:
+        """Iterations from here on (the memory ones) are not timed."""
+        self.running = False
+
+    def install(self) -> ComputeClock:
+        from megatron.core.pipeline_parallel import schedules
+
+        def timed(original):
+            def wrapper(*args, **kwargs):
+                wall_ns, cpu_ns = time.monotonic_ns(), time.thread_time_ns()
+                try:
+                    return original(*args, **kwargs)
+                finally:
+                    if self.running:
+                        self.wall_ns[-1] += time.monotonic_ns() - wall_ns
+                        self.cpu_ns[-1] += time.thread_time_ns() - cpu_ns
+
+            return wrapper
+
+        schedules.forward_step = timed(schedules.forward_step)
+        schedules.backward_step = timed(schedules.backward_step)
+        return self
 
 
-def _iterate(rt, step, count: int, compute_ns: list[int], host_returns_ns: list[int]) -> None:
+def _iterate(rt, step, count: int, clock: ComputeClock | None, host_returns_ns: list[int]) -> None:
     """`count` training steps, each between the runtime's iteration marks, as the entries run them
     (the pass times, records, replays and folds them there)."""
     from prism_megatron.megatron.run import runtime
 
     for _ in range(count):
         runtime.iteration_begins(rt)
-        compute_ns.append(0)
+        if clock is not None:
+            clock.new_iteration()
         step()
         host_returns_ns.append(time.monotonic_ns())
         runtime.iteration_ends(rt)
@@ -264,13 +283,12 @@ def _run_gpt(request: Request) -> dict[str, Any]:
     from prism_megatron.megatron.entry import pretrain
     from prism_megatron.megatron.run import results
 
-    compute_ns: list[int] = []
-    time_compute(compute_ns)
+    clock = ComputeClock().install()
     trace = _trace_gpt(request)
     train_step = pretrain.train_step
 
     def counted(*args, **kwargs):
-        compute_ns.append(0)
+        clock.new_iteration()
         return train_step(*args, **kwargs)
 
     pretrain.train_step = counted  # this process's own module: it runs one pass and ends
@@ -290,7 +308,8 @@ def _run_gpt(request: Request) -> dict[str, Any]:
         "phase": phase["name"],
         "phase_summary": phase,
         "iteration_times_ms": [t * 1e3 for t in phase["iteration_times_s"]],
-        "compute_ns": compute_ns,
+        "compute_ns": clock.wall_ns,
+        "compute_cpu_ns": clock.cpu_ns,
         "memory": out["memory"],
         "cpu_share": out.get("cpu_share"),
         **trace,
@@ -351,16 +370,16 @@ def _run_sleep(request: Request) -> dict[str, Any]:
 
             _record_exchanges(schedules.P2PCommunicator, exchanges)
             _record_all_reduces(all_reduces_ns)
-        compute_ns: list[int] = []
         host_returns_ns: list[int] = []
-        time_compute(compute_ns)
-        _iterate(rt, program.step, request.iterations, compute_ns, host_returns_ns)
+        clock = ComputeClock().install()
+        _iterate(rt, program.step, request.iterations, clock, host_returns_ns)
+        clock.stop()
         with _without_cycle_collection():
             tracker = memory.LiveStorageTracker()
             tracker.label_model(program.model)
             tracker.label_optimizer(program.optimizer)
             with tracker:
-                _iterate(rt, program.step, request.memory_iterations, [], [])
+                _iterate(rt, program.step, request.memory_iterations, None, [])
         phase = rt.phase
         phase.read_marks(wait=True)
         out: dict[str, Any] = {}
@@ -377,7 +396,8 @@ def _run_sleep(request: Request) -> dict[str, Any]:
             ],
             "host_returns_ns": host_returns_ns,
             "sleeps_ns": sleeps_ns,
-            "compute_ns": compute_ns,
+            "compute_ns": clock.wall_ns,
+            "compute_cpu_ns": clock.cpu_ns,
             "memory": tracker.report().as_dict(),
             "cpu_share": rt.cpu.as_dict() if rt.cpu is not None else None,
             "exchanges_ns": exchanges.ns(),
