@@ -53,10 +53,11 @@ class PlausibleValues:
     def fill(self, buffer: torch.Tensor, *, gradient: bool) -> None:
         """Draw the first `TILE_ELEMENTS` in place and repeat them over the rest of the buffer.
 
-        Why a tile: drawing every element cost a 128 KiB activation ~150 us of host time per
-        receive, more than the real gloo exchange it stands for; copying a drawn tile costs what
-        gloo's own copy into the buffer does. The values keep their distribution (each element is
-        still drawn from the same normal), so the scale and the gradient's norm are unchanged.
+        Why a tile: drawing every element of a 128 KiB activation made an exchange with a virtual
+        stage cost the host more than the real gloo exchange it stands for (`benchmarks/overhead/
+        exchange.py`: 1.2x on a 2-core machine; with the tile, half of it); copying a drawn tile costs
+        what gloo's own copy into the buffer does. Each element still comes from the same normal,
+        so the scale and the gradient's norm are unchanged.
         """
         generator = self.generators.get(buffer.device)
         if generator is None:
