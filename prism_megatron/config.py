@@ -28,6 +28,8 @@ DATA_POLICIES = ("mirror",)  # what prism_megatron.backend offers
 PHASES = ("auto", "capture", "emulate")
 DEFAULT_OUT_ROOT = "prism-out"
 FLAG_PREFIX = "--prism-"
+CPU_SHARES_PER_MACHINE = 8
+"""The default CPU rank gets this fraction of the machine's cores, as a GPU is one of eight."""
 
 
 def _flag(name: str) -> dict[str, str]:
@@ -47,6 +49,8 @@ class EmulationConfig:
     """Which virtual ranks are real, one process each: '5,1029', 'pp=0,7;tp=0;dp=0', 'slice' (default: one rank per role)."""
     device: str = dataclasses.field(default="auto", metadata={"choices": DEVICES})
     """Device of the real ranks; auto picks cuda when available, else cpu (with the CPU device shim)."""
+    cpu_threads_per_rank: int | None = None
+    """On the cpu device: intra-op threads of each real rank, and as many cores of its own when the process may use more; the same share in every pass (default: the machine's cores / 8, at least 1)."""
     data_policy: str = dataclasses.field(default="mirror", metadata={"choices": DATA_POLICIES})
     """What virtual peers contribute to collectives: mirror (what the real rank of their role, or this rank, contributes)."""
     timeout_s: float = dataclasses.field(default=300.0, metadata=_flag("timeout"))
@@ -65,6 +69,8 @@ class EmulationConfig:
             raise ValueError(f"--prism-world-size must be >= 1, got {self.world_size}")
         if not (math.isfinite(self.timeout_s) and self.timeout_s > 0):
             raise ValueError(f"--prism-timeout must be a positive number of seconds, got {self.timeout_s}")
+        if self.cpu_threads_per_rank is not None and self.cpu_threads_per_rank < 1:
+            raise ValueError(f"--prism-cpu-threads-per-rank must be >= 1, got {self.cpu_threads_per_rank}")
         if self.ranks is not None and not self.ranks.strip():
             raise ValueError("--prism-ranks must not be empty; omit it for one rank per role")
         self.stragglers()
@@ -88,6 +94,14 @@ class EmulationConfig:
                 )
             parsed[virtual_rank] = factor
         return parsed
+
+    def resolved_cpu_threads(self, num_cores: int) -> int:
+        """--prism-cpu-threads-per-rank, else an eighth of the machine's cores (at least 1): a CPU
+        rank's device is a fixed share of the machine, as a GPU is one of its node's eight, and the
+        share does not depend on how many processes a pass starts."""
+        if self.cpu_threads_per_rank is not None:
+            return self.cpu_threads_per_rank
+        return max(1, num_cores // CPU_SHARES_PER_MACHINE)
 
     def resolved_device(self, cuda_available: bool) -> str:
         return ("cuda" if cuda_available else "cpu") if self.device == "auto" else self.device
@@ -114,7 +128,7 @@ class ClusterConfig:
     """The network of the target cluster."""
 
     cluster: str = "default"
-    """Cluster preset name or path to a cluster spec (links, bandwidths, latencies)."""
+    """Cluster preset name, path to a cluster spec (links, bandwidths, latencies), or a file of costs measured where the job runs (kind: measured)."""
 
     def __post_init__(self) -> None:
         if not self.cluster.strip():

@@ -60,10 +60,10 @@ def _simulated_from_graph(run_dir: str, report):
     graph_dir = os.path.join(run_dir, "graph")
     if os.path.exists(os.path.join(run_dir, SIMULATED_FILE)) or not os.path.isdir(graph_dir):
         return None
+    from prism_megatron.emulation.closed_loop import network_cost
     from prism_megatron.graph import load_graph
     from prism_megatron.graph.world import world_from_metadata
-    from prism_megatron.network import CostModel, load_cluster
-    from prism_megatron.sim import NetworkCost, WhatIf, simulate
+    from prism_megatron.sim import WhatIf, simulate
 
     graph = load_graph(graph_dir)
     emulation = report.prism.get("emulation", {})
@@ -72,7 +72,7 @@ def _simulated_from_graph(run_dir: str, report):
     result = simulate(
         graph,
         world_from_metadata(graph.metadata.layout),
-        NetworkCost(CostModel(load_cluster(cluster))),
+        network_cost(cluster),
         WhatIf(stragglers=stragglers),
     )
     print(f"virtual tracks: simulated {graph_dir} over cluster {cluster!r} (the run saved none)")

@@ -66,12 +66,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from prism_megatron.emulation.closed_loop import network_cost
     from prism_megatron.graph import load_graph
     from prism_megatron.graph.world import world_from_metadata
-    from prism_megatron.network import CostModel, load_cluster
     from prism_megatron.sim import (
         DeadlockError,
-        NetworkCost,
         SimulationFault,
         WhatIf,
         parse_rank_factors,
@@ -91,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
         ),
     )
     real_ranks = select_ranks(world.layout, args.real_ranks)
-    cost = NetworkCost(CostModel(load_cluster(args.cluster)))
+    cost = network_cost(args.cluster)
     try:
         result = simulate(graph, world, cost, what_if, symmetric=False if args.full else None)
     except (DeadlockError, SimulationFault) as exc:

@@ -151,19 +151,37 @@ def _facts(plan: RunPlan) -> dict[str, object]:
     }
 
 
-def capture(plan: RunPlan, progress: Progress, walls: dict[str, float]) -> None:
-    """Run the slice in passes of `plan.nproc` processes, each rank recording its ops."""
-    batches = plan.capture_batches
+def capture_launches(plan: RunPlan) -> list[Launch]:
+    """The capture passes: the slice in batches of `plan.nproc` processes, each rank recording its ops."""
     iterations = plan.config.capture.capture_iters
-    for number, batch in enumerate(batches, start=1):
-        launch = Launch(
+    return [
+        Launch(
             name=f"capture-{number}",
             ranks=batch,
             out_dir=plan.path(files.CAPTURE_DIR),
             flags=("--prism-phase", "capture", "--train-iters", str(iterations)),
             num_iterations=iterations,
         )
-        progress.begin(f"capture pass {number}/{len(batches)}")
+        for number, batch in enumerate(plan.capture_batches, start=1)
+    ]
+
+
+def emulate_launch(plan: RunPlan) -> Launch:
+    """The emulation pass: the real ranks replaying every virtual peer from the run's graph/."""
+    return Launch(
+        name="emulate",
+        ranks=plan.real_ranks,
+        out_dir=plan.out_dir,
+        flags=("--prism-phase", "emulate", "--prism-graph", plan.path(files.GRAPH_DIR)),
+        num_iterations=plan.flags.train_iters,
+    )
+
+
+def capture(plan: RunPlan, progress: Progress, walls: dict[str, float]) -> None:
+    """Run the slice in passes of `plan.nproc` processes, each rank recording its ops."""
+    launches = capture_launches(plan)
+    for number, launch in enumerate(launches, start=1):
+        progress.begin(f"capture pass {number}/{len(launches)}")
         run_launch(
             launch, script=plan.script, user_args=plan.megatron_args, run_dir=plan.out_dir, progress=progress
         )
@@ -193,13 +211,7 @@ def simulate(plan: RunPlan, graph: ExecutionGraph, progress: Progress, walls: di
 
 def emulate(plan: RunPlan, progress: Progress, walls: dict[str, float]) -> None:
     """The real ranks run the program; the replay engine serves every virtual peer."""
-    launch = Launch(
-        name="emulate",
-        ranks=plan.real_ranks,
-        out_dir=plan.out_dir,
-        flags=("--prism-phase", "emulate", "--prism-graph", plan.path(files.GRAPH_DIR)),
-        num_iterations=plan.flags.train_iters,
-    )
+    launch = emulate_launch(plan)
     progress.begin(f"emulate ({len(plan.real_ranks)} real of {plan.layout.world_size} ranks)")
     run_launch(
         launch, script=plan.script, user_args=plan.megatron_args, run_dir=plan.out_dir, progress=progress

@@ -107,6 +107,7 @@ def build_report(
             memory=data.get("memory"),
             breakdown=rank_breakdown(sim_result, v) if sim_result is not None else None,
             role=plan.layout.role_of(v).name,
+            cpu_share=data.get("cpu_share"),
         )
         for v, data in results.items()
         if v in plan.real_ranks

@@ -18,6 +18,7 @@ import time
 import pytest
 from launching import quiet_env
 
+from prism_megatron.config import EmulationConfig
 from prism_megatron.graph import load_graph
 from prism_megatron.report import schema
 
@@ -75,6 +76,26 @@ def test_one_command_captures_simulates_emulates_and_writes_every_output(run_dir
     assert set(report["roles"]) == {"pp0-tp0src", "pp0", "pp1-tp0src", "pp1"}
     for rank in ("0", "8"):
         assert report["ranks"][rank]["peak_memory_allocated_bytes"] > 0
+
+
+@pytest.mark.slow
+def test_every_pass_gives_each_real_rank_the_same_share_of_the_machine(run_dir):
+    cores = sorted(os.sched_getaffinity(0))
+    threads = EmulationConfig().resolved_cpu_threads(len(cores))
+    passes = {
+        "capture": [
+            read_json(path)["cpu_share"] for path in sorted((run_dir / "capture").glob("rank-*.json"))
+        ],
+        "emulate": [read_json(run_dir / f"rank-{rank:05d}.json")["cpu_share"] for rank in REAL_RANKS],
+    }
+    assert len(passes["capture"]) == 4  # the slice: 0, 1, 8, 9, two processes per pass
+    for shares in passes.values():
+        assert all(share["threads"] == threads for share in shares), shares
+        if len(cores) >= 2 * threads:  # two processes at once: a core set of its own each
+            assert all(share["pinned"] and len(share["cores"]) == threads for share in shares), shares
+            assert len({tuple(share["cores"]) for share in shares[:2]}) == 2, shares
+    report = read_json(run_dir / "report.json")
+    assert [report["ranks"][str(rank)]["cpu_threads"] for rank in REAL_RANKS] == [threads, threads]
 
 
 @pytest.mark.slow

@@ -16,6 +16,7 @@ FROZEN_FLAGS = {
     "--prism-world-size": None,
     "--prism-ranks": None,
     "--prism-device": "auto",
+    "--prism-cpu-threads-per-rank": None,
     "--prism-data-policy": "mirror",
     "--prism-timeout": 300.0,
     "--prism-straggler": None,
@@ -70,6 +71,7 @@ def test_flags_land_in_their_sections_with_units_in_field_names():
     [
         (("--prism-emulate",), "--prism-emulate needs --prism-world-size"),
         (("--prism-world-size", "0"), "--prism-world-size must be >= 1"),
+        (("--prism-cpu-threads-per-rank", "0"), "--prism-cpu-threads-per-rank must be >= 1"),
         (("--prism-timeout", "0"), "--prism-timeout must be a positive"),
         (("--prism-timeout", "nan"), "--prism-timeout must be a positive"),
         (("--prism-straggler", "5"), "--prism-straggler item '5' must read RANK:FACTOR"),
@@ -97,6 +99,12 @@ def test_sections_are_frozen_and_keyword_only():
         PrismConfig().emulation.world_size = 3  # type: ignore[misc]
     with pytest.raises(TypeError):
         prism_config.EmulationConfig(True)  # type: ignore[misc]
+
+
+def test_a_cpu_rank_gets_the_threads_asked_for_else_an_eighth_of_the_machine():
+    assert prism_config.EmulationConfig(cpu_threads_per_rank=3).resolved_cpu_threads(num_cores=2) == 3
+    assert prism_config.EmulationConfig().resolved_cpu_threads(num_cores=2) == 1
+    assert prism_config.EmulationConfig().resolved_cpu_threads(num_cores=64) == 8
 
 
 def test_auto_device_resolves_by_cuda_availability():

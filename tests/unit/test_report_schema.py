@@ -33,7 +33,7 @@ def _doc(**changes):
                 exposed_comm_s=0.1,
                 bubble_s=0.3,
             ),
-            5: RankReport(virtual_rank=5, peak_memory_allocated_bytes=120),
+            5: RankReport(virtual_rank=5, peak_memory_allocated_bytes=120, cpu_threads=1, cpu_cores=(1,)),
         },
         roles=(
             RoleReport(role="pp0", virtual_rank=0, count=8, compute_s=0.6, exposed_comm_s=0.1, bubble_s=0.3),
@@ -185,3 +185,15 @@ def test_tokens_per_second_per_gpu_and_megatrons_names_are_reported():
     assert _errors(_doc(tokens_per_s_per_gpu=1.0))[0].startswith(
         "$.tokens_per_s_per_gpu: must be global_batch_size x seq_length / (iteration_time_s x world_size)"
     )
+
+
+def test_a_cpu_ranks_share_of_the_machine_is_recorded_and_checked():
+    doc = _doc()
+    assert doc["ranks"]["5"]["cpu_threads"] == 1 and doc["ranks"]["5"]["cpu_cores"] == [1]
+    assert doc["ranks"]["0"]["cpu_threads"] is None  # not measured (a cuda rank)
+    doc["ranks"]["5"]["cpu_threads"] = 0
+    doc["ranks"]["5"]["cpu_cores"] = [-1]
+    assert sorted(_errors(doc)) == [
+        "$.ranks.5.cpu_cores[0]: must be >= 0, got -1",
+        "$.ranks.5.cpu_threads: must be >= 1, got 0",
+    ]
