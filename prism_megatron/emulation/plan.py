@@ -141,7 +141,8 @@ def plan_run(
     now_s: float | None = None,
     existing_run: bool = False,
 ) -> RunPlan:
-    """Check the command line and plan the run (no process starts, nothing is written).
+    """Check the command line and plan the run (no process starts, nothing is written); the checks
+    that need the plan (cluster, script, run folder, a reused graph) are `preflight.check`'s.
 
     `existing_run`: plan the report of a run folder that already holds the passes' outputs.
 
@@ -156,8 +157,6 @@ def plan_run(
             f"--prism-phase {config.emulation.phase} is for processes started by hand; "
             "prism-megatron emulate runs every pass itself"
         )
-    if script != BUILTIN and not os.path.isfile(script):
-        raise ValueError(f"--script {script!r} is not a file; give a Megatron-LM training script")
     flags = megatron_flags(megatron_args)
     _check_batch(flags)
     layout = target_layout(config, flags)
@@ -176,7 +175,7 @@ def plan_run(
         check_out_dir(out_dir, overwrite=config.output.overwrite)
     if config.capture.graph is not None and not os.path.exists(config.capture.graph):
         raise ValueError(f"--prism-graph {config.capture.graph}: no such graph directory")
-    return RunPlan(
+    plan = RunPlan(
         config=config,
         megatron_args=tuple(megatron_args),
         script=script,
@@ -187,6 +186,10 @@ def plan_run(
         nproc=nproc,
         out_dir=out_dir,
     )
+    from prism_megatron.emulation import preflight  # it reads the plan
+
+    preflight.check(plan, existing_run=existing_run)
+    return plan
 
 
 def _check_batch(flags: argparse.Namespace) -> None:
