@@ -56,10 +56,12 @@ def megatron_flags(megatron_args: Sequence[str]) -> argparse.Namespace:
         parser.add_argument(flag, type=int, default=default)
     for flag in _SWITCHES:
         parser.add_argument(flag, action="store_true")
-    try:
-        return parser.parse_known_args(list(megatron_args))[0]
-    except SystemExit:  # argparse already printed which flag has a bad value
-        raise ValueError("a Megatron flag has a value that is not a number (see above)") from None
+
+    def one_line(message: str):  # argparse would print its usage (25 lines) first
+        raise ValueError(f"Megatron flags: {message}")
+
+    parser.error = one_line  # type: ignore[method-assign]
+    return parser.parse_known_args(list(megatron_args))[0]
 
 
 def target_layout(config: PrismConfig, flags: argparse.Namespace) -> Layout:
