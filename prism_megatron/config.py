@@ -50,7 +50,7 @@ class EmulationConfig:
     data_policy: str = dataclasses.field(default="mirror", metadata={"choices": DATA_POLICIES})
     """What virtual peers contribute to collectives: mirror (what the real rank of their role, or this rank, contributes)."""
     timeout_s: float = dataclasses.field(default=300.0, metadata=_flag("timeout"))
-    """Seconds a real rank waits for a real peer before failing with the op and group named."""
+    """Seconds a real rank may wait for a peer, or make no progress at all (no op, no iteration), before the run fails naming the op or where the rank was."""
     straggler: str | None = dataclasses.field(default=None, metadata={"repeatable": True})
     """Slow virtual ranks, as RANK:FACTOR[,RANK:FACTOR] (factor > 1 stretches their compute; repeatable)."""
     phase: str = dataclasses.field(default="auto", metadata={"choices": PHASES})
@@ -276,5 +276,10 @@ def parse_prism_flags(argv: list[str]) -> PrismConfig:
     """The PrismConfig of the `--prism-*` flags among other flags (a script's or Megatron's)."""
     parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     add_prism_arguments(parser)
+
+    def one_line(message: str):  # argparse would print the usage of every --prism-* flag first
+        raise ValueError(message)
+
+    parser.error = one_line  # type: ignore[method-assign]
     known, _ = parser.parse_known_args(argv)
     return PrismConfig.from_args(known)
