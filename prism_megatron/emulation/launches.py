@@ -99,7 +99,7 @@ def run_launch(
                 if hung:
                     _await_dumps(launch, process)
                     processes.stop(process)
-                    raise hung_failure(launch, hung)
+                    raise hung_failure(launch, watchdog.verdicts(launch.out_dir))
                 progress.update(_describe(launch))
                 time.sleep(POLL_S)
         except BaseException:

@@ -8,9 +8,10 @@ descendant's group to end (SIGTERM), and kills what is left after `STOP_GRACE_S`
 process is gone within `STOP_GRACE_S` plus a moment. The workers also watch their launcher and the
 orchestrator themselves (`watchdog.py`), so even an orchestrator killed with SIGKILL takes them down.
 
-`stop_signals` turns SIGTERM and SIGHUP into `StopRequested` (a KeyboardInterrupt, as SIGINT is)
-while a run lasts, so every phase unwinds through the same path: stop the launch, write the report
-as "interrupted", exit 128 + the signal's number.
+`stop_signals` turns SIGINT, SIGTERM and SIGHUP into `StopRequested` (a KeyboardInterrupt) while a
+run lasts, so every phase unwinds through the same path: stop the launch, write the report as
+"interrupted", exit 128 + the signal's number. Only the first signal counts: a second one (an
+impatient Ctrl-C) must not cut the report short; SIGKILL still ends the command at once.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from prism_megatron.emulation.watchdog import ORCHESTRATOR_ENV
 
 STOP_GRACE_S = 5.0
 """How long a stopped launch may take to end on SIGTERM before what is left is killed."""
-_STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 class StopRequested(KeyboardInterrupt):
@@ -52,10 +53,14 @@ def as_stop(exc: KeyboardInterrupt) -> StopRequested:
 
 @contextlib.contextmanager
 def stop_signals() -> Iterator[None]:
-    """While the block runs, SIGTERM and SIGHUP raise StopRequested in the main thread."""
+    """While the block runs, the first SIGINT, SIGTERM or SIGHUP raises StopRequested in the main
+    thread; later ones are ignored while the run stops."""
+    received: list[int] = []
 
     def raise_stop(signum, _frame):
-        raise StopRequested(signum)
+        received.append(signum)
+        if len(received) == 1:
+            raise StopRequested(signum)
 
     previous = {signum: signal.signal(signum, raise_stop) for signum in _STOP_SIGNALS}
     try:

@@ -38,6 +38,7 @@ import json
 import os
 import re
 import sys
+import sysconfig
 import threading
 import time
 import traceback
@@ -189,10 +190,10 @@ class RankWatchdog:
         self._observe(now_s)
         if self.hung_at_s is None and now_s - self._progress_s >= self.timeout_s - self.poll_s:
             self.hung_at_s = now_s
+            verdict = dataclasses.asdict(self.verdict(now_s - self._progress_s))
+            os.makedirs(os.path.join(self.out_dir, WATCHDOG_DIR), exist_ok=True)
+            write_json(verdict, self.path(HUNG_SUFFIX), indent=1)  # first: the peers dump on seeing it
             self.dump()
-            write_json(
-                dataclasses.asdict(self.verdict(now_s - self._progress_s)), self.path(HUNG_SUFFIX), indent=1
-            )
         elif not self.dumped and verdicts(self.out_dir):
             self.dump()  # a peer hung: leave where this rank was, too
         if self.hung_at_s is not None and now_s - self.hung_at_s >= GRACE_S:
@@ -245,13 +246,19 @@ class RankWatchdog:
         )  # fmt: skip
 
 
-def main_thread_frames(depth: int = 2) -> str:
-    """The main thread's innermost Python frames, innermost first: 'HANG.py:3 in <module>'."""
+def main_thread_frames() -> str:
+    """Where the main thread is, innermost first: its two innermost frames and, when those are in
+    Python's own library (a queue, a lock), the innermost frame outside it ('HANG.py:3 in <module>')."""
     frame = sys._current_frames().get(threading.main_thread().ident)
     if frame is None:
         return "unknown (the main thread has no Python frame)"
-    frames = traceback.extract_stack(frame)[-depth:]
-    return " < ".join(f"{os.path.basename(f.filename)}:{f.lineno} in {f.name}" for f in reversed(frames))
+    frames = traceback.extract_stack(frame)
+    shown = frames[-2:][::-1]
+    stdlib = sysconfig.get_paths()["stdlib"]
+    outside = [f for f in frames if not f.filename.startswith(stdlib) and not f.filename.startswith("<")]
+    if outside and outside[-1] not in shown:
+        shown.append(outside[-1])
+    return " < ".join(f"{os.path.basename(f.filename)}:{f.lineno} in {f.name}" for f in shown)
 
 
 def _flight_recorder() -> str:
