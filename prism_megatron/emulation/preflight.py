@@ -40,7 +40,7 @@ def check_cluster(source: str) -> None:
         raise ValueError(f"--prism-cluster {source}: {exc}") from None
 
 
-def check_script(script: str) -> None:
+def check_script(script: str, name: str = "--script") -> None:
     """A Megatron-LM script exists and its checkout's `megatron.training` is importable from it.
 
     The real processes import `megatron.training` with the script's folder on the path, after the
@@ -50,12 +50,12 @@ def check_script(script: str) -> None:
     if script == BUILTIN:
         return
     if not os.path.isfile(script):
-        raise ValueError(f"--script {script!r} is not a file; give a Megatron-LM training script")
+        raise ValueError(f"{name} {script!r} is not a file; give a Megatron-LM training script")
     folder = os.path.dirname(os.path.abspath(script))
     path = [folder, *(entry or os.getcwd() for entry in sys.path)]
     if not any(os.path.isfile(os.path.join(entry, "megatron", "training", "__init__.py")) for entry in path):
         raise ValueError(
-            f"--script {script}: Megatron-LM's megatron.training is not importable from it ({folder} holds no "
+            f"{name} {script}: Megatron-LM's megatron.training is not importable from it ({folder} holds no "
             "megatron/training/); give the pretrain_gpt.py of a Megatron-LM checkout whose tag matches the "
             "installed megatron-core, or put that checkout on PYTHONPATH"
         )

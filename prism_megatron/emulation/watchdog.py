@@ -3,7 +3,7 @@
 The replay engine and the real sub-communicators already time out a wait on a peer
 (--prism-timeout); nothing timed out a rank that hangs *outside* an op: a script that sleeps, a
 dataloader that blocks, a deadlock in Python. So every real process of an emulation runs this
-watchdog, a daemon thread that looks once a second at what a healthy rank changes all the time:
+watchdog, a daemon thread that looks twice a second (`poll_s`) at what a healthy rank keeps changing:
 
 * the op log's activity (ops issued plus ops completed, `replay.op_activity`),
 * the iterations begun and ended (`iteration_begins` / `iteration_ends`, called by the passes),
@@ -39,6 +39,7 @@ import os
 import re
 import sys
 import sysconfig
+import tempfile
 import threading
 import time
 import traceback
@@ -191,7 +192,6 @@ class RankWatchdog:
         if self.hung_at_s is None and now_s - self._progress_s >= self.timeout_s - self.poll_s:
             self.hung_at_s = now_s
             verdict = dataclasses.asdict(self.verdict(now_s - self._progress_s))
-            os.makedirs(os.path.join(self.out_dir, WATCHDOG_DIR), exist_ok=True)
             write_json(verdict, self.path(HUNG_SUFFIX), indent=1)  # first: the peers dump on seeing it
             self.dump()
         elif not self.dumped and verdicts(self.out_dir):
@@ -223,13 +223,13 @@ class RankWatchdog:
     def dump(self) -> None:
         """This process's stacks and flight recorder, into watchdog/ (once)."""
         self.dumped = True
-        os.makedirs(os.path.join(self.out_dir, WATCHDOG_DIR), exist_ok=True)
         write_atomically(self.path(RECORDER_SUFFIX), _flight_recorder())
-        with open(self.path(STACKS_SUFFIX) + ".part", "w", encoding="utf-8") as f:
-            f.write(f"Python stacks of {self.label} (pid {os.getpid()}), {self.phase} pass\n")
-            f.flush()
+        with tempfile.TemporaryFile("w+", encoding="utf-8") as f:  # faulthandler writes to a descriptor
             faulthandler.dump_traceback(file=f, all_threads=True)
-        os.replace(self.path(STACKS_SUFFIX) + ".part", self.path(STACKS_SUFFIX))
+            f.seek(0)
+            stacks = f.read()
+        header = f"Python stacks of {self.label} (pid {os.getpid()}), {self.phase} pass\n"
+        write_atomically(self.path(STACKS_SUFFIX), header + stacks)
 
     def verdict(self, stalled_s: float) -> Verdict:
         if self.iterations_begun == 0:

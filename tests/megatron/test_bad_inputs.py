@@ -181,6 +181,8 @@ CASES = [
     ("emulate-out-holds-a-run", emulate("--prism-out", "{d}/running"), 2, ["--prism-overwrite"]),
     # the entry every real process runs
     ("launch-no-such-script", ("launch", "{w}/pretrain_gpt.py", "--num-layers", "2"), 2, ["is not a file"]),
+    ("launch-script-outside-megatron-lm", ("launch", "{d}/train.py", "--num-layers", "2"), 2,
+     ["SCRIPT", "megatron.training is not importable"]),
 ]  # fmt: skip
 
 

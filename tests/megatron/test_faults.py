@@ -31,11 +31,21 @@ STOPPED_WITHIN_S = 10.0
 TIMEOUT_S = 20
 
 
-def start_emulate(out, *flags: str, env: dict | None = None) -> subprocess.Popen:
+EMULATE_SH = os.path.join(os.path.dirname(__file__), "..", "..", "launch", "emulate.sh")
+
+
+def start_emulate(out, *flags: str, env: dict | None = None, config=None) -> subprocess.Popen:
+    """`prism-megatron emulate -- JOB ...`, or with `config` (JOB written to it) `launch/emulate.sh
+    CONFIG -- ...`, which replaces itself with the same command."""
+    if config is None:
+        command = [sys.executable, "-m", "prism_megatron.cli", "emulate", "--", *JOB]
+    else:
+        config.write_text("\n".join(JOB) + "\n")
+        command = ["bash", EMULATE_SH, str(config), "--"]
+        env = {**(env or quiet_env()), "PYTHON": sys.executable}
     return subprocess.Popen(
-        [sys.executable, "-m", "prism_megatron.cli", "emulate", "--", *JOB, "--prism-out", str(out), *flags],
-        env=env or quiet_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        start_new_session=True,
+        [*command, "--prism-out", str(out), *flags], env=env or quiet_env(),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
     )  # fmt: skip
 
 
@@ -73,8 +83,8 @@ def stop_and_time(process: subprocess.Popen, run_dir, signum=signal.SIGTERM) -> 
 
 @pytest.mark.slow
 def test_sigterm_during_capture_ends_every_process_and_the_report_says_interrupted(tmp_path):
-    out = tmp_path / "run"
-    process = start_emulate(out, "--prism-capture-iters", "1000")
+    out = tmp_path / "run"  # started by launch/emulate.sh, which a SLURM task or a person runs
+    process = start_emulate(out, "--prism-capture-iters", "1000", config=tmp_path / "job.args")
     wait_for_iterations(process, out / "capture" / "progress", 2)
     stopped_s, exited_s = stop_and_time(process, out)
     print(
