@@ -96,10 +96,11 @@ def stop(process: subprocess.Popen, *, grace_s: float = STOP_GRACE_S) -> None:
     deadline_s = time.monotonic() + grace_s
     while time.monotonic() < deadline_s and any(_alive(pid, process) for pid in pids):
         time.sleep(0.1)
-    _signal_groups(groups, signal.SIGKILL)
-    for pid in pids[1:]:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signal.SIGKILL)
+    if any(_alive(pid, process) for pid in pids):
+        _signal_groups(groups, signal.SIGKILL)
+        for pid in pids[1:]:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
     with contextlib.suppress(subprocess.TimeoutExpired):
         process.wait(timeout=grace_s)
 
