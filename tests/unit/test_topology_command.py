@@ -117,3 +117,19 @@ def test_a_json_listing_too_large_to_print_is_refused_before_anything_is_printed
     status, out, err = _run(capsys, [*BASE, "16", "--world-size", "131072", "--ranks", "all", "--json"])
     assert status == 2 and out == ""
     assert "--ranks all --json would list" in err and "drop --json" in err
+
+
+def test_a_long_listing_shows_its_progress_on_a_terminal_and_clears_it(capsys, monkeypatch):
+    import io
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    terminal = Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    assert main([*BASE, "4", "--world-size", "8192", "--ranks", "all"]) == 0
+    shown = terminal.getvalue()
+    assert "\rtopology: listed 4096 of 8192 ranks" in shown and "listed 8192 of 8192 ranks" in shown
+    assert shown.endswith("\r"), "the line is cleared at the end"
+    assert capsys.readouterr().out.count("\nvirtual rank ") == 8192
