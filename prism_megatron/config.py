@@ -54,9 +54,9 @@ class EmulationConfig:
     data_policy: str = dataclasses.field(default="mirror", metadata={"choices": DATA_POLICIES})
     """What virtual peers contribute to collectives: mirror (what the real rank of their role, or this rank, contributes)."""
     timeout_s: float = dataclasses.field(default=300.0, metadata=_flag("timeout"))
-    """Seconds a real rank waits for a real peer before failing with the op and group named."""
-    straggler: str | None = None
-    """Slow virtual ranks, as RANK:FACTOR[,RANK:FACTOR] (factor > 1 stretches their compute)."""
+    """Seconds a real rank may wait for a peer, or make no progress at all (no op, no iteration), before the run fails naming the op or where the rank was."""
+    straggler: str | None = dataclasses.field(default=None, metadata={"repeatable": True})
+    """Slow virtual ranks, as RANK:FACTOR[,RANK:FACTOR] (factor > 1 stretches their compute; repeatable)."""
     phase: str = dataclasses.field(default="auto", metadata={"choices": PHASES})
     """Pass this process runs: capture (record ops for the graph), emulate (replay --prism-graph), auto (emulate with --prism-graph, else peers answer at once); prism-megatron emulate sets it."""
 
@@ -91,6 +91,11 @@ class EmulationConfig:
             if self.world_size is not None and virtual_rank >= self.world_size:
                 raise ValueError(
                     f"--prism-straggler rank {virtual_rank} is outside --prism-world-size {self.world_size}"
+                )
+            if virtual_rank in parsed:
+                raise ValueError(
+                    f"--prism-straggler rank {virtual_rank} is given twice ({virtual_rank}:{parsed[virtual_rank]:g} "
+                    f"and {item}); give each rank once"
                 )
             parsed[virtual_rank] = factor
         return parsed
@@ -234,6 +239,15 @@ def _argparse_type(section_cls: type, field: dataclasses.Field) -> type | None:
     return args[0] if args else hint
 
 
+class _JoinedAction(argparse.Action):
+    """A repeatable flag whose values join with commas (`--prism-straggler 5:2 --prism-straggler 9:1.5`
+    is `5:2,9:1.5`), so a repeat adds to the list instead of silently replacing it."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        previous = getattr(namespace, self.dest, None)
+        setattr(namespace, self.dest, f"{previous},{values}" if previous else values)
+
+
 def add_prism_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Add the `--prism-*` flags, one per config field, in an argument group named 'prism'."""
     group = parser.add_argument_group("prism", "PrismLLM emulation (prism-megatron)")
@@ -245,6 +259,10 @@ def add_prism_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
             help_text = f"{docs.get(field.name, '')} (default: {default})"
             if kind is bool:
                 group.add_argument(flag_name(field), dest=dest(field), action="store_true", help=help_text)
+            elif field.metadata.get("repeatable"):
+                group.add_argument(
+                    flag_name(field), dest=dest(field), action=_JoinedAction, default=default, help=help_text
+                )
             else:
                 choices = field.metadata.get("choices")
                 group.add_argument(
@@ -272,5 +290,10 @@ def parse_prism_flags(argv: list[str]) -> PrismConfig:
     """The PrismConfig of the `--prism-*` flags among other flags (a script's or Megatron's)."""
     parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     add_prism_arguments(parser)
+
+    def one_line(message: str):  # argparse would print the usage of every --prism-* flag first
+        raise ValueError(message)
+
+    parser.error = one_line  # type: ignore[method-assign]
     known, _ = parser.parse_known_args(argv)
     return PrismConfig.from_args(known)

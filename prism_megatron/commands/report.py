@@ -22,7 +22,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--check",
         action="store_true",
-        help="validate report.json and exit: 0 valid, 1 invalid (each problem printed with its key path)",
+        help="validate report.json and exit: 0 valid and finished (ok or failed), 1 invalid (each problem "
+        "printed with its key path) or not finished (running, interrupted)",
     )
 
 
@@ -41,6 +42,12 @@ def run(args: argparse.Namespace) -> int:
             print(f"{path}: invalid ({len(exc.errors)} problem(s))", file=sys.stderr)
             for error in exc.errors:
                 print(f"  {error}", file=sys.stderr)
+            return 1
+        if doc["status"] not in schema.FINISHED:
+            why = (doc.get("failure") or {}).get(
+                "message"
+            ) or "it had not finished when report.json was written"
+            print(f"{path}: the run is not finished (status {doc['status']}: {why})", file=sys.stderr)
             return 1
         print(f"{path}: valid (schema {doc['schema_version']}, status {doc['status']})")
         return 0

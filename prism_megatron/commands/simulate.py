@@ -69,6 +69,7 @@ def run(args: argparse.Namespace) -> int:
     from prism_megatron.emulation.closed_loop import network_cost
     from prism_megatron.graph import load_graph
     from prism_megatron.graph.world import world_from_metadata
+    from prism_megatron.report.files import check_output
     from prism_megatron.sim import (
         DeadlockError,
         SimulationFault,
@@ -78,6 +79,8 @@ def run(args: argparse.Namespace) -> int:
     )
     from prism_megatron.topology import select_ranks
 
+    out = args.out or os.path.join(args.graph_dir, "simulation")
+    check_output(out, "--out" if args.out else "GRAPH_DIR/simulation", directory=True)
     graph = load_graph(args.graph_dir)
     world = world_from_metadata(graph.metadata.layout)
     what_if = WhatIf(
@@ -96,7 +99,6 @@ def run(args: argparse.Namespace) -> int:
     except (DeadlockError, SimulationFault) as exc:
         print(f"prism-megatron simulate: {exc}", file=sys.stderr)
         return 1
-    out = args.out or os.path.join(args.graph_dir, "simulation")
     os.makedirs(out, exist_ok=True)
     _print_summary(result, what_if)
     extra = [*what_if.stragglers, *what_if.slow_nics, *real_ranks]

@@ -80,10 +80,11 @@ def load_or_build_graph(
     """
     if os.path.isfile(os.path.join(path, GRAPH_FILE)) or path.endswith(".json"):
         graph = load_graph(path)
-        if dict(graph.metadata.layout) != layout_kwargs(layout):
+        mismatches = graph.metadata.mismatches(layout_kwargs(layout))
+        if mismatches:
             raise ValueError(
-                f"--prism-graph {path} describes the job {dict(graph.metadata.layout)}, not this one "
-                f"{layout_kwargs(layout)}; capture again or pass the matching flags"
+                f"--prism-graph {path} was captured for another job: {'; '.join(mismatches)}; "
+                "capture again or pass the flags it was captured with"
             )
         return graph
     captures = [RankCapture.load(p) for p in files.capture_paths(path)]

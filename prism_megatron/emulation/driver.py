@@ -11,18 +11,19 @@ import os
 import shutil
 from typing import Any
 
-from prism_megatron.emulation import files, outputs
+from prism_megatron.emulation import files, outputs, processes, watchdog
 from prism_megatron.emulation.closed_loop import layout_kwargs, load_or_build_graph, network_cost
 from prism_megatron.emulation.launches import Launch, RunFailed, run_launch
 from prism_megatron.emulation.plan import RunPlan
+from prism_megatron.emulation.preflight import graph_facts
 from prism_megatron.emulation.progress import Progress
-from prism_megatron.emulation.rank import NUM_WARMUP
 from prism_megatron.graph import ExecutionGraph, LayoutWorld, save_graph
 from prism_megatron.graph.capture import RankCapture, build_graph
 from prism_megatron.report import Failure, RunReport
 
 RUN_ENTRIES = ("report.json", "report.md", "timeline.json", "plots", "spans", "ops", files.GRAPH_DIR,
-               files.SIMULATION_DIR, files.CAPTURE_DIR, files.PROGRESS_DIR, files.LOGS_DIR)  # fmt: skip
+               files.SIMULATION_DIR, files.CAPTURE_DIR, files.PROGRESS_DIR, files.LOGS_DIR,
+               watchdog.WATCHDOG_DIR)  # fmt: skip
 """What a run writes at the top of its folder (cleared first under --prism-overwrite)."""
 
 
@@ -45,7 +46,12 @@ class RunOutcome:
 
 
 def run(plan: RunPlan, progress: Progress | None = None) -> RunOutcome:
-    """Run every phase; a failure ends the run with status "failed" and what was measured kept."""
+    """Run every phase; a failure ends the run with status "failed" and what was measured kept.
+
+    Raises:
+        StopRequested: the run was interrupted (Ctrl-C, SIGTERM; see `processes.stop_signals`); its
+            processes are stopped and report.json says "interrupted", with what was measured.
+    """
     progress = progress or Progress()
     prepare_run_dir(plan)
     outputs.write_running(plan)
@@ -59,13 +65,17 @@ def run(plan: RunPlan, progress: Progress | None = None) -> RunOutcome:
     except RunFailed as exc:
         progress.end("failed")
         failure = Failure(message=str(exc), dead_rank=exc.dead_rank, last_op=exc.last_op)
-    except KeyboardInterrupt:  # the launch stopped its processes; the run folder says so
+    except KeyboardInterrupt as exc:  # the launch stopped its processes; the run folder says so
+        stop = processes.as_stop(exc)
+        phase = progress.phase
         progress.end("interrupted")
-        stopped = Failure(message="interrupted: the real processes were stopped")
-        outputs.write_final(plan, outputs.build_report(plan, status="failed", sim_result=sim_result,
+        stopped = Failure(
+            message=f"interrupted by {stop.signal_name} during {phase}; every process was stopped"
+        )
+        outputs.write_final(plan, outputs.build_report(plan, status="interrupted", sim_result=sim_result,
                                                        results=outputs.measured_results(plan),
                                                        failure=stopped), sim_result)  # fmt: skip
-        raise
+        raise stop from None
     results = outputs.measured_results(plan) if failure else outputs.rank_results(plan.out_dir)
     return _reported(plan, progress, walls, sim_result, results, failure)
 
@@ -121,7 +131,7 @@ def obtain_graph(plan: RunPlan, progress: Progress, walls: dict[str, float]) -> 
         try:
             captures = [RankCapture.load(path) for path in paths]
             graph = build_graph(
-                captures, LayoutWorld(plan.layout), layout_kwargs(plan.layout), extra=_facts(plan)
+                captures, LayoutWorld(plan.layout), layout_kwargs(plan.layout), extra=graph_facts(plan)
             )
         except (OSError, ValueError) as exc:
             raise RunFailed(f"the captured ops do not make a graph: {exc}") from exc
@@ -132,23 +142,9 @@ def obtain_graph(plan: RunPlan, progress: Progress, walls: dict[str, float]) -> 
 
 def _load(path: str, plan: RunPlan) -> ExecutionGraph:
     try:
-        return load_or_build_graph(path, plan.layout, extra=_facts(plan))
+        return load_or_build_graph(path, plan.layout, extra=graph_facts(plan))
     except (OSError, ValueError) as exc:
         raise RunFailed(str(exc)) from exc
-
-
-def _facts(plan: RunPlan) -> dict[str, object]:
-    flags = plan.flags
-    return {
-        "script": plan.script,
-        "num_layers": flags.num_layers,
-        "hidden_size": flags.hidden_size,
-        "seq_length": flags.seq_length,
-        "micro_batch_size": flags.micro_batch_size,
-        "num_microbatches": plan.num_microbatches,
-        "capture_iters": plan.config.capture.capture_iters,
-        "num_warmup": NUM_WARMUP,
-    }
 
 
 def capture_launches(plan: RunPlan) -> list[Launch]:

@@ -77,6 +77,7 @@ def test_flags_land_in_their_sections_with_units_in_field_names():
         (("--prism-straggler", "5"), "--prism-straggler item '5' must read RANK:FACTOR"),
         (("--prism-straggler", "5:-1"), "RANK:FACTOR"),
         (("--prism-world-size", "8", "--prism-straggler", "9:1.5"), "outside --prism-world-size 8"),
+        (("--prism-straggler", "5:1.5,5:2"), "--prism-straggler rank 5 is given twice"),
         (("--prism-capture-iters", "0"), "--prism-capture-iters must be >= 1"),
         (("--prism-ranks", " "), "--prism-ranks must not be empty"),
         (("--prism-out", ""), "--prism-out must name a directory"),
@@ -87,6 +88,18 @@ def test_flags_land_in_their_sections_with_units_in_field_names():
 def test_invalid_values_name_the_flag(argv, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(")):
         parse(*argv)
+
+
+def test_a_repeated_straggler_flag_adds_ranks_and_refuses_one_given_twice():
+    flags = ["--prism-straggler", "5:1.5", "--prism-straggler", "7:2"]
+    assert prism_config.parse_prism_flags(flags).emulation.stragglers() == {5: 1.5, 7: 2.0}
+    with pytest.raises(ValueError, match=r"rank 5 is given twice \(5:1.5 and 5:2\)"):
+        prism_config.parse_prism_flags(["--prism-straggler", "5:1.5", "--prism-straggler", "5:2"])
+
+
+def test_a_bad_value_is_one_line_not_the_usage_of_every_flag():
+    with pytest.raises(ValueError, match=r"argument --prism-device: invalid choice: 'tpu'"):
+        prism_config.parse_prism_flags(["--prism-device", "tpu"])
 
 
 def test_choices_are_enforced_by_the_parser():

@@ -19,6 +19,7 @@ import torch.distributed as dist
 import prism_megatron.topology as topology
 from prism_megatron.config import PrismConfig
 from prism_megatron.emulation import rank as rank_phase
+from prism_megatron.emulation import watchdog
 from prism_megatron.megatron.run import cpu_share, world
 from prism_megatron.patches import control_flow, cpu_shim, parallel_state, pipeline, registry
 from prism_megatron.replay import timeline
@@ -117,6 +118,7 @@ class Runtime:
 
     def close(self) -> None:
         """Undo everything in reverse order (safe to call twice)."""
+        watchdog.stop()
         for applied in reversed(self.applied):
             applied.revert()
         self.applied.clear()
@@ -135,9 +137,17 @@ def start(config: PrismConfig) -> Runtime:
     of the machine (`cpu_share`: before any process group, so gloo's threads inherit it).
 
     The run folder is fixed here (`OutputConfig.resolved_out`), the same in every process of a job.
+    An emulating process starts its watchdog here, before the script runs (`emulation.watchdog`).
     """
     out = config.output.resolved_out(os.environ, time.time())
     config = dataclasses.replace(config, output=dataclasses.replace(config.output, out=out))
+    if config.emulation.emulate:
+        watchdog.start(
+            out_dir=out,
+            timeout_s=config.emulation.timeout_s,
+            phase=rank_phase.phase_name(config),
+            ranks_spec=config.emulation.ranks,
+        )
     device = config.emulation.resolved_device(torch.cuda.is_available())
     runtime = Runtime(config=config, device=device)
     if device == "cpu":
