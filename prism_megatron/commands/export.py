@@ -74,8 +74,10 @@ def _graph_dir(source: str) -> str:
 def _chakra(args: argparse.Namespace) -> int:
     from prism_megatron.graph import ExpandedGraph, load_graph, world_from_metadata
     from prism_megatron.graph.chakra import export_chakra
+    from prism_megatron.report.files import check_output
 
     max_bytes = parse_size(args.max_size)
+    check_output(args.out, "--out", directory=True)
     graph_dir = _graph_dir(args.source)
     graph = load_graph(graph_dir)
     expanded = ExpandedGraph(graph, world_from_metadata(graph.metadata.layout))
@@ -100,6 +102,7 @@ def _astra_network(args: argparse.Namespace) -> int:
     from prism_megatron.network.astra import astra_network_yaml
     from prism_megatron.report import files
 
+    files.check_output(args.out, "--out")
     text = astra_network_yaml(load_cluster(args.cluster), args.world_size)
     files.write_atomically(args.out, text)
     print(text, end="")

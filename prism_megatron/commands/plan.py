@@ -80,6 +80,10 @@ def _megatron_argv(words: list[str]) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     from prism_megatron.cli import CommandLineError
 
+    if args.json_path:
+        from prism_megatron.report.files import check_output
+
+        check_output(args.json_path, "--json")
     argv = _megatron_argv(args.config_or_flags)
     if not argv:
         raise CommandLineError(f"plan: give a configuration file or Megatron-LM flags, e.g. {_USAGE_EXAMPLE}")

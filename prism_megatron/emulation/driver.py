@@ -11,19 +11,20 @@ import os
 import shutil
 from typing import Any
 
-from prism_megatron.emulation import files, outputs
+from prism_megatron.emulation import files, outputs, processes, watchdog
 from prism_megatron.emulation.closed_loop import layout_kwargs, load_or_build_graph, network_cost
 from prism_megatron.emulation.launches import Launch, RunFailed, run_launch
 from prism_megatron.emulation.plan import RunPlan
+from prism_megatron.emulation.preflight import graph_facts
 from prism_megatron.emulation.progress import Progress
-from prism_megatron.emulation.rank import NUM_WARMUP
 from prism_megatron.graph import ExecutionGraph, LayoutWorld, save_graph
 from prism_megatron.graph.capture import RankCapture, build_graph
 from prism_megatron.graph.classes import save_classes
 from prism_megatron.report import Failure, RunReport
 
 RUN_ENTRIES = ("report.json", "report.md", "timeline.json", "plots", "spans", "ops", files.GRAPH_DIR,
-               files.SIMULATION_DIR, files.CAPTURE_DIR, files.PROGRESS_DIR, files.LOGS_DIR)  # fmt: skip
+               files.SIMULATION_DIR, files.CAPTURE_DIR, files.PROGRESS_DIR, files.LOGS_DIR,
+               watchdog.WATCHDOG_DIR)  # fmt: skip
 """What a run writes at the top of its folder (cleared first under --prism-overwrite)."""
 
 
@@ -46,7 +47,12 @@ class RunOutcome:
 
 
 def run(plan: RunPlan, progress: Progress | None = None) -> RunOutcome:
-    """Run every phase; a failure ends the run with status "failed" and what was measured kept."""
+    """Run every phase; a failure ends the run with status "failed" and what was measured kept.
+
+    Raises:
+        StopRequested: the run was interrupted (Ctrl-C, SIGTERM; see `processes.stop_signals`); its
+            processes are stopped and report.json says "interrupted", with what was measured.
+    """
     progress = progress or Progress()
     prepare_run_dir(plan)
     outputs.write_running(plan)
@@ -62,13 +68,17 @@ def run(plan: RunPlan, progress: Progress | None = None) -> RunOutcome:
     except RunFailed as exc:
         progress.end("failed")
         failure = Failure(message=str(exc), dead_rank=exc.dead_rank, last_op=exc.last_op)
-    except KeyboardInterrupt:  # the launch stopped its processes; the run folder says so
+    except KeyboardInterrupt as exc:  # the launch stopped its processes; the run folder says so
+        stop = processes.as_stop(exc)
+        phase = progress.phase
         progress.end("interrupted")
-        stopped = Failure(message="interrupted: the real processes were stopped")
-        outputs.write_final(plan, outputs.build_report(plan, status="failed", sim_result=sim_result,
+        stopped = Failure(
+            message=f"interrupted by {stop.signal_name} during {phase}; every process was stopped"
+        )
+        outputs.write_final(plan, outputs.build_report(plan, status="interrupted", sim_result=sim_result,
                                                        results=outputs.measured_results(plan),
                                                        failure=stopped, capture=summary), sim_result)  # fmt: skip
-        raise
+        raise stop from None
     results = outputs.measured_results(plan) if failure else outputs.rank_results(plan.out_dir)
     return _reported(plan, progress, walls, sim_result, results, failure, summary)
 
@@ -132,7 +142,7 @@ def obtain_graph(plan: RunPlan, progress: Progress, walls: dict[str, float]) -> 
         try:
             captures = [RankCapture.load(path) for path in paths]
             graph = build_graph(captures, LayoutWorld(plan.layout), layout_kwargs(plan.layout),
-                                extra=_facts(plan), classes=plan.role_classes)  # fmt: skip
+                                extra=graph_facts(plan), classes=plan.role_classes)  # fmt: skip
         except (OSError, ValueError) as exc:
             raise RunFailed(f"the captured ops do not make a graph: {exc}") from exc
         captured = len(graph.metadata.extra["captured_ranks"])
@@ -145,40 +155,44 @@ def obtain_graph(plan: RunPlan, progress: Progress, walls: dict[str, float]) -> 
 
 def _load(path: str, plan: RunPlan) -> ExecutionGraph:
     try:
-        return load_or_build_graph(path, plan.layout, extra=_facts(plan))
+        return load_or_build_graph(path, plan.layout, extra=graph_facts(plan))
     except (OSError, ValueError) as exc:
         raise RunFailed(str(exc)) from exc
 
 
-def _facts(plan: RunPlan) -> dict[str, object]:
-    flags = plan.flags
-    return {
-        "script": plan.script,
-        "num_layers": flags.num_layers,
-        "hidden_size": flags.hidden_size,
-        "seq_length": flags.seq_length,
-        "micro_batch_size": flags.micro_batch_size,
-        "num_microbatches": plan.num_microbatches,
-        "capture_iters": plan.config.capture.capture_iters,
-        "num_warmup": NUM_WARMUP,
-    }
-
-
-def capture(plan: RunPlan, progress: Progress, walls: dict[str, float]) -> None:
-    """Run the slice in passes of `plan.nproc` processes, each rank recording its ops; the role
-    classes go beside the captures, so that a graph built from that folder later shares spans alike."""
-    batches = plan.capture_batches
+def capture_launches(plan: RunPlan) -> list[Launch]:
+    """The capture passes: the slice in batches of `plan.nproc` processes, each rank recording its ops."""
     iterations = plan.config.capture.capture_iters
-    save_classes(plan.role_classes, plan.path(files.CAPTURE_DIR))
-    for number, batch in enumerate(batches, start=1):
-        launch = Launch(
+    return [
+        Launch(
             name=f"capture-{number}",
             ranks=batch,
             out_dir=plan.path(files.CAPTURE_DIR),
             flags=("--prism-phase", "capture", "--train-iters", str(iterations)),
             num_iterations=iterations,
         )
-        progress.begin(f"capture pass {number}/{len(batches)}")
+        for number, batch in enumerate(plan.capture_batches, start=1)
+    ]
+
+
+def emulate_launch(plan: RunPlan) -> Launch:
+    """The emulation pass: the real ranks replaying every virtual peer from the run's graph/."""
+    return Launch(
+        name="emulate",
+        ranks=plan.real_ranks,
+        out_dir=plan.out_dir,
+        flags=("--prism-phase", "emulate", "--prism-graph", plan.path(files.GRAPH_DIR)),
+        num_iterations=plan.flags.train_iters,
+    )
+
+
+def capture(plan: RunPlan, progress: Progress, walls: dict[str, float]) -> None:
+    """Run the slice in passes of `plan.nproc` processes, each rank recording its ops; the role
+    classes go beside the captures, so that a graph built from that folder later shares spans alike."""
+    save_classes(plan.role_classes, plan.path(files.CAPTURE_DIR))
+    launches = capture_launches(plan)
+    for number, launch in enumerate(launches, start=1):
+        progress.begin(f"capture pass {number}/{len(launches)}")
         run_launch(
             launch, script=plan.script, user_args=plan.megatron_args, run_dir=plan.out_dir, progress=progress
         )
@@ -208,13 +222,7 @@ def simulate(plan: RunPlan, graph: ExecutionGraph, progress: Progress, walls: di
 
 def emulate(plan: RunPlan, progress: Progress, walls: dict[str, float]) -> None:
     """The real ranks run the program; the replay engine serves every virtual peer."""
-    launch = Launch(
-        name="emulate",
-        ranks=plan.real_ranks,
-        out_dir=plan.out_dir,
-        flags=("--prism-phase", "emulate", "--prism-graph", plan.path(files.GRAPH_DIR)),
-        num_iterations=plan.flags.train_iters,
-    )
+    launch = emulate_launch(plan)
     progress.begin(f"emulate ({len(plan.real_ranks)} real of {plan.layout.world_size} ranks)")
     run_launch(
         launch, script=plan.script, user_args=plan.megatron_args, run_dir=plan.out_dir, progress=progress

@@ -57,10 +57,12 @@ def megatron_flags(megatron_args: Sequence[str]) -> argparse.Namespace:
         parser.add_argument(flag, type=int, default=default)
     for flag in _SWITCHES:
         parser.add_argument(flag, action="store_true")
-    try:
-        return parser.parse_known_args(list(megatron_args))[0]
-    except SystemExit:  # argparse already printed which flag has a bad value
-        raise ValueError("a Megatron flag has a value that is not a number (see above)") from None
+
+    def one_line(message: str):  # argparse would print its usage (25 lines) first
+        raise ValueError(f"Megatron flags: {message}")
+
+    parser.error = one_line  # type: ignore[method-assign]
+    return parser.parse_known_args(list(megatron_args))[0]
 
 
 def target_layout(config: PrismConfig, flags: argparse.Namespace) -> Layout:
@@ -145,7 +147,8 @@ def plan_run(
     now_s: float | None = None,
     existing_run: bool = False,
 ) -> RunPlan:
-    """Check the command line and plan the run (no process starts, nothing is written).
+    """Check the command line and plan the run (no process starts, nothing is written); the checks
+    that need the plan (cluster, script, run folder, a reused graph) are `preflight.check`'s.
 
     `existing_run`: plan the report of a run folder that already holds the passes' outputs.
 
@@ -160,8 +163,6 @@ def plan_run(
             f"--prism-phase {config.emulation.phase} is for processes started by hand; "
             "prism-megatron emulate runs every pass itself"
         )
-    if script != BUILTIN and not os.path.isfile(script):
-        raise ValueError(f"--script {script!r} is not a file; give a Megatron-LM training script")
     flags = megatron_flags(megatron_args)
     _check_batch(flags)
     layout = target_layout(config, flags)
@@ -191,7 +192,11 @@ def plan_run(
         nproc=nproc,
         out_dir=out_dir,
     )
-    return with_slice(plan)
+    plan = with_slice(plan)
+    from prism_megatron.emulation import preflight  # it reads the plan
+
+    preflight.check(plan, existing_run=existing_run)
+    return plan
 
 
 def _check_batch(flags: argparse.Namespace) -> None:

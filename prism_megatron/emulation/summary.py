@@ -5,7 +5,9 @@ from __future__ import annotations
 import os
 import statistics
 
+from prism_megatron.emulation import files
 from prism_megatron.emulation.driver import RunOutcome
+from prism_megatron.graph.io import GRAPH_FILE
 
 _MIB = 2**20
 
@@ -59,9 +61,9 @@ def format_summary(outcome: RunOutcome) -> str:
     for name in ("report.md", "report.json", "timeline.json"):
         if name in outcome.written or name.removesuffix(".json") in outcome.written:
             lines.append(f"wrote {os.path.join(plan.out_dir, name)}")
-    lines.append(
-        f"wrote {os.path.join(plan.out_dir, 'graph')}/ (reuse: --prism-graph, prism-megatron simulate)"
-    )
+    graph_dir = plan.path(files.GRAPH_DIR)
+    if os.path.isfile(os.path.join(graph_dir, GRAPH_FILE)):  # a run that failed first wrote none
+        lines.append(f"wrote {graph_dir}/ (reuse: --prism-graph, prism-megatron simulate)")
     return "\n".join(lines)
 
 
