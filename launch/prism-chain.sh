@@ -3,7 +3,8 @@
 #   launch/prism-chain.sh CONFIG --out RUN [--ranks SPEC] [--nodes N] [--gpus-per-node G] [-- FLAGS...]
 #
 # Submits (from the repository root, RUN on a filesystem every node sees):
-#   1. one capture job per batch of the slice (one rank per role, G ranks per batch, one node each;
+#   1. one capture job per batch of the slice (one rank per class of roles that run the same program,
+#      written to RUN/capture/role-classes.json; G ranks per batch, one node each;
 #      the batches are what `prism-megatron emulate --nproc-per-node G` would run), all at once:
 #        PHASE=capture  launch/prism.sbatch CONFIG BATCH   with --prism-out RUN/capture
 #   2. the emulation, after every capture job succeeded (--dependency=afterok:...), on N nodes:
@@ -22,7 +23,7 @@
 # its dependants stay pending with reason DependencyNeverSatisfied (scancel them).
 set -euo pipefail
 
-usage() { sed -n '2,23p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,24p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
 
 config="" out="" ranks="" nodes=1 gpus="${GPUS_PER_NODE:-8}" extra=()
 while (($#)); do
@@ -53,19 +54,24 @@ rank_flags=()
 
 # The slice's capture batches, G ranks each, from the library's plan of the run (it also checks the
 # flags, and that the real ranks fill the emulation's N x G processes).
-plan="$("$python" - "$gpus" "$nodes" "$config" ${rank_flags[@]+"${rank_flags[@]}"} ${extra[@]+"${extra[@]}"} <<'EOF'
-import sys
+# Unless DRY_RUN, the plan's role classes go into RUN/capture, so the graph built there gives every
+# role of a class the spans of the class's captured rank.
+plan="$("$python" - "$gpus" "$nodes" "$out" "$config" ${rank_flags[@]+"${rank_flags[@]}"} ${extra[@]+"${extra[@]}"} <<'EOF'
+import os, sys
 from prism_megatron.emulation import plan_run
+from prism_megatron.graph.classes import save_classes
 from prism_megatron.megatron.job.configs import read_config
-gpus, nodes = int(sys.argv[1]), int(sys.argv[2])
+gpus, nodes, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 try:
-    flags = [*read_config(sys.argv[3]), "--prism-emulate", *sys.argv[4:]]
+    flags = [*read_config(sys.argv[4]), "--prism-emulate", *sys.argv[5:]]
     plan = plan_run(flags, nproc=gpus * nodes)
 except ValueError as exc:
     sys.exit(f"prism-chain.sh: {exc}")
 if len(plan.real_ranks) != gpus * nodes:
     sys.exit(f"prism-chain.sh: the emulation's {len(plan.real_ranks)} real ranks must fill --nodes {nodes} x "
              f"--gpus-per-node {gpus}; choose --ranks or --nodes to match")
+if os.environ.get("DRY_RUN", "0") != "1":
+    save_classes(plan.role_classes, os.path.join(out, "capture"))
 ranks = plan.slice_ranks
 for i in range(0, len(ranks), gpus):
     print(",".join(map(str, ranks[i : i + gpus])))

@@ -120,6 +120,8 @@ class CaptureConfig:
     """Iterations the slice runs to record the graph (the first is warm-up; each span is the median of the rest)."""
     graph: str | None = None
     """Reuse a captured execution graph (a directory holding graph.json, such as a run's graph/) instead of capturing."""
+    capture_all_roles: bool = False
+    """Capture every role, each for its own graph (default: one role per class of roles that run the same program, its spans given to the whole class)."""
 
     def __post_init__(self) -> None:
         if self.capture_iters < 1:

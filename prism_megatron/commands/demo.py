@@ -1,11 +1,14 @@
 """Emulate a GPT job on 8192 GPUs (TP8 PP8 DP128) with two real ranks on this machine's CPU.
 
 The demo runs what `prism-megatron emulate` runs, on a job small enough per rank for a CPU: the
-topology and slice of the 8192-rank job first, then the capture of its ten roles in passes of two
-processes, the simulation of the whole job, and the emulation of virtual ranks 0 and 1024 (the first
-two pipeline stages, so real pipeline traffic flows between them) while the replay engine plays
-the other 8190. It ends with the summary: emulated against simulated iteration time, the per-role
-breakdown, peak memory per real rank and where the outputs are.
+topology and slice of the 8192-rank job first, then the capture in passes of two processes (its ten
+roles run three programs: the first stage, the six middle stages, whose 1F1B order the graph derives
+from one capture, and the last; the spare place of the last pass confirms the middle stages with a
+second one), the simulation of the whole job, and the emulation of virtual ranks 0 and 1024 (the
+first two pipeline stages, so real pipeline traffic flows between them) while the replay engine
+plays the other 8190. It ends with the summary: emulated against simulated iteration time, how many
+roles were captured and how long that took, the per-role breakdown, peak memory per real rank and
+where the outputs are.
 """
 
 from __future__ import annotations
@@ -36,8 +39,9 @@ INTRO = """\
 prism-megatron emulates a production-scale Megatron-LM job on a few devices. The ranks you care
 about run the real training program; a replay engine speaks for every other rank of the job.
 
-Target job: GPT on 8192 ranks, TP 8 x PP 8 (DP 128). Ranks that behave alike share a role; the
-slice runs one real rank per role and expands what it records into the whole job.
+Target job: GPT on 8192 ranks, TP 8 x PP 8 (DP 128). Ranks that behave alike share a role, and
+roles that run the same program share one capture: the slice runs one real rank per such class and
+expands what it records into the whole job.
 """
 
 
@@ -74,7 +78,13 @@ def run(args: argparse.Namespace) -> int:
     print(
         f"real ranks: {', '.join(map(str, plan.real_ranks))} of {layout.world_size} "
         f"({len(plan.real_ranks) / layout.world_size:.3%}); the other {layout.world_size - len(plan.real_ranks)} "
-        "are virtual\n",
+        "are virtual",
+        flush=True,
+    )
+    programs = "; ".join(" ".join(c.members) for c in plan.role_classes)
+    print(
+        f"capture: ranks {', '.join(map(str, plan.slice_ranks))} for the {len(layout.roles())} roles, "
+        f"which run {len(plan.role_classes)} programs ({programs})\n",
         flush=True,
     )
     outcome = run_plan(plan, Progress())

@@ -3,10 +3,12 @@
 Each real rank simulates the job from the execution graph and loads its own replay schedule before
 the first iteration. After every emulated iteration past warm-up it folds the compute spans it
 measured into its role's durations (`Problem.with_compute_durations`; the median of the last few
-iterations, so one noisy iteration does not steer the next), re-simulates (one node per role
-unless a what-if makes ranks differ: milliseconds) and loads the new schedule. Its virtual peers of
-the same role (its data-parallel peers, every rank that behaves like it) then run as it ran, and
-every other role's virtual ranks react to that through the simulated dependencies.
+iterations, so one noisy iteration does not steer the next), and into every role of its class
+(roles that run the same program, `graph.classes.spread`: each span at its place in that role's
+order), re-simulates (one node per role unless a what-if makes ranks differ: milliseconds) and
+loads the new schedule. Its virtual peers of the same class (its data-parallel peers, the other
+ranks of its stage, the middle stages alike) then run as it ran, and every other role's virtual
+ranks react to that through the simulated dependencies.
 
 The real ranks share what they measured: each publishes its role's current durations in the
 rendezvous store after every fold, and folds the latest the others published (`others`), so every
@@ -39,6 +41,7 @@ from prism_megatron.graph.capture import (
     compute_durations,
     first_difference,
 )
+from prism_megatron.graph.classes import ClassProgram, class_programs, load_classes, spread
 from prism_megatron.graph.io import GRAPH_FILE
 from prism_megatron.replay.events import OpEvent
 from prism_megatron.replay.schedule import ReplaySchedule
@@ -73,7 +76,8 @@ def network_cost(cluster: str) -> CostFn:
 def load_or_build_graph(
     path: str, layout: Layout, *, extra: Mapping[str, object] | None = None
 ) -> ExecutionGraph:
-    """The graph in `path`: a graph directory, or a folder of capture files (built here).
+    """The graph in `path`: a graph directory, or a folder of capture files (built here, with the
+    role classes saved beside them when the run that captured them saved some).
 
     Raises:
         ValueError: nothing usable there, or a graph of another job (its layout differs).
@@ -90,7 +94,9 @@ def load_or_build_graph(
     captures = [RankCapture.load(p) for p in files.capture_paths(path)]
     if not captures:
         raise ValueError(f"--prism-graph {path}: neither {GRAPH_FILE} nor capture-*.json files are there")
-    return build_graph(captures, LayoutWorld(layout), layout_kwargs(layout), extra=extra)
+    return build_graph(
+        captures, LayoutWorld(layout), layout_kwargs(layout), extra=extra, classes=load_classes(path)
+    )
 
 
 @dataclasses.dataclass
@@ -112,6 +118,8 @@ class ClosedLoop:
     current: list[int]
     """The role's compute durations the current simulation uses."""
     num_folded: int = 0
+    programs: Mapping[str, ClassProgram] = dataclasses.field(default_factory=dict)
+    """Role -> its class's program (`graph.classes.class_programs`), for folding into the class."""
 
     @classmethod
     def start(
@@ -138,6 +146,7 @@ class ClosedLoop:
             measured=collections.deque(maxlen=window),
             index=ScheduleIndex(result, virtual_rank, tuple(real_ranks)),
             current=compute_durations(graph.roles[role].streams),
+            programs=class_programs(graph),
         )
 
     def schedule(self) -> ReplaySchedule:
@@ -158,7 +167,8 @@ class ClosedLoop:
         Args:
             keep: positions (among the compute ops) whose measurement cannot be trusted; they keep
                 the value the current simulation uses.
-            others: other roles' current durations, as the other real ranks measured them.
+            others: other roles' current durations, as the other real ranks measured them (each folds
+                into its class too).
 
         Returns None when folded, else why not (the iteration issued other ops than the graph).
         """
@@ -171,7 +181,8 @@ class ClosedLoop:
         self.measured.append(measured)
         self.current = [round(statistics.median(values)) for values in zip(*self.measured, strict=True)]
         durations = {role: list(values) for role, values in (others or {}).items() if role != self.role}
-        self.result = run_problem(self.base.with_compute_durations({**durations, self.role: self.current}))
+        durations[self.role] = self.current
+        self.result = run_problem(self.base.with_compute_durations(spread(self.programs, durations)))
         self.num_folded += 1
         return None
 

@@ -19,6 +19,7 @@ from prism_megatron.emulation.preflight import graph_facts
 from prism_megatron.emulation.progress import Progress
 from prism_megatron.graph import ExecutionGraph, LayoutWorld, save_graph
 from prism_megatron.graph.capture import RankCapture, build_graph
+from prism_megatron.graph.classes import save_classes
 from prism_megatron.report import Failure, RunReport
 
 RUN_ENTRIES = ("report.json", "report.md", "timeline.json", "plots", "spans", "ops", files.GRAPH_DIR,
@@ -58,8 +59,10 @@ def run(plan: RunPlan, progress: Progress | None = None) -> RunOutcome:
     walls: dict[str, float] = {}
     sim_result = None
     failure = None
+    summary = None
     try:
         graph = obtain_graph(plan, progress, walls)
+        summary = outputs.capture_summary(plan, graph, walls)
         sim_result = simulate(plan, graph, progress, walls)
         emulate(plan, progress, walls)
     except RunFailed as exc:
@@ -74,10 +77,10 @@ def run(plan: RunPlan, progress: Progress | None = None) -> RunOutcome:
         )
         outputs.write_final(plan, outputs.build_report(plan, status="interrupted", sim_result=sim_result,
                                                        results=outputs.measured_results(plan),
-                                                       failure=stopped), sim_result)  # fmt: skip
+                                                       failure=stopped, capture=summary), sim_result)  # fmt: skip
         raise stop from None
     results = outputs.measured_results(plan) if failure else outputs.rank_results(plan.out_dir)
-    return _reported(plan, progress, walls, sim_result, results, failure)
+    return _reported(plan, progress, walls, sim_result, results, failure, summary)
 
 
 def report_existing(plan: RunPlan, progress: Progress | None = None) -> RunOutcome:
@@ -94,13 +97,21 @@ def report_existing(plan: RunPlan, progress: Progress | None = None) -> RunOutco
     results = outputs.rank_results(plan.out_dir)
     missing = [r for r in plan.real_ranks if r not in results]
     failure = Failure(message=f"real ranks {missing} left no results in {plan.out_dir}") if missing else None
-    return _reported(plan, progress, walls, sim_result, results, failure)
+    summary = outputs.capture_summary(plan, graph, walls)
+    return _reported(plan, progress, walls, sim_result, results, failure, summary)
 
 
-def _reported(plan: RunPlan, progress: Progress, walls: dict, sim_result, results, failure) -> RunOutcome:
+def _reported(
+    plan: RunPlan, progress: Progress, walls: dict, sim_result, results, failure, capture=None
+) -> RunOutcome:
     """Write the run's final report ("failed" with a failure, else "ok") and return the outcome."""
     report = outputs.build_report(
-        plan, status="failed" if failure else "ok", sim_result=sim_result, results=results, failure=failure
+        plan,
+        status="failed" if failure else "ok",
+        sim_result=sim_result,
+        results=results,
+        failure=failure,
+        capture=capture,
     )
     progress.begin("report")
     written = outputs.write_final(plan, report, sim_result)
@@ -130,12 +141,14 @@ def obtain_graph(plan: RunPlan, progress: Progress, walls: dict[str, float]) -> 
         paths = [files.capture_path(plan.path(files.CAPTURE_DIR), r) for r in plan.slice_ranks]
         try:
             captures = [RankCapture.load(path) for path in paths]
-            graph = build_graph(
-                captures, LayoutWorld(plan.layout), layout_kwargs(plan.layout), extra=graph_facts(plan)
-            )
+            graph = build_graph(captures, LayoutWorld(plan.layout), layout_kwargs(plan.layout),
+                                extra=graph_facts(plan), classes=plan.role_classes)  # fmt: skip
         except (OSError, ValueError) as exc:
             raise RunFailed(f"the captured ops do not make a graph: {exc}") from exc
-        walls["graph"] = progress.end(f"{len(graph.roles)} roles, {graph.num_ops} ops")
+        captured = len(graph.metadata.extra["captured_ranks"])
+        walls["graph"] = progress.end(
+            f"{len(graph.roles)} roles from {captured} captured, {graph.num_ops} ops"
+        )
     save_graph(graph, plan.path(files.GRAPH_DIR))
     return graph
 
@@ -174,7 +187,9 @@ def emulate_launch(plan: RunPlan) -> Launch:
 
 
 def capture(plan: RunPlan, progress: Progress, walls: dict[str, float]) -> None:
-    """Run the slice in passes of `plan.nproc` processes, each rank recording its ops."""
+    """Run the slice in passes of `plan.nproc` processes, each rank recording its ops; the role
+    classes go beside the captures, so that a graph built from that folder later shares spans alike."""
+    save_classes(plan.role_classes, plan.path(files.CAPTURE_DIR))
     launches = capture_launches(plan)
     for number, launch in enumerate(launches, start=1):
         progress.begin(f"capture pass {number}/{len(launches)}")

@@ -33,6 +33,7 @@ from prism_megatron.report import (
     write_report,
 )
 from prism_megatron.report.flops import padded_vocab_size
+from prism_megatron.report.model import CaptureSummary
 
 
 def rank_results(directory: str) -> dict[int, dict[str, Any]]:
@@ -87,6 +88,23 @@ def iteration_times(results: dict[int, dict[str, Any]]) -> list[float]:
     return [max(column) for column in zip(*per_rank, strict=False)]
 
 
+def capture_summary(plan: RunPlan, graph, walls: dict[str, float]) -> CaptureSummary:
+    """How `graph` was captured: its roles, classes and captured ranks, and this run's capture passes
+    (`walls`: seconds per phase, a pass named capture-N) unless the graph came from --prism-graph."""
+    from prism_megatron.graph.classes import graph_classes
+
+    passes = [seconds for name, seconds in walls.items() if name.startswith("capture-")]
+    made_here = not plan.reuses_graph
+    return CaptureSummary(
+        num_roles=len(graph.roles),
+        captured_ranks=dict(graph.metadata.extra.get("captured_ranks") or {}),
+        classes={c.representative: c.members for c in graph_classes(graph)},
+        all_roles=plan.config.capture.capture_all_roles,
+        num_passes=len(passes) if made_here else None,
+        capture_s=sum(passes) if made_here and passes else None,
+    )
+
+
 def build_report(
     plan: RunPlan,
     *,
@@ -94,6 +112,7 @@ def build_report(
     sim_result=None,
     results: dict[int, dict[str, Any]] | None = None,
     failure: Failure | None = None,
+    capture: CaptureSummary | None = None,
 ) -> RunReport:
     """The RunReport of what is known now (results: the emulated ranks' results files)."""
     from prism_megatron.sim import breakdown, rank_breakdown
@@ -145,6 +164,7 @@ def build_report(
         failure=failure,
         prism=dataclasses.asdict(plan.config),
         patches=patches or None,
+        capture=capture,
     )
 
 

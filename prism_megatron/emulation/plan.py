@@ -13,7 +13,8 @@ import time
 from collections.abc import Sequence
 
 from prism_megatron.config import PrismConfig, parse_prism_flags
-from prism_megatron.topology import Layout, select_ranks, virtual_pipeline_size
+from prism_megatron.emulation.capture_slice import with_slice
+from prism_megatron.topology import Layout, RoleClass, select_ranks, virtual_pipeline_size
 
 BUILTIN = "builtin"
 
@@ -108,10 +109,13 @@ class RunPlan:
     real_ranks: tuple[int, ...]
     """Ranks the emulation runs for real (--prism-ranks), one process each."""
     slice_ranks: tuple[int, ...]
-    """Ranks the capture runs: one per role of the job."""
+    """Ranks the capture runs: one per class of roles that run the same program (`capture_slice`)."""
     nproc: int
     """Real processes at once on this machine: the size of each capture pass."""
     out_dir: str
+    role_classes: tuple[RoleClass, ...] = ()
+    """The job's roles in classes that run the same program (every role its own with
+    --prism-capture-all-roles)."""
 
     @property
     def capture_batches(self) -> list[tuple[int, ...]]:
@@ -184,10 +188,11 @@ def plan_run(
         flags=flags,
         layout=layout,
         real_ranks=real,
-        slice_ranks=tuple(layout.default_slice()),
+        slice_ranks=(),
         nproc=nproc,
         out_dir=out_dir,
     )
+    plan = with_slice(plan)
     from prism_megatron.emulation import preflight  # it reads the plan
 
     preflight.check(plan, existing_run=existing_run)

@@ -1,4 +1,4 @@
-"""The few lines a finished run prints: emulated vs simulated time, roles, real ranks, outputs."""
+"""The few lines a finished run prints: emulated vs simulated time, the capture, roles, real ranks, outputs."""
 
 from __future__ import annotations
 
@@ -32,6 +32,8 @@ def format_summary(outcome: RunOutcome) -> str:
         lines.append(
             f"closed loop, last schedule: {closed * 1e3:7.2f} ms  (simulation with the measured spans)"
         )
+    if report.capture is not None:
+        lines.append(f"capture: {report.capture.describe()}")
     if report.tflops_per_gpu is not None:
         lines.append(f"model throughput: {report.tflops_per_gpu:.4f} TFLOP/s per GPU")
     if report.roles:

@@ -57,6 +57,7 @@ from prism_megatron.graph.world import World, group_kind_of, peer_spec
 from prism_megatron.replay.events import OpEvent
 from prism_megatron.replay.schedule import OpKind
 from prism_megatron.topology import GROUP_KINDS
+from prism_megatron.topology.equivalence import RoleClass
 
 CAPTURE_SCHEMA_VERSION = 1
 COMPUTE_NAME = "compute"
@@ -374,28 +375,52 @@ def build_graph(
     *,
     extra: Mapping[str, object] | None = None,
     kinds: Sequence[str] = GROUP_KINDS,
+    classes: Sequence[RoleClass] | None = None,
 ) -> ExecutionGraph:
-    """The execution graph of the job: one role graph per role, from the rank that represents it.
+    """The execution graph of the job: every role's graph, from the captures of its class.
 
     Among several captures of one role, the role's representative wins, else the lowest rank.
+    `classes` (`topology.equivalence.role_classes`) says which roles run one program; each class
+    needs one captured member, whose ops and spans `graph.classes.class_graphs` gives to every
+    member (confirmed against, and pooled over, the other captured members). Without `classes`,
+    every role is its own class and must be captured.
 
     Raises:
-        ValueError: a role of the world was not captured (the message names it and a rank for it).
+        ValueError: a class has no captured member (the message names its roles and a rank for
+            each), or captured members of one class differ (naming the first differing op).
     """
+    from prism_megatron.graph.classes import CLASSES_KEY, class_graphs
+
     by_role: dict[str, RankCapture] = {}
     for capture in sorted(captures, key=lambda c: c.virtual_rank):
         held = by_role.get(capture.role)
         if held is None or capture.virtual_rank == world.representative(capture.role):
             by_role[capture.role] = capture
-    missing = [name for name in world.roles() if name not in by_role]
+    classes = tuple(classes) if classes is not None else tuple(RoleClass(n, (n,)) for n in world.roles())
+    _check_classes(classes, world)
+    missing = [c.representative for c in classes if not any(m in by_role for m in c.members)]
     if missing:
         hints = ", ".join(f"{name} (e.g. rank {world.representative(name)})" for name in missing[:8])
         raise ValueError(f"the capture lacks roles {hints}; capture a rank of each")
-    roles = {name: role_graph(by_role[name], world, kinds) for name in world.roles()}
-    sources = {name: by_role[name].virtual_rank for name in world.roles()}
+    graphs: dict[str, RoleGraph] = {}
+    for role_class in classes:
+        captured = {m: role_graph(by_role[m], world, kinds) for m in role_class.members if m in by_role}
+        graphs.update(class_graphs(role_class, captured))
+    sources = {name: by_role[name].virtual_rank for name in world.roles() if name in by_role}
     metadata = GraphMetadata(
         layout=dict(layout),
         source="capture",
-        extra={**(extra or {}), "captured_ranks": sources},
+        extra={**(extra or {}), "captured_ranks": sources, CLASSES_KEY: [c.to_json() for c in classes]},
     )
-    return ExecutionGraph(metadata=metadata, roles=roles)
+    return ExecutionGraph(metadata=metadata, roles={name: graphs[name] for name in world.roles()})
+
+
+def _check_classes(classes: Sequence[RoleClass], world: World) -> None:
+    """Every role of the world in exactly one class."""
+    members = [m for c in classes for m in c.members]
+    if sorted(members) != sorted(world.roles()):
+        unknown = sorted(set(members) - set(world.roles()))
+        raise ValueError(
+            f"the role classes do not partition this job's roles (unknown or repeated: "
+            f"{unknown or sorted(m for m in members if members.count(m) > 1)})"
+        )

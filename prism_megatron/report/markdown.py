@@ -52,6 +52,7 @@ def render_markdown(report: RunReport, outputs: Mapping[str, str], skipped: Mapp
         _status(report),
         _summary(report),
         _target(report),
+        _capture(report),
         _ranks(report),
         _roles(report),
         _iterations(report),
@@ -126,6 +127,25 @@ def _target(report: RunReport) -> list[str]:
         "order",
     ]
     return ["## Target job", "", *_table(keys, [[t[k] if t[k] is not None else "-" for k in keys]])]
+
+
+def _capture(report: RunReport) -> list[str]:
+    capture = report.capture
+    if capture is None:
+        return []
+    lines = ["## Capture", "", capture.describe() + "."]
+    shared = {rep: members for rep, members in capture.classes.items() if len(members) > 1}
+    if shared:
+        rows = [[rep, len(members), _some(members)] for rep, members in shared.items()]
+        lines += ["", "Roles that run the same program share the captured spans of their class:", ""]
+        lines += _table(["class of", "roles", "members"], rows)
+    captured = _some([f"{role} (rank {rank})" for role, rank in capture.captured_ranks.items()])
+    return [*lines, "", f"Captured: {captured or 'nothing'}."]
+
+
+def _some(names: list[str] | tuple[str, ...], shown: int = 8) -> str:
+    more = f", ... ({len(names) - shown} more)" if len(names) > shown else ""
+    return ", ".join(names[:shown]) + more
 
 
 def _ranks(report: RunReport) -> list[str]:

@@ -235,6 +235,59 @@ class RoleReport:
         )
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CaptureSummary:
+    """How the execution graph was captured: how many roles ran for how many in the job, how long."""
+
+    num_roles: int
+    """Roles of the target job."""
+    captured_ranks: Mapping[str, int]
+    """Role -> the virtual rank whose capture it has (the captured roles only)."""
+    classes: Mapping[str, tuple[str, ...]]
+    """Representative role -> the roles of its class (roles that run the same program)."""
+    all_roles: bool = False
+    """--prism-capture-all-roles: every role was its own class."""
+    num_passes: int | None = None
+    """Capture passes this run made; None when the graph came from --prism-graph (captured before)."""
+    capture_s: float | None = None
+    """Wall seconds of those passes, from the first launch to the last exit; None when not made here."""
+
+    @property
+    def num_captured_roles(self) -> int:
+        return len(self.captured_ranks)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "num_roles": self.num_roles,
+            "num_captured_roles": self.num_captured_roles,
+            "captured_ranks": dict(self.captured_ranks),
+            "classes": {rep: list(members) for rep, members in self.classes.items()},
+            "all_roles": self.all_roles,
+            "num_passes": self.num_passes,
+            "capture_s": self.capture_s,
+        }
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> CaptureSummary:
+        return cls(
+            num_roles=doc["num_roles"],
+            captured_ranks=dict(doc["captured_ranks"]),
+            classes={rep: tuple(members) for rep, members in doc["classes"].items()},
+            all_roles=doc["all_roles"],
+            num_passes=doc["num_passes"],
+            capture_s=doc["capture_s"],
+        )
+
+    def describe(self) -> str:
+        """One line: "3 of 10 roles captured (3 programs) in 2 passes, 95.2 s"."""
+        programs = f"{len(self.classes)} program{'s' if len(self.classes) != 1 else ''}"
+        line = f"{self.num_captured_roles} of {self.num_roles} roles captured ({programs})"
+        if self.num_passes is None:
+            return line + " before this run (--prism-graph)"
+        line += f" in {self.num_passes} pass{'es' if self.num_passes != 1 else ''}"
+        return line + ("" if self.capture_s is None else f", {self.capture_s:.1f} s")
+
+
 def current_versions() -> dict[str, str | None]:
     """Versions of prism-megatron, megatron-core and torch (None for one not installed)."""
 
@@ -280,6 +333,8 @@ class RunReport:
     shims_used: Mapping[str, int] | None = None
     patches: Mapping[str, int] | None = None
     """Calls per Megatron patch during the run."""
+    capture: CaptureSummary | None = None
+    """How the graph was captured (None while the run has not obtained it)."""
     versions: Mapping[str, str | None] = dataclasses.field(default_factory=current_versions)
     created: str = dataclasses.field(default_factory=_now)
     """When the report was made (ISO 8601, UTC)."""
@@ -307,6 +362,7 @@ class RunReport:
             "prism": dict(self.prism),
             "shims_used": dict(self.shims_used) if self.shims_used is not None else None,
             "patches": dict(self.patches) if self.patches is not None else None,
+            "capture": self.capture.to_json() if self.capture is not None else None,
             "versions": dict(self.versions),
             "created": self.created,
         }
@@ -333,6 +389,7 @@ class RunReport:
             prism=doc.get("prism") or {},
             shims_used=doc.get("shims_used"),
             patches=doc.get("patches"),
+            capture=CaptureSummary.from_json(doc["capture"]) if doc.get("capture") else None,
             versions=doc["versions"],
             created=doc.get("created", ""),
         )

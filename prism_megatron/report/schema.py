@@ -11,7 +11,7 @@ the world, iteration indices increasing, and consistency
 (`dp` = world / (tp pp cp); the ranks table holds only real ranks, all of them when the run is ok;
 `iteration_time_s` is the median of the iterations after warm-up; each role's compute, exposed
 communication and bubble add up to the simulated iteration time, as the simulator's breakdown
-guarantees). Every error names its key path (`$.ranks.7168.compute_s`), and all are reported at once
+guarantees; the capture's classes hold every role of the job once). Every error names its key path (`$.ranks.7168.compute_s`), and all are reported at once
 (consistency is checked once the shape is right, as it reads the values the shape check vouches for).
 """
 
@@ -143,6 +143,7 @@ _TOP_LEVEL_ORDER = (
     "prism",
     "shims_used",
     "patches",
+    "capture",
     "versions",
     "created",
 )
@@ -210,6 +211,7 @@ def _check_consistency(doc: dict, errors: list[str]) -> None:
     _check_iterations(doc, errors)
     _check_roles(doc, errors)
     _check_tokens(doc, errors)
+    _check_capture(doc, errors)
 
 
 def _check_iterations(doc: dict, errors: list[str]) -> None:
@@ -258,3 +260,23 @@ def _check_tokens(doc: dict, errors: list[str]) -> None:
             f"$.tokens_per_s_per_gpu: must be global_batch_size x seq_length / (iteration_time_s x "
             f"world_size) = {expected!r}, got {claimed!r}"
         )
+
+
+def _check_capture(doc: dict, errors: list[str]) -> None:
+    """The classes partition the job's roles; counts agree; captured roles and ranks exist."""
+    capture = doc.get("capture")
+    if not capture:
+        return
+    members = [m for ms in capture["classes"].values() for m in ms]
+    if len(members) != capture["num_roles"] or len(set(members)) != len(members):
+        errors.append(
+            f"$.capture.classes: must hold each of the {capture['num_roles']} roles once, holds {len(members)}"
+        )
+    if capture["num_captured_roles"] != len(capture["captured_ranks"]):
+        errors.append("$.capture.num_captured_roles: must count $.capture.captured_ranks")
+    unknown = sorted(set(capture["captured_ranks"]) - set(members))
+    if unknown:
+        errors.append(f"$.capture.captured_ranks: roles {unknown} are in no class")
+    world_size = doc["target"]["world_size"]
+    outside = sorted(r for r in capture["captured_ranks"].values() if r >= world_size)
+    errors += [f"$.capture.captured_ranks: rank {r} is outside the world" for r in outside]

@@ -2,12 +2,13 @@
 
 * `Layout`: world size, parallel sizes and rank order; coordinates and every Megatron group of any
   virtual rank, computed per rank (layout.py, grid.py);
-* roles and the default slice (roles.py);
+* roles and the default slice (roles.py), and which roles run one program (equivalence.py);
 * the rank-selection language of `--prism-ranks` (selection.py) and the compact rank notation it
   shares with the `topology` command's output (notation.py);
 * placement of real ranks onto processes and devices (placement.py).
 """
 
+from prism_megatron.topology.equivalence import JobModel, RoleClass, role_classes
 from prism_megatron.topology.layout import (
     COORD_NAMES,
     GROUP_KINDS,
@@ -26,12 +27,15 @@ __all__ = [
     "GROUP_KINDS",
     "ORDERS",
     "Coords",
+    "JobModel",
     "Layout",
     "Placement",
     "Role",
+    "RoleClass",
     "format_ranks",
     "parse_ranks",
     "place",
+    "role_classes",
     "select_ranks",
     "virtual_pipeline_size",
 ]

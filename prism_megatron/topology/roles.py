@@ -20,9 +20,9 @@ the CP rank (sequence chunks are load-balanced), the DP and expert-DP ranks (rep
 expert-TP rank (equal shards).
 
 Limits: ranks that only log or write checkpoints (global rank 0, the last rank, DP rank 0) are not
-set apart; multi-token-prediction layers and uneven pipeline layouts (`--decoder-first-pipeline-
-num-layers`, `--pipeline-model-parallel-layout`) are not modelled; expert imbalance is a run-time
-property that roles cannot see.
+set apart; expert imbalance is a run-time property that roles cannot see. Roles follow the layout
+only; which roles run the same program (and so share one capture), given the layers of each stage
+(uneven first and last stages, MTP, MoE layer patterns) and the schedule, is `equivalence.py`'s.
 
 Roles are found without enumerating the world: TP rank 0 is a function of `rank mod TP` and the EP
 rank of `rank mod (ETP * EP)`, so within a stage the role repeats with period

@@ -23,6 +23,7 @@ FROZEN_FLAGS = {
     "--prism-phase": "auto",
     "--prism-capture-iters": 4,
     "--prism-graph": None,
+    "--prism-capture-all-roles": False,
     "--prism-cluster": "default",
     "--prism-out": None,
     "--prism-overwrite": False,

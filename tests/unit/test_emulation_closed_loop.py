@@ -149,3 +149,28 @@ def test_what_the_other_real_ranks_measured_is_folded_for_their_roles():
     assert loop.current == compute_durations(own), "its own role comes from its own measurement"
     stage1 = next(t for t in loop.result.timeline(1024) if t.op.type == NodeType.COMPUTE)
     assert stage1.end_ns - stage1.start_ns == slower_pp1[0]
+
+
+def test_a_real_ranks_measurement_folds_into_every_role_of_its_class():
+    classes = [
+        {
+            "representative": "pp0-tp0src",
+            "members": ["pp0-tp0src", "pp0"],
+            "warmup": None,
+            "num_microbatches": None,
+        }
+    ]
+    metadata = dataclasses.replace(GRAPH.metadata, extra={**GRAPH.metadata.extra, "role_classes": classes})
+    graph = dataclasses.replace(GRAPH, metadata=metadata)
+    loop = ClosedLoop.start(graph, WORLD, COST, virtual_rank=0, real_ranks=(0,))
+    assert loop.fold(slowed(graph.roles["pp0-tp0src"].streams, 2.0)) is None
+
+    def compute_ns(result, virtual_rank):
+        return [t.end_ns - t.start_ns for t in result.timeline(virtual_rank) if t.op.type == NodeType.COMPUTE]
+
+    measured = compute_ns(loop.result, 0)
+    assert compute_ns(loop.result, 1) == measured, "virtual rank 1 (role pp0) runs as real rank 0 measured"
+    plain = ClosedLoop.start(GRAPH, WORLD, COST, virtual_rank=0, real_ranks=(0,))
+    plain.fold(slowed(GRAPH.roles["pp0-tp0src"].streams, 2.0))
+    assert compute_ns(plain.result, 0) == measured
+    assert compute_ns(plain.result, 1) != measured, "without the class, role pp0 keeps its captured spans"

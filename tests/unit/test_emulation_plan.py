@@ -18,17 +18,32 @@ JOB = [
 ]  # fmt: skip
 
 
-def test_the_slice_is_captured_in_passes_of_as_many_processes_as_real_ranks(tmp_path):
+def test_the_slice_is_one_rank_per_class_of_roles_in_passes_of_as_many_processes_as_real_ranks(tmp_path):
     plan = plan_run([*JOB, "--prism-ranks", "pp=0,1;tp=0;dp=0", "--prism-out", str(tmp_path)])
     assert plan.real_ranks == (0, 1024)
-    assert plan.slice_ranks == (0, 1, 1024, 2048, 3072, 4096, 5120, 6144, 7168, 7169)
-    assert plan.capture_batches == [(0, 1), (1024, 2048), (3072, 4096), (5120, 6144), (7168, 7169)]
+    assert [list(c.members) for c in plan.role_classes] == [
+        ["pp0-tp0src", "pp0"],
+        [f"pp{s}" for s in range(1, 7)],
+        ["pp7-tp0src", "pp7"],
+    ]
+    # The three representatives, then the middle stage with the fewest warm-ups fills the spare place.
+    assert plan.slice_ranks == (0, 1024, 7168, 6144)
+    assert plan.capture_batches == [(0, 1024), (7168, 6144)]
     assert plan.num_microbatches == 4
 
 
-def test_fewer_processes_than_roles_take_more_passes_and_fewer_than_real_ranks_are_refused(tmp_path):
-    plan = plan_run([*JOB, "--prism-ranks", "0", "--prism-out", str(tmp_path)], nproc=4)
+def test_capture_all_roles_captures_one_rank_of_every_role_as_before(tmp_path):
+    plan = plan_run(
+        [*JOB, "--prism-ranks", "0", "--prism-out", str(tmp_path), "--prism-capture-all-roles"], nproc=4
+    )
+    assert plan.slice_ranks == (0, 1, 1024, 2048, 3072, 4096, 5120, 6144, 7168, 7169)
     assert [len(batch) for batch in plan.capture_batches] == [4, 4, 2]
+    assert all(len(c.members) == 1 for c in plan.role_classes)
+
+
+def test_fewer_processes_than_classes_take_more_passes_and_fewer_than_real_ranks_are_refused(tmp_path):
+    plan = plan_run([*JOB, "--prism-ranks", "0", "--prism-out", str(tmp_path)], nproc=2)
+    assert plan.capture_batches == [(0, 1024), (7168, 6144)]
     with pytest.raises(ValueError, match="--nproc-per-node 1 is fewer than the 2 real ranks"):
         plan_run([*JOB, "--prism-ranks", "0,1024", "--prism-out", str(tmp_path)], nproc=1)
 
@@ -69,4 +84,4 @@ def test_the_demo_is_the_8192_gpu_job_with_two_adjacent_real_stages(tmp_path):
     plan = plan_run(demo.demo_flags(args))
     assert (plan.layout.world_size, plan.layout.tp, plan.layout.pp, plan.layout.dp) == (8192, 8, 8, 128)
     assert plan.real_ranks == (0, 1024)
-    assert len(plan.capture_batches) == 5 and plan.config.capture.capture_iters == 4
+    assert len(plan.capture_batches) == 2 and plan.config.capture.capture_iters == 4

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from prism_megatron.emulation import plan_run
+from prism_megatron.graph.classes import load_classes
 from prism_megatron.megatron.job.configs import read_config
 
 REPO = Path(__file__).resolve().parents[2]
@@ -57,15 +58,18 @@ def _option(args: list[str], name: str) -> str:
 
 
 def test_one_submission_chains_capture_batches_the_emulation_and_the_report(tmp_path):
-    run = "/shared/run1"
+    run = str(tmp_path / "run1")
     done, jobs = _chain(
         tmp_path, str(CONFIG), "--out", run, "--nodes", "2", "--gpus-per-node", "8",
         "--ranks", "pp=0-15;tp=0;dp=0", "--", "--prism-cluster", "dgx-h100",
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     *captures, emulate, report = jobs
-    # The slice (one rank per role) in batches of 8 ranks, the last one smaller, one node each.
-    slice_ranks = plan_run([*read_config(CONFIG), "--prism-emulate"], nproc=1024).slice_ranks
+    # The slice (one rank per class of roles) in batches of 8 ranks, the last one smaller, one node
+    # each; the classes go beside the captures, for the graph the emulation builds there.
+    plan = plan_run([*read_config(CONFIG), "--prism-emulate", "--prism-ranks", "pp=0-15;tp=0;dp=0"], nproc=16)
+    slice_ranks = plan.slice_ranks
+    assert load_classes(f"{run}/capture") == plan.role_classes
     batches = [[int(r) for r in c["args"][-1].split(",")] for c in captures]
     assert [r for b in batches for r in b] == list(slice_ranks)
     assert all(len(b) == 8 for b in batches[:-1]) and 0 < len(batches[-1]) <= 8

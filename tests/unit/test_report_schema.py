@@ -1,6 +1,7 @@
 """report.json's schema: what it accepts, and errors that name the key path of every problem."""
 
 import copy
+import dataclasses
 
 import pytest
 
@@ -190,6 +191,42 @@ def test_tokens_per_second_per_gpu_and_megatrons_names_are_reported():
     assert _errors(_doc(tokens_per_s_per_gpu=1.0))[0].startswith(
         "$.tokens_per_s_per_gpu: must be global_batch_size x seq_length / (iteration_time_s x world_size)"
     )
+
+
+def _capture_doc():
+    from prism_megatron.report.model import CaptureSummary
+
+    capture = CaptureSummary(
+        num_roles=2,
+        captured_ranks={"pp0": 0},
+        classes={"pp0": ("pp0", "pp1")},
+        num_passes=1,
+        capture_s=12.5,
+    )
+    return _doc(capture=capture.to_json()), capture
+
+
+def test_the_capture_says_how_many_roles_ran_for_how_many_and_reads_back():
+    doc, capture = _capture_doc()
+    validate(doc)
+    assert doc["capture"]["num_captured_roles"] == 1 and doc["capture"]["num_roles"] == 2
+    assert RunReport.from_json(doc).capture == capture
+    assert capture.describe() == "1 of 2 roles captured (1 program) in 1 pass, 12.5 s"
+    earlier = dataclasses.replace(capture, num_passes=None, capture_s=None)
+    assert earlier.describe() == "1 of 2 roles captured (1 program) before this run (--prism-graph)"
+
+
+def test_capture_classes_must_hold_every_role_once_and_count_what_was_captured():
+    doc, _ = _capture_doc()
+    doc["capture"]["classes"] = {"pp0": ["pp0", "pp0"]}
+    doc["capture"]["num_captured_roles"] = 3
+    doc["capture"]["captured_ranks"]["pp9"] = 99
+    assert _errors(doc) == [
+        "$.capture.classes: must hold each of the 2 roles once, holds 2",
+        "$.capture.num_captured_roles: must count $.capture.captured_ranks",
+        "$.capture.captured_ranks: roles ['pp9'] are in no class",
+        "$.capture.captured_ranks: rank 99 is outside the world",
+    ]
 
 
 def test_a_cpu_ranks_share_of_the_machine_is_recorded_and_checked():

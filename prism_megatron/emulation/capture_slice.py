@@ -1,0 +1,52 @@
+"""Which ranks the capture pass runs: one per class of roles that run the same program.
+
+The classes come from the job (`topology.equivalence.role_classes` over the flags' `JobModel`);
+each class's representative role is captured by its smallest rank. A pass runs `nproc` processes,
+so the last pass may have places to spare: they capture a second member of the classes whose
+members run in different orders (middle stages of a 1F1B pipeline) and then of the largest (the
+member whose schedule differs most from the representative's, with the fewest warm-up
+microbatches), which confirms the class op for op when the graph is built and pools its
+spans, at no extra pass. With `--prism-capture-all-roles` every role is its own class, as before.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+from prism_megatron.megatron.job.program import job_model
+from prism_megatron.topology import Layout, RoleClass, role_classes
+
+
+def _confirmer(role_class: RoleClass) -> str:
+    """The member that checks the class hardest: the fewest warm-up microbatches, else the second."""
+    others = role_class.members[1:]
+    if role_class.warmup is None:
+        return others[0]
+    return min(others, key=lambda member: (role_class.warmup[member], role_class.members.index(member)))
+
+
+def capture_ranks(layout: Layout, classes: Sequence[RoleClass], nproc: int) -> tuple[int, ...]:
+    """The representatives' ranks, ascending, then confirming members in the last pass's spare places."""
+    by_name = {role.name: role for role in layout.roles()}
+    ranks = sorted(layout.representative(by_name[c.representative]) for c in classes)
+    spare = -len(ranks) % nproc
+    # Derived orders first (the graph reorders their steps: the most to confirm), then the largest.
+    shared = sorted(
+        (c for c in classes if len(c.members) > 1), key=lambda c: (c.warmup is None, -len(c.members))
+    )
+    extra = [layout.representative(by_name[_confirmer(c)]) for c in shared[:spare]]
+    return tuple(ranks) + tuple(extra)
+
+
+def with_slice(plan):
+    """The plan with its role classes and the capture's ranks (`RunPlan.role_classes`, `slice_ranks`).
+
+    Raises:
+        ValueError: a flag that shapes the stages has a value that is not a number.
+    """
+    model = job_model(plan.megatron_args, num_microbatches=plan.num_microbatches)
+    classes = role_classes(plan.layout, model, capture_all=plan.config.capture.capture_all_roles)
+    return dataclasses.replace(
+        plan, role_classes=classes, slice_ranks=capture_ranks(plan.layout, classes, plan.nproc)
+    )

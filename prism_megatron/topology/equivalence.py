@@ -1,0 +1,228 @@
+"""Role equivalence: which roles of the target job run the same program, so that one capture serves all.
+
+A role (roles.py) gathers ranks that behave alike as ranks. Many roles also run the same *program*:
+their iterations issue the same ops (kind, group kind, relative peer, size, dtype) because their
+model chunks have the same layer structure; they differ only in which ranks they talk to, and the
+graph names peers relative to the rank. Such roles form a class (`RoleClass`): the capture runs one
+representative per class and the graph gives every member the representative's measured spans.
+
+The rule, decided from the job before anything runs (`role_classes`):
+
+* **Within a pipeline stage** every role runs the same program. The data source reads its batch on
+  the host and issues the ops its TP peers issue (Megatron-LM's broadcast from it is one TP
+  collective on both sides; the built-in entry makes the batch on every TP rank), and the
+  expert-parallel ranks hold equally many experts of one shape (Megatron requires --num-experts to
+  be a multiple of EP). How tokens are routed at run time is no part of the layout; an imbalance is
+  a what-if, or a reason for `--prism-capture-all-roles`.
+* **The first and the last stage** are apart from every other: the first holds the embedding and
+  receives nothing forward, the last holds the output layer, the loss and the multi-token-prediction
+  layers and sends nothing forward; with uneven stages (`--decoder-first/last-pipeline-num-layers`)
+  their layer counts differ too.
+* **Middle stages** whose chunks hold the same layers (`stage_layers`: how many, and which are MoE,
+  since `--moe-layer-freq` is a pattern over global layer indices) issue the same forward and
+  backward steps. Under the non-interleaved 1F1B schedule they differ in *order* only: stage s runs
+  min(PP - s - 1, M) warm-up forwards before its first backward (megatron-core's
+  `forward_backward_pipelining_without_interleaving`). They share a class whose members keep their
+  warm-up count (`RoleClass.warmup`); `graph.classes` derives each member's op order from the
+  representative's steps and the capture confirms it.
+* **With an interleaved schedule (VPP)** every pipeline rank is its own class. Rank s holds the
+  virtual stages s, s + PP, ...: rank 0 holds the embedding's chunk and rank PP-1 the loss's, and
+  the middle ranks' chunks are alike, but the interleaved schedule's warm-up
+  (2 (PP - s - 1) + (VPP - 1) x group) and its pattern of combined sends and receives (overlapped
+  by default) depend on s in ways not derived here; only ranks of one stage share a capture.
+
+What keeps every stage apart, conservatively: a job whose per-stage layers or schedule depend on
+flags not modelled (`JobModel.unmodelled`: an explicit pipeline layout, partial activation
+checkpoints per microbatch, ...), or whose layer counts do not divide (Megatron would refuse it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from prism_megatron.topology.layout import Layout
+    from prism_megatron.topology.roles import Role
+
+DENSE, MOE, MTP = "dense", "moe", "mtp"
+"""Layer kinds of `stage_layers`."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class JobModel:
+    """What each pipeline stage of the target job computes, beyond the layout (from Megatron's flags)."""
+
+    num_layers: int | None = None
+    """Transformer layers (`--num-layers`); None: unknown, so no two stages are taken as alike."""
+    first_stage_layers: int | None = None
+    """`--decoder-first-pipeline-num-layers` (uneven first stage), else None."""
+    last_stage_layers: int | None = None
+    """`--decoder-last-pipeline-num-layers` (uneven last stage), else None."""
+    embedding_in_split: bool = False
+    """`--account-for-embedding-in-pipeline-split`: the embedding counts as a layer of the first stage."""
+    loss_in_split: bool = False
+    """`--account-for-loss-in-pipeline-split`: the loss counts as a layer of the last stage."""
+    moe_layers: int | tuple[int, ...] | None = None
+    """Which layers are MoE: None (a dense model), N (every N-th, `--moe-layer-freq N`) or a 0/1 pattern."""
+    mtp_num_layers: int = 0
+    """Multi-token-prediction layers (`--mtp-num-layers`), held by the last stage."""
+    num_microbatches: int | None = None
+    """Microbatches per iteration and data-parallel replica (M); None: unknown."""
+    unmodelled: tuple[str, ...] = ()
+    """Flags given that make stages differ in ways not modelled here; they keep every stage apart."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RoleClass:
+    """Roles that run the same program; the capture of `representative` stands for all `members`."""
+
+    representative: str
+    """The role whose rank the slice captures (the class's first role in job order)."""
+    members: tuple[str, ...]
+    """Every role of the class, the representative first, in job order."""
+    warmup: Mapping[str, int] | None = None
+    """Per member, the warm-up microbatches of its 1F1B schedule when members sit at different
+    pipeline stages (their op order differs); None when every member issues its ops in one order."""
+    num_microbatches: int | None = None
+    """M, with `warmup`."""
+
+    def __post_init__(self) -> None:
+        if not self.members or self.members[0] != self.representative:
+            raise ValueError(f"role class of {self.representative!r}: members must start with it")
+        if self.warmup is not None and (set(self.warmup) != set(self.members) or not self.num_microbatches):
+            raise ValueError(f"role class of {self.representative!r}: warm-up counts need M and every member")
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "representative": self.representative,
+            "members": list(self.members),
+            "warmup": None if self.warmup is None else dict(self.warmup),
+            "num_microbatches": self.num_microbatches,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> RoleClass:
+        try:
+            warmup = data.get("warmup")
+            return cls(
+                representative=str(data["representative"]),
+                members=tuple(str(m) for m in data["members"]),
+                warmup=None if warmup is None else {str(k): int(v) for k, v in warmup.items()},
+                num_microbatches=data.get("num_microbatches"),
+            )
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise ValueError(f"not a role class: {dict(data)} ({exc})") from None
+
+
+def _layer_counts(layout: Layout, model: JobModel) -> list[int] | None:
+    """Transformer layers of each pipeline stage, as megatron-core's `get_num_layers_to_build` splits
+    them (before the embedding and loss adjustments); None when the split is unknown or uneven."""
+    pp, total = layout.pp, model.num_layers
+    first, last = model.first_stage_layers, model.last_stage_layers
+    if total is None:
+        return None
+    if first is not None or last is not None:
+        if model.embedding_in_split or model.loss_in_split:
+            return None  # megatron-core refuses the combination
+        ends = [n for n in (first, last) if n is not None]
+        middle_stages = pp - len(ends)
+        rest = total - sum(ends)
+        if middle_stages and (rest < 0 or rest % middle_stages):
+            return None
+        middle = rest // middle_stages if middle_stages else 0
+        counts = [middle] * pp
+        if first is not None:
+            counts[0] = first
+        if last is not None:
+            counts[-1] = last
+        return counts
+    total += int(model.embedding_in_split) + int(model.loss_in_split)
+    return None if total % pp else [total // pp] * pp
+
+
+def stage_layers(layout: Layout, model: JobModel) -> list[tuple[tuple[str, ...], ...]] | None:
+    """Per pipeline stage, the layer kinds of each of its model chunks (`DENSE`, `MOE`, `MTP`).
+
+    Layers are numbered in virtual-stage order (chunk 0 of every stage, then chunk 1 ...), as
+    megatron-core's `get_transformer_layer_offset` places them. None when the job's layers per stage
+    are unknown or do not divide.
+    """
+    counts = _layer_counts(layout, model)
+    chunks = layout.vpp or 1
+    if counts is None or any(n % chunks for n in counts):
+        return None
+    sizes = {(s, c): counts[s] // chunks for s in range(layout.pp) for c in range(chunks)}
+    if model.embedding_in_split:
+        sizes[(0, 0)] -= 1
+    if model.loss_in_split:
+        sizes[(layout.pp - 1, chunks - 1)] -= 1
+    if any(n < 0 for n in sizes.values()):
+        return None
+    pattern = model.moe_layers
+    if isinstance(pattern, tuple) and len(pattern) != model.num_layers:
+        return None
+    kinds: dict[tuple[int, int], tuple[str, ...]] = {}
+    index = 0
+    for chunk in range(chunks):
+        for stage in range(layout.pp):
+            layers = range(index, index + sizes[(stage, chunk)])
+            index = layers.stop
+            kinds[(stage, chunk)] = tuple(_kind(pattern, layer) for layer in layers)
+    last = (layout.pp - 1, chunks - 1)
+    kinds[last] += (MTP,) * model.mtp_num_layers
+    return [tuple(kinds[(s, c)] for c in range(chunks)) for s in range(layout.pp)]
+
+
+def _kind(pattern: int | tuple[int, ...] | None, layer: int) -> str:
+    if pattern is None:
+        return DENSE
+    if isinstance(pattern, int):
+        return MOE if pattern > 0 and layer % pattern == 0 else DENSE
+    return MOE if pattern[layer] else DENSE
+
+
+def _stage_groups(layout: Layout, model: JobModel) -> list[list[int]]:
+    """Pipeline stages that run one program, the first and last stage always alone."""
+    layers = None if model.unmodelled else stage_layers(layout, model)
+    derivable = layout.vpp is None and model.num_microbatches is not None and layers is not None
+    groups: list[list[int]] = []
+    by_layers: dict[tuple, list[int]] = {}
+    for stage in range(layout.pp):
+        if stage in (0, layout.pp - 1) or not derivable:
+            groups.append([stage])
+        elif layers[stage] in by_layers:
+            by_layers[layers[stage]].append(stage)
+        else:
+            by_layers[layers[stage]] = [stage]
+            groups.append(by_layers[layers[stage]])
+    return groups
+
+
+def role_classes(layout: Layout, model: JobModel, *, capture_all: bool = False) -> tuple[RoleClass, ...]:
+    """The job's roles in classes that run one program (see the module docstring), in job order.
+
+    Args:
+        capture_all: every role its own class (`--prism-capture-all-roles`).
+    """
+    roles = layout.roles()
+    if capture_all:
+        return tuple(RoleClass(role.name, (role.name,)) for role in roles)
+    by_stage: dict[int, list[Role]] = {}
+    for role in roles:
+        by_stage.setdefault(role.pp, []).append(role)
+    classes = []
+    for stages in _stage_groups(layout, model):
+        members = tuple(role.name for stage in stages for role in by_stage[stage])
+        warmup = None
+        if len(stages) > 1:
+            num = model.num_microbatches
+            warmup = {role.name: min(layout.pp - role.pp - 1, num) for s in stages for role in by_stage[s]}
+        classes.append(RoleClass(members[0], members, warmup, model.num_microbatches if warmup else None))
+    return tuple(classes)
+
+
+def class_of(classes: Sequence[RoleClass]) -> dict[str, RoleClass]:
+    """Role name -> its class."""
+    return {member: cls for cls in classes for member in cls.members}
