@@ -50,9 +50,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from prism_megatron import files
     from prism_megatron.compare import REGRESSION, Thresholds, compare_runs
     from prism_megatron.compare.render import plot_png, to_markdown
-    from prism_megatron.report import files
 
     thresholds = Thresholds(
         max_regression_pct=args.max_regression,
@@ -60,8 +60,8 @@ def run(args: argparse.Namespace) -> int:
         alpha=args.alpha,
     )
     result = compare_runs(args.run_a, args.run_b, thresholds)
-    out_dir = args.out or os.path.join(args.run_b, "compare")
-    plot_name = "compare.png"
+    out_dir = args.out or os.path.join(args.run_b, files.COMPARE_DIR)
+    plot_name = files.COMPARE_PNG
     try:
         files.write_atomically(
             os.path.join(out_dir, plot_name), plot_png(result.run_a, result.run_b, result.judged, thresholds)
@@ -70,8 +70,8 @@ def run(args: argparse.Namespace) -> int:
         plot_name = None
         print(f"compare: plot skipped ({type(exc).__name__}: {exc})", flush=True)
     markdown = to_markdown(result.doc, result.judged, plot_name=plot_name)
-    files.write_atomically(os.path.join(out_dir, "compare.md"), markdown)
-    files.write_json(result.doc, os.path.join(out_dir, "compare.json"), indent=1)
+    files.write_atomically(os.path.join(out_dir, files.COMPARE_MD), markdown)
+    files.write_json(result.doc, os.path.join(out_dir, files.COMPARE_JSON), indent=1)
     if args.json:
         print(json.dumps(result.doc, indent=1))
     else:

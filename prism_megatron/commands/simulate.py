@@ -6,6 +6,8 @@ import argparse
 import os
 import sys
 
+from prism_megatron import files
+
 NAME = "simulate"
 HELP = "predict the iteration time of a graph's job, per-role breakdown, timeline and replay schedules"
 
@@ -97,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
     except (DeadlockError, SimulationFault) as exc:
         print(f"prism-megatron simulate: {exc}", file=sys.stderr)
         return 1
-    out = args.out or os.path.join(args.graph_dir, "simulation")
+    out = args.out or os.path.join(args.graph_dir, files.SIMULATION_DIR)
     os.makedirs(out, exist_ok=True)
     _print_summary(result, what_if)
     extra = [*what_if.stragglers, *what_if.slow_nics, *real_ranks]
@@ -155,13 +157,13 @@ def _write_outputs(result, graph, world, out, real_ranks, trace_ranks, extra, ch
     ranks = trace_ranks if trace_ranks is not None else default_ranks(result, extra)
     paths = [
         write_chrome_trace(
-            os.path.join(out, "timeline.json"), spans(result, ranks), process_names(result, ranks)
+            os.path.join(out, files.TIMELINE_JSON), spans(result, ranks), process_names(result, ranks)
         )
     ]
     for rank, schedule in replay_schedules(result, real_ranks).items():
-        path = os.path.join(out, f"schedule-{rank}.json")
+        path = files.schedule_path(out, rank)
         schedule.save(path)
         paths.append(path)
     if chakra:
-        paths += export_chakra(ExpandedGraph(graph, world), os.path.join(out, "chakra"), ranks).paths
+        paths += export_chakra(ExpandedGraph(graph, world), os.path.join(out, files.CHAKRA_DIR), ranks).paths
     return paths

@@ -29,7 +29,7 @@ import os
 import statistics
 from collections.abc import Collection, Mapping, Sequence
 
-from prism_megatron.emulation import files
+from prism_megatron import files
 from prism_megatron.emulation.schedule_index import ScheduleIndex
 from prism_megatron.graph import COMPUTE_STREAM, Dep, ExecutionGraph, LayoutWorld, NodeType, Op, load_graph
 from prism_megatron.graph.capture import (

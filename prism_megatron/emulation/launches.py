@@ -24,7 +24,7 @@ import sys
 import time
 from collections.abc import Sequence
 
-from prism_megatron.emulation import files
+from prism_megatron import files
 from prism_megatron.emulation.progress import Progress
 from prism_megatron.emulation.rank import read_progress
 
@@ -82,7 +82,7 @@ def run_launch(
     """
     log_dir = os.path.join(run_dir, files.LOGS_DIR, launch.name)
     os.makedirs(log_dir, exist_ok=True)
-    launcher_log = os.path.join(log_dir, "launcher.log")
+    launcher_log = os.path.join(log_dir, files.LAUNCHER_LOG)
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     with open(launcher_log, "w", encoding="utf-8") as log:
         process = subprocess.Popen(

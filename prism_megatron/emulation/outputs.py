@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import glob
 import json
 import os
 from typing import Any
 
-from prism_megatron.emulation import files
+from prism_megatron import files
 from prism_megatron.emulation.plan import RunPlan
 from prism_megatron.emulation.rank import NUM_WARMUP, read_progress
 from prism_megatron.report import (
@@ -37,7 +36,7 @@ from prism_megatron.report.flops import padded_vocab_size
 def rank_results(directory: str) -> dict[int, dict[str, Any]]:
     """The per-rank results files (`rank-<rank>.json`) in a folder, by virtual rank."""
     out = {}
-    for path in sorted(glob.glob(os.path.join(directory, "rank-*.json"))):
+    for path in files.results_paths(directory):
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
         out[int(data["virtual_rank"])] = data
@@ -148,12 +147,12 @@ def build_report(
 
 def write_running(plan: RunPlan) -> None:
     """report.json saying the run is under way (plain, without rendering: the run has just begun)."""
-    from prism_megatron.report import files, schema
+    from prism_megatron.report import schema
 
     doc = build_report(plan, status="running").to_json()
     schema.validate(doc)
     os.makedirs(plan.out_dir, exist_ok=True)
-    files.write_json(doc, plan.path("report.json"), indent=1)
+    files.write_json(doc, plan.path(files.REPORT_JSON), indent=1)
 
 
 def write_final(plan: RunPlan, report: RunReport, sim_result=None):

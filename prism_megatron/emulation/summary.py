@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import statistics
 
+from prism_megatron import files
 from prism_megatron.emulation.driver import RunOutcome
 
 _MIB = 2**20
@@ -54,11 +55,11 @@ def format_summary(outcome: RunOutcome) -> str:
             parts = ", ".join(f"{k} {v / _MIB:.1f}" for k, v in data.memory_by_category.items() if v)
             lines.append(f"{rank:>9} {data.role or '-':<14} {peak:>16}  {parts}")
     lines.append("")
-    for name in ("report.md", "report.json", "timeline.json"):
+    for name in (files.REPORT_MD, files.REPORT_JSON, files.TIMELINE_JSON):
         if name in outcome.written or name.removesuffix(".json") in outcome.written:
             lines.append(f"wrote {os.path.join(plan.out_dir, name)}")
     lines.append(
-        f"wrote {os.path.join(plan.out_dir, 'graph')}/ (reuse: --prism-graph, prism-megatron simulate)"
+        f"wrote {os.path.join(plan.out_dir, files.GRAPH_DIR)}/ (reuse: --prism-graph, prism-megatron simulate)"
     )
     return "\n".join(lines)
 

@@ -43,7 +43,7 @@ import json
 import statistics
 from collections.abc import Mapping, Sequence
 
-from prism_megatron.graph.io import write_json_atomically
+from prism_megatron import files
 from prism_megatron.graph.schema import (
     COMPUTE_STREAM,
     Dep,
@@ -131,8 +131,7 @@ class RankCapture:
             raise ValueError(f"{source}: damaged capture file ({exc})") from exc
 
     def save(self, path: str) -> str:
-        write_json_atomically(self.to_json(), path)
-        return path
+        return files.write_json(self.to_json(), path)
 
     @classmethod
     def load(cls, path: str) -> RankCapture:

@@ -21,9 +21,9 @@ import dataclasses
 import enum
 import json
 import math
-import os
-import tempfile
 from collections.abc import Mapping, Sequence
+
+from prism_megatron import files
 
 SCHEMA_VERSION = 1
 
@@ -141,15 +141,7 @@ class ReplaySchedule:
 
     def save(self, path: str) -> None:
         """Write atomically: a reader never sees half a file."""
-        directory = os.path.dirname(os.path.abspath(path))
-        fd, tmp = tempfile.mkstemp(dir=directory, prefix=".schedule-", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                json.dump(self.to_json(), f)
-            os.replace(tmp, path)
-        except BaseException:
-            os.unlink(tmp)
-            raise
+        files.write_json(self.to_json(), path)
 
     @classmethod
     def load(cls, path: str) -> ReplaySchedule:
