@@ -76,10 +76,15 @@ def test_run_folder_names():
     assert files.results_path(run, 8) == "/runs/r1/rank-00008.json"
     assert files.op_log_path(run, 8) == "/runs/r1/ops/rank-00008.json"
     assert files.progress_path(run, 8) == "/runs/r1/progress/rank-00008.json"
-    assert files.capture_path(os.path.join(run, files.CAPTURE_DIR), 8) == "/runs/r1/capture/capture-00008.json"
-    assert files.schedule_path(os.path.join(run, files.SIMULATION_DIR), 8) == "/runs/r1/simulation/schedule-8.json"
+    assert (
+        files.capture_path(os.path.join(run, files.CAPTURE_DIR), 8) == "/runs/r1/capture/capture-00008.json"
+    )
+    assert (
+        files.schedule_path(os.path.join(run, files.SIMULATION_DIR), 8)
+        == "/runs/r1/simulation/schedule-8.json"
+    )
     assert files.is_rank_file("rank-00008.json") and not files.is_rank_file("report.json")
-    assert files.SIMULATED_SPANS_FILE == os.path.join(files.SPANS_DIR, "simulated.json")
+    assert os.path.join(files.SPANS_DIR, "simulated.json") == files.SIMULATED_SPANS_FILE
 
 
 def writer_calls(tree: ast.AST) -> list[str]:
