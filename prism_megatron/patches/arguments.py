@@ -80,42 +80,39 @@ def _keep_data_flags_real(rt: runtime.Runtime, args: argparse.Namespace) -> None
     args.do_valid = args.do_test = evaluating
 
 
-def _validate(rt: runtime.Runtime):
-    def make(original):
-        def validate_args(args, defaults={}):  # noqa: B006  (Megatron-LM's own signature)
-            _set_target_world(rt, args)
-            result = original(args, defaults)
-            _keep_data_flags_real(rt, args)
-            return result
+def _validate(original, *, run: runtime.Runtime):
+    def validate_args(args, defaults={}):  # noqa: B006  (Megatron-LM's own signature)
+        _set_target_world(run, args)
+        result = original(args, defaults)
+        _keep_data_flags_real(run, args)
+        return result
 
-        return validate_args
-
-    return make
+    return validate_args
 
 
-def argument_records(rt: runtime.Runtime) -> tuple[Patch, ...]:
-    """The argument hooks, bound to a run."""
-    return (
-        Patch(
-            name="megatron_lm.prism_arguments",
-            target="megatron.training.arguments:add_megatron_arguments",
-            make=_add_arguments,
-            verified_on=EVERY_VERIFIED,
-            reason="adds the --prism-* group to Megatron-LM's parser without editing the user's script; "
-            "parse_args looks this function up at call time",
-            signature="(parser: argparse.ArgumentParser)",
-        ),
-        *variants(
-            name="megatron_lm.validate_args",
-            target="megatron.training.arguments:validate_args",
-            make=_validate(rt),
-            reason="every derivation (DP, global batch, VPP) must see the target world size W and the "
-            "virtual rank, not torchrun's; and do_train/do_valid/do_test come from a virtual rank 0",
-            signature="(args, defaults={})",
-            by_release={
-                MEGATRON_CORE_0_16: {"importers": ("megatron.training.initialize",)},
-                # The script calls arguments.parse_and_validate_args, which looks it up in its module.
-                MEGATRON_CORE_0_19: {"importers": ()},
-            },
-        ),
-    )
+ARGUMENT_RECORDS: tuple[Patch, ...] = (
+    Patch(
+        name="megatron_lm.prism_arguments",
+        target="megatron.training.arguments:add_megatron_arguments",
+        make=_add_arguments,
+        verified_on=EVERY_VERIFIED,
+        reason="adds the --prism-* group to Megatron-LM's parser without editing the user's script; "
+        "parse_args looks this function up at call time",
+        signature="(parser: argparse.ArgumentParser)",
+    ),
+    *variants(
+        name="megatron_lm.validate_args",
+        target="megatron.training.arguments:validate_args",
+        make=_validate,
+        needs=("run",),
+        reason="every derivation (DP, global batch, VPP) must see the target world size W and the "
+        "virtual rank, not torchrun's; and do_train/do_valid/do_test come from a virtual rank 0",
+        signature="(args, defaults={})",
+        by_release={
+            MEGATRON_CORE_0_16: {"importers": ("megatron.training.initialize",)},
+            # The script calls arguments.parse_and_validate_args, which looks it up in its module.
+            MEGATRON_CORE_0_19: {"importers": ()},
+        },
+    ),
+)
+"""The argument hooks (validate_args bound to the run's `Runtime`)."""

@@ -27,45 +27,40 @@ def last_real_rank(rt: runtime.Runtime) -> int | None:
     return max(runtime.select_real_ranks(rt.config, runtime.target_layout(rt.config, rt.sizes)))
 
 
-def _is_last_rank(rt: runtime.Runtime):
-    def make(original):
-        def is_last_rank():
-            last = last_real_rank(rt)
-            return original() if last is None else rt.virtual_rank == last
+def _is_last_rank(original, *, run: runtime.Runtime):
+    def is_last_rank():
+        last = last_real_rank(run)
+        return original() if last is None else run.virtual_rank == last
 
-        return is_last_rank
-
-    return make
+    return is_last_rank
 
 
-def _writer_setter(rt: runtime.Runtime):
+def _writer_setter(original, *, run: runtime.Runtime):
     """Run Megatron's setter as if this were rank W-1 on the last real rank, as no rank elsewhere."""
 
-    def make(original):
-        def set_writer(args):
-            last = last_real_rank(rt)
-            if last is None:
-                return original(args)
-            saved = args.rank
-            in_capture = rt.config.emulation.phase == "capture"
-            args.rank = args.world_size - 1 if saved == last and not in_capture else -1
-            try:
-                return original(args)
-            finally:
-                args.rank = saved
+    def set_writer(args):
+        last = last_real_rank(run)
+        if last is None:
+            return original(args)
+        saved = args.rank
+        in_capture = run.config.emulation.phase == "capture"
+        args.rank = args.world_size - 1 if saved == last and not in_capture else -1
+        try:
+            return original(args)
+        finally:
+            args.rank = saved
 
-        return set_writer
-
-    return make
+    return set_writer
 
 
-def writer_records(rt: runtime.Runtime) -> tuple[Patch, ...]:
-    """The records, bound to a run."""
+def writer_records() -> tuple[Patch, ...]:
+    """The records (bound to a run by its `Runtime`, as `run`)."""
     return (
         Patch(
             name="megatron_lm.last_rank_is_last_real_rank",
             target="megatron.training.utils:is_last_rank",
-            make=_is_last_rank(rt),
+            make=_is_last_rank,
+            needs=("run",),
             verified_on=VERIFIED_ON,
             reason="print_rank_last (the iteration line) and the last-rank duties of training.py run on "
             "rank W-1, usually virtual under emulation; the last real rank takes them",
@@ -75,7 +70,8 @@ def writer_records(rt: runtime.Runtime) -> tuple[Patch, ...]:
         Patch(
             name="megatron_lm.tensorboard_writer_on_last_real_rank",
             target="megatron.training.global_vars:_set_tensorboard_writer",
-            make=_writer_setter(rt),
+            make=_writer_setter,
+            needs=("run",),
             verified_on=VERIFIED_ON,
             reason="the TensorBoard writer is made where args.rank == world_size - 1, usually a virtual rank",
             signature="(args)",
@@ -83,7 +79,8 @@ def writer_records(rt: runtime.Runtime) -> tuple[Patch, ...]:
         Patch(
             name="megatron_lm.wandb_writer_on_last_real_rank",
             target="megatron.training.global_vars:_set_wandb_writer",
-            make=_writer_setter(rt),
+            make=_writer_setter,
+            needs=("run",),
             verified_on=VERIFIED_ON,
             reason="the W&B run is made where args.rank == world_size - 1, usually a virtual rank",
             signature="(args)",

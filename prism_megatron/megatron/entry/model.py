@@ -34,6 +34,7 @@ from megatron.core.tensor_parallel import set_defaults_if_not_set_tensor_model_p
 from megatron.core.transformer import MLATransformerConfig, TransformerConfig
 
 from prism_megatron.megatron.entry import local_mla, parallel_spec
+from prism_megatron.patches import model_build
 
 # Megatron-LM's default bucket size floor (training.py get_model: max(4e7, 1e6 * dp_cp)).
 _MIN_BUCKET_SIZE_PARAMS = 40_000_000
@@ -244,7 +245,7 @@ def _gpt_model(
     layer_spec = _layer_spec(args, config, vp_stage)
     mtp_spec = parallel_spec.mtp_spec(_mtp_spec(args, config, layer_spec, vp_stage), config)
     layer_spec = parallel_spec.decoder_spec(layer_spec, config, vp_stage)
-    with local_mla.constructible():
+    with model_build.mla_constructible(allow_untested=args.prism_allow_untested_megatron):
         return GPTModel(
             config=config,
             transformer_layer_spec=layer_spec,

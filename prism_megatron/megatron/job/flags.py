@@ -268,6 +268,7 @@ def _add_training_flags(add) -> None:
     add("--num-distributed-optimizer-instances", type=int, default=1)
     add("--optimizer", default="adam", choices=["adam", "sgd", "muon", "dist_muon"])
     add("--prism-world-size", type=int, default=None, dest="world_size")
+    add("--prism-allow-untested-megatron", action="store_true", dest="allow_untested_megatron")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -182,6 +182,7 @@ def rank_plan(job: Job, layout: Layout, stage: StageBuild, virtual_rank: int) ->
         job.args.use_distributed_optimizer,
         data_parallel_rank=layout.rank_in_group("dp_cp", virtual_rank),
         expert_data_parallel_rank=layout.rank_in_group("expt_dp", virtual_rank),
+        allow_untested=job.args.allow_untested_megatron,
     )
     activation = activations.estimate(job, stage.pipeline_rank, stage.chunks)
     has_output = any(shape.has_output_layer for shape in stage.chunks)

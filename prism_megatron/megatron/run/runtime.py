@@ -101,9 +101,12 @@ class Runtime:
         assert self.sizes is not None, "the parallel sizes are set before asking about ranks"
         return virtual_rank in select_real_ranks(self.config, target_layout(self.config, self.sizes))
 
-    def apply(self, records: tuple) -> None:
+    def apply(self, records: tuple, **context: Any) -> None:
+        """Bind the records to this run (`context`: what they need, see `registry.bind`) and apply them."""
         self.applied.append(
-            registry.apply(records, allow_untested=self.config.patches.allow_untested_megatron)
+            registry.apply(
+                registry.bind(records, **context), allow_untested=self.config.patches.allow_untested_megatron
+            )
         )
 
     def patch_calls(self) -> dict[str, int]:
@@ -171,7 +174,7 @@ def bring_up(runtime: Runtime) -> None:
             config, virtual_rank=dist.get_rank(), layout=None, real_ranks=()
         )
     runtime.apply(
-        (parallel_state.create_group_patch(virtual_backend=virtual_backend, log=runtime.group_log),)
+        (parallel_state.CREATE_GROUP,), virtual_backend=virtual_backend, group_log=runtime.group_log
     )
 
 
@@ -198,10 +201,10 @@ def before_model(runtime: Runtime) -> None:
     """After `initialize_model_parallel`: pipeline p2p and control-flow fixes for virtual peers."""
     if runtime.world is None:
         return
-    p2p_record = pipeline.p2p_patch(runtime.world)
+    (p2p_record,) = registry.bind((pipeline.P2P_COMMUNICATOR,), world=runtime.world)
     if runtime.phase is not None and runtime.phase.records_p2p_calls:
         p2p_record = dataclasses.replace(p2p_record, make=_reporting_calls(p2p_record.make, runtime.phase))
-    runtime.apply((p2p_record, *control_flow.core_fixes(runtime.world)))
+    runtime.apply((p2p_record, *control_flow.CORE_FIXES), world=runtime.world)
     runtime.p2p_class = _installed_p2p_class()
 
 
