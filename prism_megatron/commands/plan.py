@@ -88,12 +88,12 @@ def run(args: argparse.Namespace) -> int:
     # about deprecated CUDA-graph scopes; the plan builds on the meta device and needs neither.
     warnings.filterwarnings("ignore", category=UserWarning, module=r"megatron\.core\..*")
     from prism_megatron.megatron.job.job import job_from_flags
-    from prism_megatron.megatron.plan.rank_plan import layout_of, plan_ranks
+    from prism_megatron.megatron.plan.rank_plan import plan_ranks
     from prism_megatron.megatron.plan.report import format_text, job_summary, rank_dict
     from prism_megatron.topology import select_ranks
 
     job = job_from_flags(argv)
-    virtual_ranks = select_ranks(layout_of(job), args.ranks)
+    virtual_ranks = select_ranks(job.target.layout(), args.ranks)
     print(
         f"planning {len(virtual_ranks)} rank(s) of a {job.world_size}-GPU job ...",
         file=sys.stderr,

@@ -69,10 +69,10 @@ def model_flops(plan: RunPlan) -> float | None:
     flags = plan.flags
     if None in (flags.num_layers, flags.hidden_size, flags.num_attention_heads, flags.seq_length):
         return None
-    vocab = padded_vocab_size(
-        flags.vocab_size or 32000, tp=plan.layout.tp, divisible_by=flags.make_vocab_size_divisible_by
+    vocab = flags.padded_vocab_size or padded_vocab_size(
+        32000, tp=plan.layout.tp, divisible_by=flags.make_vocab_size_divisible_by
     )
-    shape = ModelShape.from_args(argparse.Namespace(**vars(flags), padded_vocab_size=vocab))
+    shape = ModelShape.from_args(argparse.Namespace(**{**vars(flags), "padded_vocab_size": vocab}))
     return model_flops_per_iteration(shape, target_job(plan).global_batch_size)
 
 

@@ -15,6 +15,7 @@ import argparse
 import os
 
 from prism_megatron.config import add_prism_arguments
+from prism_megatron.megatron.job import target
 from prism_megatron.megatron.run import runtime
 from prism_megatron.patches.registry import Patch, variants
 from prism_megatron.patches.versions import EVERY_VERIFIED, MEGATRON_CORE_0_16, MEGATRON_CORE_0_19
@@ -27,24 +28,11 @@ def megatron_lm_args() -> argparse.Namespace:
     return get_args()
 
 
-def parallel_sizes(args: argparse.Namespace) -> runtime.ParallelSizes:
-    """The target job's parallel sizes from Megatron-LM's args, before `validate_args` derives VPP."""
-    pp = args.pipeline_model_parallel_size
-    vpp = getattr(args, "virtual_pipeline_model_parallel_size", None)
-    if getattr(args, "num_virtual_stages_per_pipeline_rank", None):
-        vpp = args.num_virtual_stages_per_pipeline_rank
-    elif getattr(args, "num_layers_per_virtual_pipeline_stage", None) and args.num_layers:
-        vpp = args.num_layers // pp // args.num_layers_per_virtual_pipeline_stage
-    return runtime.ParallelSizes(
-        tp=args.tensor_model_parallel_size,
-        pp=pp,
-        vpp=vpp if vpp and vpp > 1 else None,
-        cp=args.context_parallel_size,
-        ep=args.expert_model_parallel_size,
-        etp=args.expert_tensor_parallel_size,
-        order="tp-cp-ep-pp-dp" if args.use_tp_pp_dp_mapping else "tp-cp-ep-dp-pp",
-        untie_embeddings=args.untie_embeddings_and_output_weights,
-    )
+def parallel_sizes(args: argparse.Namespace) -> target.ParallelSizes:
+    """The target job's parallel sizes from Megatron-LM's args, before `validate_args` runs: the
+    target job's derivation (`megatron.job.target`) on a copy of them, so `validate_args` still
+    derives everything itself on the args the script parsed."""
+    return target.derive(target.copy_of_job_flags(args)).sizes
 
 
 def _add_arguments(original):
@@ -56,11 +44,10 @@ def _add_arguments(original):
 
 def _set_target_world(rt: runtime.Runtime, args: argparse.Namespace) -> None:
     """args.world_size = W and args.rank = this process's virtual rank; remember the sizes."""
-    sizes = parallel_sizes(args)
-    rt.sizes = sizes
+    rt.sizes = parallel_sizes(args)
     if not rt.config.emulation.emulate:
         return
-    real_ranks = runtime.select_real_ranks(rt.config, runtime.target_layout(rt.config, sizes))
+    real_ranks = rt.real_ranks()
     physical_rank = int(os.environ.get("RANK", "0"))
     runtime.check_process_count(real_ranks)
     args.world_size = rt.config.emulation.world_size

@@ -24,7 +24,7 @@ def last_real_rank(rt: runtime.Runtime) -> int | None:
     """The highest virtual rank a real process runs; None without emulation (Megatron's rule holds)."""
     if not rt.config.emulation.emulate or rt.sizes is None:
         return None
-    return max(runtime.select_real_ranks(rt.config, runtime.target_layout(rt.config, rt.sizes)))
+    return max(rt.real_ranks())
 
 
 def _is_last_rank(original, *, run: runtime.Runtime):

@@ -14,7 +14,6 @@ from prism_megatron.topology.layout import (
     ORDERS,
     Coords,
     Layout,
-    virtual_pipeline_size,
 )
 from prism_megatron.topology.notation import format_ranks, parse_ranks
 from prism_megatron.topology.placement import Placement, place
@@ -33,5 +32,4 @@ __all__ = [
     "parse_ranks",
     "place",
     "select_ranks",
-    "virtual_pipeline_size",
 ]
