@@ -39,7 +39,6 @@ from prism_megatron.graph.capture import (
     compute_durations,
     first_difference,
 )
-from prism_megatron.graph.io import GRAPH_FILE
 from prism_megatron.replay.events import OpEvent
 from prism_megatron.replay.schedule import ReplaySchedule
 from prism_megatron.sim import NetworkCost, WhatIf
@@ -74,7 +73,7 @@ def load_or_build_graph(
     Raises:
         ValueError: nothing usable there, or a graph of another job (its layout differs).
     """
-    if os.path.isfile(os.path.join(path, GRAPH_FILE)) or path.endswith(".json"):
+    if os.path.isfile(os.path.join(path, files.GRAPH_FILE)) or path.endswith(".json"):
         graph = load_graph(path)
         if dict(graph.metadata.layout) != layout_kwargs(layout):
             raise ValueError(
@@ -84,7 +83,9 @@ def load_or_build_graph(
         return graph
     captures = [RankCapture.load(p) for p in files.capture_paths(path)]
     if not captures:
-        raise ValueError(f"--prism-graph {path}: neither {GRAPH_FILE} nor capture-*.json files are there")
+        raise ValueError(
+            f"--prism-graph {path}: neither {files.GRAPH_FILE} nor capture-*.json files are there"
+        )
     return build_graph(captures, LayoutWorld(layout), layout_kwargs(layout), extra=extra)
 
 

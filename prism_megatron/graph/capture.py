@@ -39,7 +39,6 @@ from __future__ import annotations
 import bisect
 import collections
 import dataclasses
-import json
 import statistics
 from collections.abc import Mapping, Sequence
 
@@ -135,12 +134,7 @@ class RankCapture:
 
     @classmethod
     def load(cls, path: str) -> RankCapture:
-        try:
-            with open(path, encoding="utf-8") as f:
-                data = json.load(f)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{path}: damaged capture file (not JSON: {exc})") from exc
-        return cls.from_json(data, source=path)
+        return cls.from_json(files.read_json(path, "capture file"), source=path)
 
 
 def _event_row(e: OpEvent) -> list:

@@ -13,7 +13,7 @@ import hashlib
 import json
 import os
 
-from prism_megatron.files import GRAPH_FILE, write_json
+from prism_megatron import files
 from prism_megatron.graph.printable import format_op, parse_op
 from prism_megatron.graph.schema import SCHEMA_VERSION, ExecutionGraph, GraphMetadata, RoleGraph
 
@@ -70,7 +70,7 @@ def graph_from_json(data: object, *, source: str = "execution graph") -> Executi
 
 def save_graph(graph: ExecutionGraph, directory: str) -> str:
     """Write `graph` to `directory/graph.json` atomically (creating the directory); return the path."""
-    return write_json(graph_to_json(graph), os.path.join(directory, GRAPH_FILE))
+    return files.write_json(graph_to_json(graph), os.path.join(directory, files.GRAPH_FILE))
 
 
 def load_graph(directory: str) -> ExecutionGraph:
@@ -79,15 +79,10 @@ def load_graph(directory: str) -> ExecutionGraph:
     Raises:
         ValueError: no graph there, or the file is damaged or of another schema version.
     """
-    path = directory if directory.endswith(".json") else os.path.join(directory, GRAPH_FILE)
+    path = directory if directory.endswith(".json") else os.path.join(directory, files.GRAPH_FILE)
     if not os.path.isfile(path):
-        raise ValueError(f"{path}: no execution graph here (expected a directory holding {GRAPH_FILE})")
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ValueError(f"{path}: damaged execution graph (not JSON: {exc})") from exc
-    return graph_from_json(data, source=path)
+        raise ValueError(f"{path}: no execution graph here (expected a directory holding {files.GRAPH_FILE})")
+    return graph_from_json(files.read_json(path, "execution graph"), source=path)
 
 
 def _digest(content: dict) -> str:

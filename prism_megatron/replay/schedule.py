@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import json
 import math
 from collections.abc import Mapping, Sequence
 
@@ -145,9 +144,4 @@ class ReplaySchedule:
 
     @classmethod
     def load(cls, path: str) -> ReplaySchedule:
-        try:
-            with open(path, encoding="utf-8") as f:
-                data = json.load(f)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{path}: damaged replay schedule (not JSON: {exc})") from exc
-        return cls.from_json(data, source=path)
+        return cls.from_json(files.read_json(path, "replay schedule"), source=path)

@@ -29,23 +29,15 @@ from prism_megatron.config import PrismConfig
 from prism_megatron.megatron.entry import arguments as pretrain_args
 from prism_megatron.megatron.entry import data, model, training_log
 from prism_megatron.megatron.job import target
-from prism_megatron.megatron.run import collectives, memory, results, runtime
+from prism_megatron.megatron.run import collectives, memory, results, runtime, world
 from prism_megatron.patches import catalog
 from prism_megatron.replay import timeline
 
 
 def initialize_model_parallel(args: argparse.Namespace, sizes: runtime.ParallelSizes) -> None:
     """Megatron's own topology builder, then Megatron-LM's seeding rule (seed + 100 * PP rank)."""
-    parallel_state.initialize_model_parallel(
-        tensor_model_parallel_size=sizes.tp,
-        pipeline_model_parallel_size=sizes.pp,
-        virtual_pipeline_model_parallel_size=sizes.vpp,
-        context_parallel_size=sizes.cp,
-        hierarchical_context_parallel_sizes=args.hierarchical_context_parallel_sizes,
-        expert_model_parallel_size=sizes.ep,
-        expert_tensor_parallel_size=sizes.etp,
-        order=sizes.order,
-        create_gloo_process_groups=False,
+    world.initialize_groups(
+        sizes, hierarchical_context_parallel_sizes=args.hierarchical_context_parallel_sizes
     )
     model_parallel_cuda_manual_seed(args.seed + 100 * parallel_state.get_pipeline_model_parallel_rank())
 

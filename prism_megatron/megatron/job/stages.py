@@ -130,14 +130,19 @@ def _check_uneven_stages(args: argparse.Namespace) -> None:
 
 
 def _check_interleaving(args: argparse.Namespace) -> None:
-    """Megatron-LM's rule for the interleaved schedule; without it, no p2p overlap (nor aligned gathers)."""
+    """Megatron-LM's rule for the interleaved schedule; without it, no p2p overlap."""
     pp, vpp = args.pipeline_model_parallel_size, args.virtual_pipeline_model_parallel_size
     if vpp is None:
         args.overlap_p2p_comm = False
         return
     if pp < 2:
+        given = (
+            f"--num-layers-per-virtual-pipeline-stage {args.num_layers_per_virtual_pipeline_stage}"
+            if args.num_layers_per_virtual_pipeline_stage is not None
+            else f"--num-virtual-stages-per-pipeline-rank {vpp}"
+        )
         raise ValueError(
-            f"--num-virtual-stages-per-pipeline-rank {vpp} (interleaved pipeline) needs "
+            f"{given} ({vpp} model chunks per rank: the interleaved pipeline) needs "
             f"--pipeline-model-parallel-size > 1, got {pp}"
         )
     if pp < 3 and not args.overlap_p2p_comm:

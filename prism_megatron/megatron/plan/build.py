@@ -40,23 +40,14 @@ from megatron.core.transformer.dot_product_attention import DotProductAttention
 from megatron.core.transformer.module import Float16Module, MegatronModule
 
 from prism_megatron.megatron.job.job import Job, ddp_config
+from prism_megatron.megatron.run import world
 from prism_megatron.patches import model_build, registry
 
 
 def initialize_groups(job: Job) -> None:
     """megatron-core's `initialize_model_parallel` for the job, over the current default process group
-    (Megatron-LM's arguments; no gloo groups, which the plan never uses and a fake store cannot hold)."""
-    a = job.args
-    parallel_state.initialize_model_parallel(
-        tensor_model_parallel_size=a.tensor_model_parallel_size,
-        pipeline_model_parallel_size=a.pipeline_model_parallel_size,
-        virtual_pipeline_model_parallel_size=a.virtual_pipeline_model_parallel_size,
-        context_parallel_size=a.context_parallel_size,
-        expert_model_parallel_size=a.expert_model_parallel_size,
-        expert_tensor_parallel_size=a.expert_tensor_parallel_size,
-        order=job.order,
-        create_gloo_process_groups=False,
-    )
+    (no gloo groups, which the plan never uses and a fake store cannot hold)."""
+    world.initialize_groups(job.target.sizes)
 
 
 @contextlib.contextmanager
