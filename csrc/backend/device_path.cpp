@@ -71,6 +71,7 @@ struct DeviceOp {
   int64_t issue_host_ns = 0;
   int64_t timeout_ns = 0;
   WorkSpec describe;  // kind, seq, group and ranks, for messages
+  bool reported = false;  // the watchdog's own: its failure or timeout was raised once already
 
   std::mutex mu;
   std::exception_ptr error;  // set by the helper thread: the real part or the check failed
@@ -101,17 +102,26 @@ std::string message_of(const std::exception_ptr& error) {
   }
 }
 
-// The first failure of a device run, raised by every later call into the backend.
-std::mutex failure_mu;
-std::exception_ptr run_failure;
+// The first failure of a device run, raised by every later call into the backend. Never destroyed,
+// like the watchdog below: its detached thread may report a failure while the process exits.
+struct RunFailure {
+  std::mutex mu;
+  std::exception_ptr error;
+};
+
+RunFailure& run_failure() {
+  static auto* instance = new RunFailure();
+  return *instance;
+}
 
 void fail_run(const std::string& message) {
-  std::lock_guard<std::mutex> lock(failure_mu);
-  if (run_failure) {
+  RunFailure& failure = run_failure();
+  std::lock_guard<std::mutex> lock(failure.mu);
+  if (failure.error) {
     return;
   }
-  run_failure = make_error(message);  // appends the flight recorder
-  std::fprintf(stderr, "%s\n", message_of(run_failure).c_str());
+  failure.error = make_error(message);  // appends the flight recorder
+  std::fprintf(stderr, "%s\n", message_of(failure.error).c_str());
   timeline::abort_device_waits();
 }
 
@@ -143,14 +153,24 @@ class Watchdog {
       std::deque<std::shared_ptr<DeviceOp>> still;
       const int64_t now_ns = clock::now_ns();
       for (auto& op : ops) {
-        if (auto error = op->failure()) {
-          fail_run(message_of(error));
-        } else if (op->queue->query(*op->done)) {
-          continue;  // done: its tensors may go
-        } else if (now_ns - op->issue_host_ns > op->timeout_ns && !timeline::aborted()) {
-          fail_run("prism: timeout: " + op->describe.what() + " did not complete on the device within " +
-                   std::to_string(op->timeout_ns / 1'000'000'000) +
-                   " s of its issue (--prism-timeout); every device wait was ended");
+        // Done first: the helper thread sets an op's error before it releases the op's flag, so a
+        // done op's failure is already visible below.
+        const bool done = op->queue->query(*op->done);
+        // Each op fails the run once: after a deactivation clears the failure, an op of that run
+        // still on its stream must not fail the next one.
+        if (!op->reported) {
+          if (auto error = op->failure()) {
+            fail_run(message_of(error));
+            op->reported = true;
+          } else if (!done && now_ns - op->issue_host_ns > op->timeout_ns && !timeline::aborted()) {
+            fail_run("prism: timeout: " + op->describe.what() + " did not complete on the device within " +
+                     std::to_string(op->timeout_ns / 1'000'000'000) +
+                     " s of its issue (--prism-timeout); every device wait was ended");
+            op->reported = true;
+          }
+        }
+        if (done) {
+          continue;  // its tensors may go
         }
         still.push_back(std::move(op));
       }
@@ -174,13 +194,15 @@ Watchdog& watchdog() {
 }  // namespace
 
 std::exception_ptr device_failure() {
-  std::lock_guard<std::mutex> lock(failure_mu);
-  return run_failure;
+  RunFailure& failure = run_failure();
+  std::lock_guard<std::mutex> lock(failure.mu);
+  return failure.error;
 }
 
 void clear_device_failure() {
-  std::lock_guard<std::mutex> lock(failure_mu);
-  run_failure = nullptr;
+  RunFailure& failure = run_failure();
+  std::lock_guard<std::mutex> lock(failure.mu);
+  failure.error = nullptr;
   timeline::clear_abort();
 }
 

@@ -214,9 +214,11 @@ void OpLog::clear() {
   p2p_groups_.clear();
 }
 
+// Never destroyed: the backend's detached threads (the device path's watchdog, the completion
+// thread) may still append to it or dump it while the process exits and statics are torn down.
 OpLog& op_log() {
-  static OpLog instance;
-  return instance;
+  static auto* instance = new OpLog();
+  return *instance;
 }
 
 }  // namespace prism::replay

@@ -15,9 +15,8 @@ torch.distributed's rank; the writer setters read `args.rank`).
 from __future__ import annotations
 
 from prism_megatron.megatron.run import runtime
-from prism_megatron.patches.registry import Patch
-
-VERIFIED_ON = ("0.16.1",)
+from prism_megatron.patches.registry import Patch, variants
+from prism_megatron.patches.versions import EVERY_VERIFIED, MEGATRON_CORE_0_16, MEGATRON_CORE_0_19
 
 
 def last_real_rank(rt: runtime.Runtime) -> int | None:
@@ -56,23 +55,41 @@ def _writer_setter(original, *, run: runtime.Runtime):
 def writer_records() -> tuple[Patch, ...]:
     """The records (bound to a run by its `Runtime`, as `run`)."""
     return (
-        Patch(
+        *variants(
             name="megatron_lm.last_rank_is_last_real_rank",
-            target="megatron.training.utils:is_last_rank",
             make=_is_last_rank,
             needs=("run",),
-            verified_on=VERIFIED_ON,
             reason="print_rank_last (the iteration line) and the last-rank duties of training.py run on "
             "rank W-1, usually virtual under emulation; the last real rank takes them",
-            importers=("megatron.training.training", "megatron.training.checkpointing"),
             signature="()",
+            by_release={
+                MEGATRON_CORE_0_16: {
+                    "target": "megatron.training.utils:is_last_rank",
+                    "importers": (
+                        "megatron.training",
+                        "megatron.training.training",
+                        "megatron.training.checkpointing",
+                    ),
+                },
+                # core_v0.19.0 made megatron.training.utils a package: the function lives in its
+                # common_utils (print_rank_last calls it there) and the package re-exports it.
+                MEGATRON_CORE_0_19: {
+                    "target": "megatron.training.utils.common_utils:is_last_rank",
+                    "importers": (
+                        "megatron.training",
+                        "megatron.training.utils",
+                        "megatron.training.training",
+                        "megatron.training.checkpointing",
+                    ),
+                },
+            },
         ),
         Patch(
             name="megatron_lm.tensorboard_writer_on_last_real_rank",
             target="megatron.training.global_vars:_set_tensorboard_writer",
             make=_writer_setter,
             needs=("run",),
-            verified_on=VERIFIED_ON,
+            verified_on=EVERY_VERIFIED,
             reason="the TensorBoard writer is made where args.rank == world_size - 1, usually a virtual rank",
             signature="(args)",
         ),
@@ -81,7 +98,7 @@ def writer_records() -> tuple[Patch, ...]:
             target="megatron.training.global_vars:_set_wandb_writer",
             make=_writer_setter,
             needs=("run",),
-            verified_on=VERIFIED_ON,
+            verified_on=EVERY_VERIFIED,
             reason="the W&B run is made where args.rank == world_size - 1, usually a virtual rank",
             signature="(args)",
         ),

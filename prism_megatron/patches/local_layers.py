@@ -22,9 +22,14 @@ from typing import Any
 
 from prism_megatron.megatron.layers.context_parallel import ContextParallelAttention
 from prism_megatron.megatron.layers.norm import build_norm
-from prism_megatron.patches.registry import Patch
+from prism_megatron.patches.registry import Patch, variants
+from prism_megatron.patches.versions import EVERY_VERIFIED, MEGATRON_CORE_0_16, MEGATRON_CORE_0_19
 
-VERIFIED_ON = ("0.16.1",)
+_NORM_PARAMETERS = (
+    "(cls, config: megatron.core.transformer.transformer_config.TransformerConfig, "
+    "hidden_size: int, eps: float = 1e-05, persist_layer_norm: bool = False, "
+    "zero_centered_gamma: bool = False, normalization: str = 'LayerNorm')"
+)
 
 
 def _norm(original: Any):
@@ -51,22 +56,26 @@ def _core_attention(original: Any):
 
 def records() -> tuple[Patch, ...]:
     return (
-        Patch(
+        *variants(
             name="cpu.sequence_parallel_norm",
             target="megatron.core.transformer.torch_norm:WrappedTorchNorm.__new__",
             make=_norm,
-            verified_on=VERIFIED_ON,
             reason="the local torch norm asserts without --sequence-parallel support (apex); the same "
             "norm, its parameters marked sequence-parallel so their gradients are all-reduced over TP",
-            signature="(cls, config: megatron.core.transformer.transformer_config.TransformerConfig, "
-            "hidden_size: int, eps: float = 1e-05, persist_layer_norm: bool = False, "
-            "zero_centered_gamma: bool = False, normalization: str = 'LayerNorm')",
+            by_release={
+                MEGATRON_CORE_0_16: {"signature": _NORM_PARAMETERS},
+                # 0.19 annotated the return type and added an L2Norm choice (the replacement refuses it in
+                # one line, naming the torch norms); the asserts are 0.16.1's.
+                MEGATRON_CORE_0_19: {
+                    "signature": f"{_NORM_PARAMETERS} -> megatron.core.transformer.torch_norm.LayerNormInterface"
+                },
+            },
         ),
         Patch(
             name="cpu.context_parallel_attention",
             target="megatron.core.models.backends:LocalSpecProvider.core_attention",
             make=_core_attention,
-            verified_on=VERIFIED_ON,
+            verified_on=EVERY_VERIFIED,
             reason="the local attention asserts context parallelism 1; the local kernel with Transformer "
             "Engine's CP communication (--cp-comm-type), itself at CP 1",
             signature="(self) -> type",

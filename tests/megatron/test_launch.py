@@ -165,6 +165,39 @@ def test_megatron_lms_pretrain_gpt_trains_on_virtual_rank_5_of_8192(tmp_path):
     assert {"learning-rate", "batch-size", "grad-norm", "iteration-time"} <= set(events.Tags()["scalars"])
 
 
+@pytest.mark.slow
+@pytest.mark.megatron_lm
+@needs_megatron_lm
+@pytest.mark.parametrize(
+    "flags, records",
+    [
+        (("--sequence-parallel",), ("cpu.sequence_parallel_norm",)),
+        (("--sequence-parallel", "--context-parallel-size", "2"),
+         ("cpu.sequence_parallel_norm", "cpu.context_parallel_attention")),
+    ],
+    ids=["sp", "sp-cp2"],
+)  # fmt: skip
+def test_megatron_lms_pretrain_gpt_runs_sequence_and_context_parallel_on_the_local_layers(
+    flags, records, tmp_path
+):
+    """Megatron-LM's script as written for a GPU job (SP, CP) on CPU: the CPU records supply the norm
+    and the attention its local spec lacks, and the real rank trains among virtual TP and CP peers."""
+    for module in ("six", "regex", "triton", "pydantic"):
+        pytest.importorskip(module, reason="Megatron-LM's training code imports it")
+    script = os.path.join(MEGATRON_LM_DIR, "pretrain_gpt.py")
+    done = subprocess.run(
+        [sys.executable, "-m", "prism_megatron.launch", script, *TP8_PP8, *TINY, *MEGATRON_LM_FLAGS, *EMULATE,
+         *flags, "--prism-ranks", "5", "--prism-out", str(tmp_path)],
+        env=quiet_env(), capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-4000:]
+    (result,) = load_results(tmp_path)
+    assert len(result["iterations"]) == 2
+    assert all(math.isfinite(it["grad_norm"]) and it["grad_norm"] > 0 for it in result["iterations"])
+    for record in records:
+        assert result["patches_used"].get(record, 0) > 0, record
+
+
 def test_an_unverified_megatron_core_is_refused_in_one_line_before_any_process(monkeypatch, capsys, tmp_path):
     from prism_megatron import cli
     from prism_megatron.patches import versions

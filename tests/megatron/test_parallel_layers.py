@@ -99,9 +99,19 @@ def test_sequence_parallelism_computes_the_step_without_it_and_communicates_as_o
     assert sp_ops[("allreduce_", marked_bytes)] == 2  # once per iteration
     assert ("allreduce_", marked_bytes) not in plain_ops
     sequence_bytes = 4 * 32 * hidden  # [s, b, h] float32 activations, gathered and scattered over TP
+    # SP replaces each TP all-reduce of activations by a reduce-scatter of the sequence and adds the
+    # all-gathers before the column-parallel linears; everything else the step issues over TP (0.19
+    # adds a few small all-gathers of its own, in both runs) stays as it is.
+    changed = {key for key in sp_ops.keys() | plain_ops.keys() if sp_ops.get(key) != plain_ops.get(key)}
+    assert changed == {
+        ("allreduce_", marked_bytes),
+        ("allreduce_", sequence_bytes),
+        ("_allgather_base_", sequence_bytes),
+        ("_reduce_scatter_base_", sequence_bytes),
+    }
+    assert ("allreduce_", sequence_bytes) not in sp_ops
+    assert sp_ops[("_reduce_scatter_base_", sequence_bytes)] == plain_ops[("allreduce_", sequence_bytes)]
     assert sp_ops[("_allgather_base_", sequence_bytes)] > 0
-    assert sp_ops[("_reduce_scatter_base_", sequence_bytes)] > 0
-    assert not any(op in ("_allgather_base_", "_reduce_scatter_base_") for op, _ in plain_ops)
 
 
 def test_context_parallel_attention_computes_the_whole_sequence_step(real):

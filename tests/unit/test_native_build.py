@@ -83,8 +83,12 @@ def link(objects: list[str], out: Path) -> None:
 
 
 @pytest.mark.slow
-def test_a_header_change_reaches_the_next_build_and_mixed_objects_refuse_to_load(tmp_path):
+def test_a_header_change_reaches_the_next_build_and_mixed_objects_refuse_to_load(tmp_path, monkeypatch):
     from tools import native_build
+
+    # The CPU variant under any torch: with a CUDA torch (the Python 3.12 pair) the probe tree would
+    # otherwise try to link the CUDA runtime wherever torch guesses the toolkit is; staleness is the same.
+    monkeypatch.setenv("PRISM_FORCE_CPU", "1")
 
     tree = tmp_path / "tree"
     write_tree(tree, num_members=1)

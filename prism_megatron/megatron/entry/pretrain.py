@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import inspect
 import math
 import sys
 from typing import Any
@@ -51,6 +52,16 @@ def loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor):
     return loss, num_tokens, {"lm loss": torch.cat([loss.clone().detach().view(1), num_tokens.view(1)])}
 
 
+def _this_cp_ranks_chunks(batch: dict) -> dict:
+    """megatron-core's load-balanced CP split of an unpacked batch. 0.19 added `is_hybrid_cp` (for packed
+    sequences) without a default, and without a `cu_seqlens` entry both releases take the same
+    per-sequence split; the CP group is passed, as 0.19 no longer falls back to parallel_state's."""
+    extra = {}
+    if "is_hybrid_cp" in inspect.signature(get_batch_on_this_cp_rank).parameters:
+        extra["is_hybrid_cp"] = False
+    return get_batch_on_this_cp_rank(batch, cp_group=parallel_state.get_context_parallel_group(), **extra)
+
+
 def forward_step(data_iterator, gpt_model):
     """Read a batch only where Megatron-LM does (first/last stage chunk), keep this CP rank's two
     chunks of its sequence (Megatron's load-balanced split), then run the chunk."""
@@ -59,7 +70,7 @@ def forward_step(data_iterator, gpt_model):
     last = parallel_state.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage)
     batch = next(data_iterator) if first or last else None
     device = torch.cuda.current_device() if torch.cuda.is_available() else "cpu"
-    batch = get_batch_on_this_cp_rank({k: v.to(device) for k, v in batch.items()}) if batch else {}
+    batch = _this_cp_ranks_chunks({k: v.to(device) for k, v in batch.items()}) if batch else {}
     output = gpt_model(
         batch.get("tokens"),
         batch.get("position_ids"),
