@@ -147,11 +147,12 @@ test-compat: build-compat
 
 # --- Wheels for the lent GPU machine (Python 3.12, its own CUDA torch, no network) ------------------
 # megatron-core for its Python and what prism imports that a torch-only environment may lack (numpy,
-# packaging, PyYAML, matplotlib with its dependencies), never torch. benchmarks/gpu/run.sh installs
+# packaging, PyYAML, matplotlib and jsonschema, which every run's report is checked with, with their
+# dependencies), never torch. benchmarks/gpu/run.sh installs
 # the ones that machine lacks from .whl/ (benchmarks/gpu/carried_wheels.py). The tree that travels
 # there is capped at 64 MiB, so this refuses a larger set.
 WHEELS_GPU := megatron-core==$(MCORE_COMPAT) numpy packaging pyyaml matplotlib contourpy cycler fonttools \
-	kiwisolver pillow pyparsing python-dateutil six
+	kiwisolver pillow pyparsing python-dateutil six jsonschema jsonschema-specifications referencing rpds-py attrs
 WHEELS_GPU_PLATFORM := --only-binary=:all: --no-deps --python-version 3.12 --implementation cp \
 	--abi cp312 --abi abi3 --abi none --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
 	--platform manylinux2014_x86_64 --platform any

@@ -17,9 +17,11 @@
 #              TORCHRUN  torchrun command (default: torchrun); TORCHRUN_ARGS  extra torchrun options, word-split
 #              PYTHON  the interpreter for one machine (default: python3)
 #              DRY_RUN=1  print the command, one word per line, instead of running it
+# Stopping: the command replaces this shell (exec), so Ctrl-C or SIGTERM reach prism-megatron emulate
+# (or torchrun) directly, which end every process they started.
 set -euo pipefail
 
-usage() { sed -n '2,20p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,21p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
 
 config="" ranks="" nproc="" extra=()
 while (($#)); do

@@ -4,7 +4,9 @@ Each module in `prism_megatron/commands/` is one subcommand. It defines `NAME`, 
 `add_arguments(parser)` and `run(args) -> int`; the logic it needs lives in the library packages.
 Subcommands are imported only when chosen, so `prism-megatron topology` never imports Megatron.
 
-User mistakes exit with status 2 and one line naming the flag (see `CommandLineError`).
+User mistakes exit with status 2 and one line naming the flag (see `CommandLineError`). Nothing
+else reaches a user as a traceback either: any other error is one line and exit status 1, Ctrl-C
+exit status 130; `PRISM_DEBUG=1` keeps the traceback (this is the one place that decides).
 """
 
 from __future__ import annotations
@@ -75,6 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     if module is None:
         parser.print_help()
         return 2
+    debug = os.environ.get("PRISM_DEBUG") == "1"
     try:
         return int(module.run(args) or 0)
     except BrokenPipeError:
@@ -83,11 +86,31 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     except (CommandLineError, ValueError) as exc:
         # ValueError is what config and topology validation raise for user input.
-        # PRISM_DEBUG=1 keeps the traceback.
-        if os.environ.get("PRISM_DEBUG") == "1":
+        if debug:
             raise
         print(f"prism-megatron {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        if debug:
+            raise
+        print(f"prism-megatron {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # a fault of ours or of the system: one line, the traceback on request
+        if debug:
+            raise
+        print(
+            f"prism-megatron {args.command}: error: {type(exc).__name__}: {_one_line(exc)} "
+            "(PRISM_DEBUG=1 shows the traceback)",
+            file=sys.stderr,
+        )
+        return 1
+
+
+def _one_line(exc: BaseException) -> str:
+    """The message on one line (a multi-line message keeps its first line and says how many more)."""
+    lines = str(exc).strip().splitlines() or [type(exc).__name__]
+    more = f" (+{len(lines) - 1} more lines; PRISM_DEBUG=1 shows them)" if len(lines) > 1 else ""
+    return lines[0] + more
 
 
 if __name__ == "__main__":

@@ -28,6 +28,8 @@ DATA_POLICIES = ("mirror",)  # what prism_megatron.backend offers
 PHASES = ("auto", "capture", "emulate")
 DEFAULT_OUT_ROOT = "prism-out"
 FLAG_PREFIX = "--prism-"
+CPU_SHARES_PER_MACHINE = 8
+"""The default CPU rank gets this fraction of the machine's cores, as a GPU is one of eight."""
 
 
 def _flag(name: str) -> dict[str, str]:
@@ -47,12 +49,14 @@ class EmulationConfig:
     """Which virtual ranks are real, one process each: '5,1029', 'pp=0,7;tp=0;dp=0', 'slice' (default: one rank per role)."""
     device: str = dataclasses.field(default="auto", metadata={"choices": DEVICES})
     """Device of the real ranks; auto picks cuda when available, else cpu (with the CPU device shim)."""
+    cpu_threads_per_rank: int | None = None
+    """On the cpu device: intra-op threads of each real rank, and as many cores of its own when the process may use more; the same share in every pass (default: the machine's cores / 8, at least 1)."""
     data_policy: str = dataclasses.field(default="mirror", metadata={"choices": DATA_POLICIES})
     """What virtual peers contribute to collectives: mirror (what the real rank of their role, or this rank, contributes)."""
     timeout_s: float = dataclasses.field(default=300.0, metadata=_flag("timeout"))
-    """Seconds a real rank waits for a real peer before failing with the op and group named."""
-    straggler: str | None = None
-    """Slow virtual ranks, as RANK:FACTOR[,RANK:FACTOR] (factor > 1 stretches their compute)."""
+    """Seconds a real rank may wait for a peer, or make no progress at all (no op, no iteration), before the run fails naming the op or where the rank was."""
+    straggler: str | None = dataclasses.field(default=None, metadata={"repeatable": True})
+    """Slow virtual ranks, as RANK:FACTOR[,RANK:FACTOR] (factor > 1 stretches their compute; repeatable)."""
     phase: str = dataclasses.field(default="auto", metadata={"choices": PHASES})
     """Pass this process runs: capture (record ops for the graph), emulate (replay --prism-graph), auto (emulate with --prism-graph, else peers answer at once); prism-megatron emulate sets it."""
 
@@ -65,6 +69,8 @@ class EmulationConfig:
             raise ValueError(f"--prism-world-size must be >= 1, got {self.world_size}")
         if not (math.isfinite(self.timeout_s) and self.timeout_s > 0):
             raise ValueError(f"--prism-timeout must be a positive number of seconds, got {self.timeout_s}")
+        if self.cpu_threads_per_rank is not None and self.cpu_threads_per_rank < 1:
+            raise ValueError(f"--prism-cpu-threads-per-rank must be >= 1, got {self.cpu_threads_per_rank}")
         if self.ranks is not None and not self.ranks.strip():
             raise ValueError("--prism-ranks must not be empty; omit it for one rank per role")
         self.stragglers()
@@ -86,8 +92,21 @@ class EmulationConfig:
                 raise ValueError(
                     f"--prism-straggler rank {virtual_rank} is outside --prism-world-size {self.world_size}"
                 )
+            if virtual_rank in parsed:
+                raise ValueError(
+                    f"--prism-straggler rank {virtual_rank} is given twice ({virtual_rank}:{parsed[virtual_rank]:g} "
+                    f"and {item}); give each rank once"
+                )
             parsed[virtual_rank] = factor
         return parsed
+
+    def resolved_cpu_threads(self, num_cores: int) -> int:
+        """--prism-cpu-threads-per-rank, else an eighth of the machine's cores (at least 1): a CPU
+        rank's device is a fixed share of the machine, as a GPU is one of its node's eight, and the
+        share does not depend on how many processes a pass starts."""
+        if self.cpu_threads_per_rank is not None:
+            return self.cpu_threads_per_rank
+        return max(1, num_cores // CPU_SHARES_PER_MACHINE)
 
     def resolved_device(self, cuda_available: bool) -> str:
         return ("cuda" if cuda_available else "cpu") if self.device == "auto" else self.device
@@ -114,7 +133,7 @@ class ClusterConfig:
     """The network of the target cluster."""
 
     cluster: str = "default"
-    """Cluster preset name or path to a cluster spec (links, bandwidths, latencies)."""
+    """Cluster preset name, path to a cluster spec (links, bandwidths, latencies), or a file of costs measured where the job runs (kind: measured)."""
 
     def __post_init__(self) -> None:
         if not self.cluster.strip():
@@ -220,6 +239,15 @@ def _argparse_type(section_cls: type, field: dataclasses.Field) -> type | None:
     return args[0] if args else hint
 
 
+class _JoinedAction(argparse.Action):
+    """A repeatable flag whose values join with commas (`--prism-straggler 5:2 --prism-straggler 9:1.5`
+    is `5:2,9:1.5`), so a repeat adds to the list instead of silently replacing it."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        previous = getattr(namespace, self.dest, None)
+        setattr(namespace, self.dest, f"{previous},{values}" if previous else values)
+
+
 def add_prism_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Add the `--prism-*` flags, one per config field, in an argument group named 'prism'."""
     group = parser.add_argument_group("prism", "PrismLLM emulation (prism-megatron)")
@@ -231,6 +259,10 @@ def add_prism_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
             help_text = f"{docs.get(field.name, '')} (default: {default})"
             if kind is bool:
                 group.add_argument(flag_name(field), dest=dest(field), action="store_true", help=help_text)
+            elif field.metadata.get("repeatable"):
+                group.add_argument(
+                    flag_name(field), dest=dest(field), action=_JoinedAction, default=default, help=help_text
+                )
             else:
                 choices = field.metadata.get("choices")
                 group.add_argument(
@@ -258,5 +290,10 @@ def parse_prism_flags(argv: list[str]) -> PrismConfig:
     """The PrismConfig of the `--prism-*` flags among other flags (a script's or Megatron's)."""
     parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     add_prism_arguments(parser)
+
+    def one_line(message: str):  # argparse would print the usage of every --prism-* flag first
+        raise ValueError(message)
+
+    parser.error = one_line  # type: ignore[method-assign]
     known, _ = parser.parse_known_args(argv)
     return PrismConfig.from_args(known)

@@ -44,9 +44,11 @@ def run_megatron_lm(script_path: str, script_args: list[str]) -> int:
         raise CommandLineError(
             f"SCRIPT {script_path!r} is not a file; pass 'builtin' or a Megatron-LM training script"
         )
+    from prism_megatron.emulation.preflight import check_script
     from prism_megatron.megatron.run import results, runtime, script
     from prism_megatron.patches import catalog
 
+    check_script(script_path, "SCRIPT")  # its checkout must give megatron.training, before any set-up
     config = parse_prism_flags(script_args)
     if config.patches.list_patches:
         print(catalog.table())

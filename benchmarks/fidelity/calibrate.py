@@ -1,33 +1,37 @@
-"""The cost of gloo communication on this machine's loopback, measured before the cases.
+"""The cost of gloo communication on this machine's loopback, measured before any case runs.
 
 The simulator needs, for every communication op of a virtual peer, its cost once every member has
-arrived. Here that is measured, not assumed: real gloo processes on loopback issue each op kind the
-cases use, for each group size and message size the cases use, with members arriving in a random
-order; an op's cost is the time from the last member's issue to each member's completion (one
-clock: every process reads this machine's CLOCK_MONOTONIC), median over members and repetitions.
-Costs between measured sizes are interpolated linearly (segment by segment: gloo switches
-algorithms with size, so one latency + bandwidth line fits it badly, e.g. a 4-byte all-reduce of four
-processes costs a fifth of a 512-byte one), over medians made non-decreasing in size; beyond the
-largest size the last segment continues. Sizes go up to the largest message a case sends. Ops are issued
-through the same Python calls megatron-core uses (`all_reduce`; a pipeline exchange's
-`batch_isend_irecv` of a send and a receive, then `wait`),
-so the calls' own overhead is part of the cost, as it is part of the real run's time.
+arrived. Here that is measured, never fitted to a case: real gloo processes on loopback issue each
+op kind the cases use (`all_reduce`; a pipeline exchange's `batch_isend_irecv` of a send and a
+receive, then `wait`, the calls megatron-core makes, so their own overhead is part of the cost),
+for each group size and message size the cases use. Each process takes the share of the machine a
+rank takes (`prism_megatron.megatron.run.cpu_share`), and one clock serves all (CLOCK_MONOTONIC).
+The result is a file of measured costs (`prism_megatron.network.measured`) that the product's passes
+read through --prism-cluster; it interpolates between the measured sizes.
 
-Two conditions are measured. *Alone*: one group communicates while the other processes wait, the
-cost a network model measured on an idle pair would give. *Under the job's load*: as many processes
-as the largest case has ranks, split into groups of the measured size, every group communicating at
-once, as every TP pair or pipeline pair of a job does at about the same time; on this machine every
-op of every process needs the same two cores, so an op costs more when the whole job communicates,
-just as a cluster's links cost more when every rank uses them. The suite's model is the second (the
-ground truth is the whole job on these cores); the first is reported beside it.
+Two patterns, each repeated (`repeats` independent calibrations, fresh processes each; the cost model
+takes each point's median over them, and their spread is reported):
 
-Nothing here looks at the cases' iteration times: the cost model is fixed before any case runs.
+* ``alone``: one group communicates while the other processes wait; members arrive in a random
+  order within 1 ms; cost = from the last member's issue to each member's completion. The cost a
+  network model measured on an idle pair would give.
+* ``job``: the job's own concurrency. As many processes as the job has ranks, split into groups of
+  the measured size, and every group communicates at once, as every pipeline pair, TP pair or
+  data-parallel group of a job in lockstep does. Each repetition starts from a common deadline that
+  every process reaches the way a rank reaches its next op: out of its compute (``lead_in``: a
+  sleep for the sleep-compute cases, through the same call their compute makes, so the wake-ups are
+  the ones the job has; busy arithmetic for the real-compute cases, whose ranks come to an exchange
+  hot). Cost = from the deadline to each member's completion: on two shared cores it includes the
+  wait for a core behind every other process that woke at the same moment, which is what the stop-11
+  diagnosis found the ground truth's exchanges paying (1-5 ms against 0.5 ms simulated).
+
+Costs are medians over members and repetitions, made non-decreasing in size; nothing here looks at
+a case's iteration times.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import random
 import statistics
 import time
@@ -36,15 +40,21 @@ from collections.abc import Sequence
 import torch
 import torch.distributed as dist
 
+from prism_megatron.network.measured import MeasuredCost, monotone
 from prism_megatron.replay import OpKind
 
-P2P_KEY_INT = (int(OpKind.SEND), 2)
 SIZES_BYTES = (4, 512, 4096, 32768)
 LARGE_SIZES_BYTES = (262144, 2097152, 8388608)
 """Measured for pairs only (p2p and two-member all-reduce): the cases move activations and
 gradients of megabytes only between two ranks (the GPT's TP and DP, the pipeline); their groups
 of four and eight reduce a few kilobytes."""
 MAX_JITTER_S = 0.001
+PATTERNS = ("alone", "job")
+LEAD_INS = ("sleep", "busy")
+LEAD_IN_S = 0.02
+"""From agreeing on a deadline to it, in the job pattern: long enough that the agreeing all-reduce
+of the whole job (milliseconds for 16 processes here) is over before it. A member that arrives late
+anyway has no sample of that op (the deadline was not its start)."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -55,56 +65,97 @@ class Plan:
     repetitions: int = 20
     warmup: int = 3
     """Leading repetitions of each (group, size) left out (first-use costs of a fresh group)."""
-    under_load: bool = False
-    """Every process in a group of each size, all groups measuring at once (see the module doc)."""
+    pattern: str = "alone"
+    lead_in: str = "sleep"
+
+    def __post_init__(self) -> None:
+        if self.pattern not in PATTERNS or self.lead_in not in LEAD_INS:
+            raise ValueError(f"pattern must be one of {PATTERNS} and lead_in one of {LEAD_INS}")
 
 
-def _timed_collective(group, members: Sequence[int], size_bytes: int, rng: random.Random) -> float:
-    """ns from the last member's issue to this member's completion of one all-reduce."""
-    tensor = torch.zeros(max(size_bytes // 4, 1))
-    dist.barrier(group=group)
-    time.sleep(rng.random() * MAX_JITTER_S)
-    issue_ns = time.monotonic_ns()
-    dist.all_reduce(tensor, group=group)
-    done_ns = time.monotonic_ns()
-    issues = torch.zeros(len(members), dtype=torch.int64)
-    dist.all_gather_into_tensor(issues, torch.tensor([issue_ns]), group=group)
+BUSY = torch.randn(64, 64, generator=torch.Generator().manual_seed(0))
+
+
+def _busy(seconds: float) -> None:
+    """Arithmetic on this process's core until `seconds` have passed (a rank computing). The
+    operands stay the same normal values: a product fed back into itself sinks into denormals,
+    whose arithmetic is a hundred times slower and overshoots the deadline by milliseconds."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        torch.mm(BUSY, BUSY)
+
+
+def _start(group, plan: Plan, rng: random.Random) -> int:
+    """Bring the members to the op; returns the ns the cost counts from (see the module docstring):
+    alone, each member's own issue (the latest is taken later); job, the common deadline."""
+    if plan.pattern == "alone":
+        dist.barrier(group=group)
+        time.sleep(rng.random() * MAX_JITTER_S)
+        return time.monotonic_ns()
+    deadline = torch.tensor([time.monotonic_ns() + round(LEAD_IN_S * 1e9)], dtype=torch.int64)
+    dist.all_reduce(deadline, op=dist.ReduceOp.MAX)  # the whole job: one deadline for every group
+    remaining_s = (int(deadline) - time.monotonic_ns()) / 1e9
+    if remaining_s <= 0:
+        return -1
+    if plan.lead_in == "busy":
+        _busy(remaining_s)
+    else:
+        from prism_megatron.replay import timeline
+
+        timeline.compute(remaining_s)
+    return int(deadline)
+
+
+def _cost(group, members: int, plan: Plan, start_ns: int, done_ns: int) -> float | None:
+    """ns from the op's start (alone: the last member's issue) to this member's completion; None
+    when this member reached the job pattern's deadline late."""
+    if plan.pattern == "job":
+        return float(done_ns - start_ns) if start_ns >= 0 else None
+    issues = torch.zeros(members, dtype=torch.int64)
+    dist.all_gather_into_tensor(issues, torch.tensor([start_ns]), group=group)
     return float(done_ns - int(issues.max()))
 
 
-def _timed_exchange(group, peer: int, size_bytes: int, rng: random.Random) -> float:
-    """ns from the later of the two posts to this side's completion of one pipeline exchange.
+def _timed_collective(group, members: int, size_bytes: int, plan: Plan, rng: random.Random) -> float | None:
+    tensor = torch.zeros(max(size_bytes // 4, 1))
+    start_ns = _start(group, plan, rng)
+    dist.all_reduce(tensor, group=group)
+    return _cost(group, members, plan, start_ns, time.monotonic_ns())
 
-    An exchange is what megatron-core's batched p2p does in the steady state of a schedule: each
-    side posts a send to and a receive from the other in one `batch_isend_irecv`, then waits on both.
-    """
+
+def _timed_exchange(group, peer: int, size_bytes: int, plan: Plan, rng: random.Random) -> float | None:
+    """One pipeline exchange as megatron-core's batched p2p does it: a send to and a receive from the
+    other side in one `batch_isend_irecv`, then a wait on both."""
     send, recv = torch.zeros(max(size_bytes // 4, 1)), torch.empty(max(size_bytes // 4, 1))
-    dist.barrier(group=group)
-    time.sleep(rng.random() * MAX_JITTER_S)
-    issue_ns = time.monotonic_ns()
+    start_ns = _start(group, plan, rng)
     ops = [dist.P2POp(dist.isend, send, peer, group), dist.P2POp(dist.irecv, recv, peer, group)]
     for request in dist.batch_isend_irecv(ops):
         request.wait()
-    done_ns = time.monotonic_ns()
-    issues = torch.zeros(2, dtype=torch.int64)
-    dist.all_gather_into_tensor(issues, torch.tensor([issue_ns]), group=group)
-    return float(done_ns - int(issues.max()))
+    return _cost(group, 2, plan, start_ns, time.monotonic_ns())
 
 
-def _groups_of(n: int, world_size: int, under_load: bool) -> tuple[list[list[int]], int]:
-    """The groups measured for size n (all consecutive blocks under load, else the first only);
-    every process must create every group. Returns (groups, how many of them measure)."""
+def _groups_of(n: int, world_size: int, pattern: str) -> tuple[list[list[int]], int]:
+    """The groups of size n (all consecutive blocks; every process creates every group) and how many
+    of them measure (job: all of them at once; alone: the first)."""
     blocks = [list(range(first, first + n)) for first in range(0, world_size - n + 1, n)]
-    return blocks, len(blocks) if under_load else 1
+    return blocks, len(blocks) if pattern == "job" else 1
+
+
+def _sizes(plan: Plan, n: int) -> tuple[int, ...]:
+    return plan.sizes_bytes + (plan.large_sizes_bytes if n == 2 else ())
 
 
 def measure(plan: Plan) -> dict[str, list[float]]:
-    """In each gloo process: per (kind, n, size), this member's costs (ns).
+    """In each gloo process: per "KIND/n/size", this member's costs (ns).
 
     Repetitions go round every (kind, group, size) in turn, so a burst of load from elsewhere on
-    the machine spreads over all of them instead of owning one.
+    the machine spreads over all of them instead of owning one. Under the job pattern every process
+    takes part in every step (the deadline is the whole job's), measuring or not.
     """
-    torch.set_num_threads(1)
+    from prism_megatron.config import EmulationConfig
+    from prism_megatron.megatron.run import cpu_share
+
+    share = cpu_share.take(EmulationConfig())
     dist.init_process_group("gloo")
     rank, world_size = dist.get_rank(), dist.get_world_size()
     rng = random.Random(rank)
@@ -112,114 +163,124 @@ def measure(plan: Plan) -> dict[str, list[float]]:
     try:
         mine: dict[int, tuple] = {}  # n -> (group, members) of this process, if it measures at n
         for n in sorted(set(plan.group_sizes) | {2}):
-            blocks, measuring = _groups_of(n, world_size, plan.under_load)
+            blocks, measuring = _groups_of(n, world_size, plan.pattern)
             for index, members in enumerate(blocks):
                 group = dist.new_group(members)
                 if index < measuring and rank in members:
                     mine[n] = (group, members)
         for repetition in range(plan.warmup + plan.repetitions):
-            keep = repetition >= plan.warmup
-            for n in plan.group_sizes:
-                if n not in mine:
-                    continue
-                group, members = mine[n]
-                for size in plan.sizes_bytes + (plan.large_sizes_bytes if n == 2 else ()):
-                    cost = _timed_collective(group, members, size, rng)
-                    if keep:
-                        samples.setdefault(f"{int(OpKind.ALL_REDUCE)}/{n}/{size}", []).append(cost)
-            if 2 not in mine:
-                continue
-            group, members = mine[2]
-            peer = members[1] if rank == members[0] else members[0]
-            for size in plan.sizes_bytes + plan.large_sizes_bytes:
-                cost = _timed_exchange(group, peer, size, rng)
-                if keep:
-                    samples.setdefault(f"{P2P_KEY_INT[0]}/2/{size}", []).append(cost)
+            _one_round(plan, mine, rng, samples, keep=repetition >= plan.warmup)
     finally:
         dist.destroy_process_group()
+        share.restore()
     return samples
 
 
-def monotone(points: Sequence[tuple[int, float]]) -> tuple[tuple[int, float], ...]:
-    """Each cost raised to the highest at any smaller size: moving more bytes never costs less, so a
-    median below a smaller size's is noise (and would make extrapolation fall with size)."""
-    out, highest = [], 0.0
-    for size, cost in sorted(points):
-        highest = max(highest, cost)
-        out.append((size, highest))
-    return tuple(out)
+def _one_round(plan: Plan, mine: dict, rng: random.Random, samples: dict, *, keep: bool) -> None:
+    """One repetition of every (kind, group size, message size) this process measures."""
+    job = plan.pattern == "job"
+    for n in plan.group_sizes:
+        if n not in mine and not job:
+            continue
+        for size in _sizes(plan, n):
+            if n in mine:
+                group, members = mine[n]
+                cost = _timed_collective(group, len(members), size, plan, rng)
+                if keep and cost is not None:
+                    samples.setdefault(f"{OpKind.ALL_REDUCE.name}/{n}/{size}", []).append(cost)
+            else:  # not in a group of this size (the job's size is not a multiple): keep the cadence
+                _start(None, plan, rng)
+    if 2 not in mine:
+        return
+    group, members = mine[2]
+    peer = members[1] if dist.get_rank() == members[0] else members[0]
+    for size in plan.sizes_bytes + plan.large_sizes_bytes:
+        cost = _timed_exchange(group, peer, size, plan, rng)
+        if keep and cost is not None:
+            samples.setdefault(f"{OpKind.SEND.name}/2/{size}", []).append(cost)
 
 
-def interpolate(points: Sequence[tuple[int, float]], size_bytes: int) -> float:
-    """Piecewise-linear through (size, ns) points sorted by size and non-decreasing; flat below the
-    first, the last segment's slope beyond the last."""
-    if size_bytes <= points[0][0] or len(points) == 1:
-        return points[0][1]
-    for (x0, y0), (x1, y1) in itertools.pairwise(points):
-        if size_bytes <= x1 or (x1, y1) == points[-1]:
-            return y0 + (y1 - y0) * (size_bytes - x0) / (x1 - x0)
-    raise AssertionError("unreachable")
-
-
-@dataclasses.dataclass(frozen=True)
-class LoopbackCost:
-    """A simulator cost function (`prism_megatron.sim.CostFn`) from the measured gloo costs.
-
-    Collectives of a kind not measured cost what an all-reduce of the same group size and bytes
-    does; group sizes not measured take the nearest measured size.
-    """
-
-    points: dict[tuple[int, int], tuple[tuple[int, float], ...]]
-    """(op kind, group size) -> (size_bytes, median cost ns), sorted by size, made non-decreasing."""
-
-    def __call__(self, kind: OpKind, members: tuple[int, ...], size_bytes: int) -> float:
-        n = len(members)
-        if kind in (OpKind.SEND, OpKind.RECV):
-            return interpolate(self.points[P2P_KEY_INT], size_bytes)
-        if n <= 1:
-            return 0.0
-        measured = [m for k, m in self.points if k == int(OpKind.ALL_REDUCE)]
-        nearest = min(measured, key=lambda m: (abs(m - n), -m))
-        return interpolate(self.points[(int(OpKind.ALL_REDUCE), nearest)], size_bytes)
-
-    def as_dict(self) -> dict:
-        """Median cost in us per op kind, group size and message size."""
-        return {
-            f"{OpKind(k).name}/n={n}": {str(size): round(ns / 1e3, 1) for size, ns in points}
-            for (k, n), points in sorted(self.points.items())
-        }
-
-
-def fit(per_process: Sequence[dict[str, list[float]]]) -> LoopbackCost:
+def fit(per_process: Sequence[dict[str, list[float]]], name: str) -> MeasuredCost:
     """Median over members and repetitions per (kind, n, size)."""
     merged: dict[str, list[float]] = {}
     for samples in per_process:
         for key, values in samples.items():
             merged.setdefault(key, []).extend(values)
-    points: dict[tuple[int, int], list[tuple[int, float]]] = {}
+    points: dict[tuple[OpKind, int], list[tuple[int, float]]] = {}
     for key, values in merged.items():
-        kind, n, size = (int(part) for part in key.split("/"))
-        points.setdefault((kind, n), []).append((size, statistics.median(values)))
-    return LoopbackCost({key: monotone(p) for key, p in points.items()})
+        kind, n, size = key.split("/")
+        points.setdefault((OpKind[kind], int(n)), []).append((int(size), statistics.median(values)))
+    return MeasuredCost({key: monotone(p) for key, p in points.items()}, name=name)
+
+
+@dataclasses.dataclass(frozen=True)
+class Calibration:
+    """`repeats` independent calibrations of one pattern and the cost model made of them."""
+
+    pattern: str
+    lead_in: str
+    world_size: int
+    draws: tuple[MeasuredCost, ...]
+    seconds: float
+
+    @property
+    def cost(self) -> MeasuredCost:
+        """Each point's median over the draws."""
+        tables = {}
+        for key in self.draws[0].tables:
+            columns = zip(*(draw.tables[key] for draw in self.draws), strict=True)
+            tables[key] = monotone(
+                [(column[0][0], statistics.median(ns for _, ns in column)) for column in columns]
+            )
+        return MeasuredCost(tables, name=self.name, description=self.description)
+
+    @property
+    def name(self) -> str:
+        return f"loopback-{self.pattern}-{self.lead_in}-w{self.world_size}"
+
+    @property
+    def description(self) -> str:
+        return (
+            f"gloo on this machine's loopback, pattern {self.pattern} ({self.lead_in} lead-in), "
+            f"{self.world_size} processes, median of {len(self.draws)} calibrations"
+        )
+
+    def spread(self) -> dict[str, dict[str, list[float]]]:
+        """Per table and message size, every draw's median (us), for the results."""
+        return {
+            f"{kind.name}/n={n}": {
+                str(size): [round(draw.tables[(kind, n)][i][1] / 1e3, 1) for draw in self.draws]
+                for i, (size, _) in enumerate(points)
+            }
+            for (kind, n), points in sorted(self.draws[0].tables.items())
+        }
 
 
 def calibrate(
-    group_sizes: Sequence[int], repetitions: int = 20, world_size: int | None = None
-) -> LoopbackCost:
-    """Measure in forked gloo processes and fit.
+    group_sizes: Sequence[int],
+    *,
+    pattern: str,
+    world_size: int,
+    lead_in: str = "sleep",
+    repetitions: int = 20,
+    repeats: int = 3,
+) -> Calibration:
+    """`repeats` calibrations in forked gloo processes (`world_size` of them), fitted each.
 
     Args:
-        world_size: None measures each group alone (max(group_sizes) processes); a number measures
-            under the load of a job of that many ranks (every group of each size at once).
+        world_size: the job pattern's number of processes (a job of that size); alone measures each
+            group with max(group_sizes) processes.
     """
     from benchmarks.fidelity.processes import run_processes
 
     plan = Plan(
-        group_sizes=tuple(sorted(set(group_sizes))),
-        repetitions=repetitions,
-        under_load=world_size is not None,
+        group_sizes=tuple(sorted(set(group_sizes))), repetitions=repetitions, pattern=pattern, lead_in=lead_in
     )
-    num_processes = world_size if world_size is not None else max(max(plan.group_sizes), 2)
+    num_processes = world_size if pattern == "job" else max(max(plan.group_sizes), 2)
     if num_processes < max(plan.group_sizes):
         raise ValueError(f"world_size {world_size} is smaller than the largest group {max(plan.group_sizes)}")
-    return fit(run_processes(measure, [plan] * num_processes))
+    begin = time.monotonic()
+    draws = tuple(
+        fit(run_processes(measure, [plan] * num_processes), name=f"draw-{i}") for i in range(repeats)
+    )
+    return Calibration(pattern, lead_in, num_processes, draws, time.monotonic() - begin)

@@ -30,12 +30,17 @@ class Case:
     job: Job
     real_ranks: tuple[int, ...]
     kind: str = "sleep-compute"
-    iterations: int = 10
-    """Timed iterations of each run."""
-    warmup: int = 3
-    """Leading iterations of each run left out of the medians."""
-    rounds: int = 1
-    """Real and emulated runs alternate this many times; their iterations are pooled."""
+    iterations: int = 6
+    """Iterations of each run (--train-iters)."""
+    warmup: int = 2
+    """Leading iterations of each run left out of its median."""
+    rounds: int = 5
+    """Independent rounds: each runs the real job and its emulation (every cost model), fresh
+    processes each, the real run first in even rounds and last in odd ones."""
+    graph_of: str | None = None
+    """Reuse the graph that case captured (this case is a what-if of its job: a straggler)."""
+    capture_iters: int = 6
+    """--prism-capture-iters (the first is warm-up; each span is the median of the rest)."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -84,8 +89,10 @@ def sleep_cases(layouts=LAYOUTS) -> list[Case]:
                     overlap_grad_reduce=overlap,
                     stragglers=((layout.straggler, STRAGGLER_FACTOR),) if straggler else (),
                 )
-                name = layout.name + ("-overlap" if overlap else "") + ("-straggler" if straggler else "")
-                cases.append(Case(name=name, job=job, real_ranks=layout.real_ranks))
+                base = layout.name + ("-overlap" if overlap else "")
+                name = base + ("-straggler" if straggler else "")
+                cases.append(Case(name=name, job=job, real_ranks=layout.real_ranks,
+                                  graph_of=base if straggler else None))  # fmt: skip
     return cases
 
 
@@ -100,21 +107,21 @@ TINY_GPT = (
 def real_compute_cases(num_microbatches: int = 4) -> list[Case]:
     """Two real processes (PP2, DP2, TP2) against rank 1 real and rank 0 virtual.
 
-    Five rounds of eight iterations (30 pooled after warm-up): a real step's time on these shared
-    cores varies by about 15 % from run to run, so fewer samples leave the median several percent
-    from where it settles."""
+    At most two processes compute at once, each on a core of its own (--prism-cpu-threads-per-rank's
+    default here: one thread, one core by local rank), in the real run, the capture (one slice rank
+    at a time) and the emulation alike. Eight iterations per round (six after warm-up)."""
     cases = []
     for name, tp, pp, dp in (("real-pp2", 1, 2, 1), ("real-dp2", 1, 1, 2), ("real-tp2", 2, 1, 1)):
         global_batch = 2 * num_microbatches * dp
         flags = (*TINY_GPT, "--global-batch-size", str(global_batch))
         job = Job(tp=tp, pp=pp, dp=dp, gpt_flags=flags)
-        cases.append(
-            Case(name=name, job=job, real_ranks=(1,), kind="real-compute", iterations=8, warmup=2, rounds=5)
-        )
+        cases.append(Case(name=name, job=job, real_ranks=(1,), kind="real-compute", iterations=8, warmup=2))
     return cases
 
 
 def smoke_case() -> Case:
-    """The CI's case: PP2 x DP2, one real rank, a few short iterations."""
-    job = Job(tp=1, pp=2, dp=2, num_microbatches=4, num_layers=2, fwd_ms=10.0, bwd_ms=20.0)
-    return Case(name="smoke-pp2-dp2", job=job, real_ranks=(2,), iterations=6, warmup=2)
+    """The CI's case: PP2 x DP2, one real rank, a few short iterations, two rounds."""
+    job = Job(tp=1, pp=2, dp=2, num_microbatches=4, num_layers=2, fwd_ms=20.0, bwd_ms=40.0)
+    return Case(
+        name="smoke-pp2-dp2", job=job, real_ranks=(2,), iterations=5, warmup=2, rounds=2, capture_iters=4
+    )

@@ -1,22 +1,20 @@
-"""One fidelity case end to end: the capture, the simulation, the real run, the emulation, the numbers.
+"""One fidelity case end to end through the product's passes: capture, simulation, rounds, numbers.
 
-1. Capture: each slice rank (one per role) runs alone among virtual peers that arrive at once
-   (instant mode), recording every op; the graph is built from those recordings. Sleep-compute
-   slice ranks run at the same time (each in its own virtual world); real-compute ones one after
-   the other, as their compute needs a core each.
-   The graph is built by the project's own capture (`prism_megatron.graph.capture`).
-2. Simulation of the whole job over the calibrated loopback costs (with the case's straggler as a
-   what-if) gives the replay schedule of each real rank.
-3. Ground truth: all W ranks real, one forked process each, gloo on loopback.
-4. Emulation: only the case's real ranks run, the replay engine times their virtual peers; each
-   real rank folds what it measures into the next iteration's schedule (the emulation pass's
-   closed loop, `loop.py`), unless the case is run `static`.
-Steps 3 and 4 alternate `Case.rounds` times, and each side's iterations are pooled.
+1. Capture: the product's capture passes of the job (`passes.capture`), the graph built from them.
+   A case may reuse another case's graph (a straggler is a what-if of the same job: `--prism-graph`
+   with `--prism-straggler`, as a user would ask it).
+2. Simulation: the driver's, over each cost model (a file of calibrated costs per model: the job
+   pattern's is the suite's model, the alone pattern's is reported beside it).
+3. Rounds: the all-real run (ground truth) and the product's emulation pass under each cost model
+   alternate `Case.rounds` times, real first in even rounds and last in odd ones, so a drift of the
+   machine's load hits both sides alike. Every run is a fresh set of processes.
 
-The error of a real rank is (emulated median - real median) / real median of its iteration time,
-medians over the timed iterations after warm-up. Memory is the rank's peak of live tensor storage
-in both runs (the highest over rounds). The rank's compute time (inside megatron-core's forward_step and backward_step) is
-recorded in both runs too, for the overhead suite.
+Per real rank and round, the error is (emulated median - real median) / real median of its
+iteration times after warm-up; the case reports the rounds' median error, inter-quartile range and
+worst round, the pooled medians, and the real run's own spread over rounds (its stability). Memory
+is the rank's peak of live tensor storage, the highest over rounds on each side. The rank's compute
+time (inside megatron-core's forward_step and backward_step, wall and CPU time) is recorded on both
+sides too, per round, for the overhead suite.
 """
 
 from __future__ import annotations
@@ -26,197 +24,174 @@ import statistics
 import time
 from typing import Any
 
-from benchmarks.fidelity import workload
+from benchmarks.fidelity import passes, stats
 from benchmarks.fidelity.cases import Case
-from benchmarks.fidelity.loop import ReplayInputs
-from benchmarks.fidelity.processes import run_processes
 
-CAPTURE_ITERATIONS = 8
-CAPTURE_WARMUP = 2
-
-
-def iteration_times_ms(result: dict) -> list[float]:
-    return [(end - start) / 1e6 for start, end in zip(result["starts_ns"], result["ends_ns"], strict=True)]
+PRIMARY = "job"
+STABLE_REAL_IQR_PCT = 2.0
+"""A case whose real run's round medians spread wider than this (inter-quartile range over median)
+has a ground truth that moves more than the targets allow; it is reported and left out of them."""
 
 
-def _captures(job: workload.Job, layout) -> list:
-    """Each slice rank alone among instant virtual peers, recording; one `RankCapture` each."""
-    from prism_megatron.graph.capture import CapturedIteration, RankCapture
-
-    requests = [
-        workload.Request(
-            job=job, mode="capture", iterations=CAPTURE_ITERATIONS, real_ranks=(rank,), memory_iterations=0
-        )
-        for rank in layout.default_slice()
-    ]
-    if job.gpt_flags:  # compute-bound: one at a time, so slice ranks do not share the cores
-        recordings = [run_processes(workload.run, [r], connected=False)[0] for r in requests]
-    else:  # sleeping: together, each alone in its own virtual world
-        recordings = run_processes(workload.run, requests, connected=False)
-    captures = []
-    for recorded in recordings:
-        iterations = tuple(
-            CapturedIteration(
-                start_ns=start,
-                end_ns=end,
-                events=tuple(e for e in recorded["events"] if start <= e.issue_ns < end),
-                p2p_calls=tuple(c for c in recorded["exchanges_ns"] if start <= c[0] < end),
-            )
-            for start, end in zip(recorded["starts_ns"], recorded["ends_ns"], strict=True)
-        )
-        rank = recorded["virtual_rank"]
-        captures.append(
-            RankCapture(
-                virtual_rank=rank,
-                role=layout.role_of(rank).name,
-                iterations=iterations,
-                num_warmup=CAPTURE_WARMUP,
-            )
-        )
-    return captures
-
-
-def _simulate(case: Case, captures: list, cost_fn):
-    from prism_megatron.graph import LayoutWorld
-    from prism_megatron.graph.capture import build_graph
-    from prism_megatron.sim import WhatIf, replay_schedules, simulate
-    from prism_megatron.topology import Layout
-
-    world = LayoutWorld(Layout(**case.job.layout_kwargs()))
-    graph = build_graph(captures, world, case.job.layout_kwargs(), extra={"model": case.kind})
-    what_if = WhatIf(stragglers=dict(case.job.stragglers)) if case.job.stragglers else None
-    result = simulate(graph, world, cost_fn, what_if)
-    return graph, result, replay_schedules(result, case.real_ranks)
-
-
-def _pooled(runs: list[dict], key: str, warmup: int) -> list[float]:
-    """Per-iteration values (ms) of every run after its warm-up, in run order."""
-    if key == "iterations":
-        return [t for run in runs for t in iteration_times_ms(run)[warmup:]]
-    return [v / 1e6 for run in runs for v in run[key][warmup:]]
-
-
-def _rank_record(case: Case, real: list[dict], emulated: list[dict], simulated_ns: int) -> dict[str, Any]:
-    """One real rank's numbers, its runs' iterations after warm-up pooled (see `Case.rounds`)."""
-    real_ms, emulated_ms = (
-        _pooled(real, "iterations", case.warmup),
-        _pooled(emulated, "iterations", case.warmup),
-    )
-    real_median, emulated_median = statistics.median(real_ms), statistics.median(emulated_ms)
-    real_peak = max(run["memory"]["peak_bytes"] for run in real)
-    emulated_peak = max(run["memory"]["peak_bytes"] for run in emulated)
-    real_compute = statistics.median(_pooled(real, "compute_ns", case.warmup))
-    emulated_compute = statistics.median(_pooled(emulated, "compute_ns", case.warmup))
-    return {
-        "virtual_rank": real[0]["virtual_rank"],
-        "real_median_ms": real_median,
-        "emulated_median_ms": emulated_median,
-        "simulated_ms": simulated_ns / 1e6,
-        "error_pct": 100.0 * (emulated_median - real_median) / real_median,
-        "real_iterations_ms": real_ms,
-        "emulated_iterations_ms": emulated_ms,
-        "real_peak_bytes": real_peak,
-        "emulated_peak_bytes": emulated_peak,
-        "memory_diff_bytes": emulated_peak - real_peak,
-        "peak_bytes_every_run": {
-            "real": [run["memory"]["peak_bytes"] for run in real],
-            "emulated": [run["memory"]["peak_bytes"] for run in emulated],
-        },
-        "real_compute_median_ms": real_compute,
-        "emulated_compute_median_ms": emulated_compute,
-        "compute_overhead_pct": 100.0 * (emulated_compute - real_compute) / real_compute,
-        "replay": [run["replay"] for run in emulated],
-    }
-
-
-def _real_run(case: Case) -> list[dict]:
-    """All W ranks real, one forked process each; results by virtual rank."""
-    request = workload.Request(job=case.job, mode="real", iterations=case.iterations)
-    return run_processes(workload.run, [request] * case.job.world_size)
-
-
-def _emulated_run(case: Case, inputs: ReplayInputs) -> list[dict]:
-    """The case's real ranks only, each replaying; results in `case.real_ranks` order."""
-    request = workload.Request(
-        job=case.job,
-        mode="emulate",
-        iterations=case.iterations,
-        real_ranks=case.real_ranks,
-        replay_inputs=inputs,
-    )
-    return run_processes(workload.run, [request] * len(case.real_ranks))
-
-
-def group_sizes(job: workload.Job) -> list[int]:
+def group_sizes(job) -> list[int]:
     """Sizes of the groups the case communicates in: p2p pairs, TP, DP, model-parallel (TP x PP)."""
     return sorted({2, job.tp, job.dp, job.tp * job.pp} - {1})
 
 
-def _replay_inputs(case: Case, captures: list, cost_fn, static: bool):
-    """The simulation of the case under one cost model, and what its emulated ranks replay."""
-    graph, result, _ = _simulate(case, captures, cost_fn)
-    inputs = ReplayInputs(
-        graph=graph,
-        layout_kwargs=case.job.layout_kwargs(),
-        cost_fn=cost_fn,
-        stragglers=dict(case.job.stragglers),
-        real_ranks=case.real_ranks,
-        static=static,
-    )
-    return result, inputs
+def _after_warmup(run: dict, warmup: int, key: str = "iteration_times_ms") -> list[float]:
+    values = run[key][warmup:]
+    return [v / 1e6 for v in values] if key.startswith("compute") else list(values)
 
 
-def _ranks(case: Case, real_runs: list, emulated_runs: list, result) -> list[dict[str, Any]]:
-    return [
-        _rank_record(
-            case, [run[r] for run in real_runs], [run[i] for run in emulated_runs], result.finish_ns(r)
-        )
-        for i, r in enumerate(case.real_ranks)
+def _one_side(runs: list[dict], warmup: int) -> dict[str, Any]:
+    """One rank's runs of one side (real or an emulation): per-round medians and what they pool."""
+    per_round = [statistics.median(_after_warmup(run, warmup)) for run in runs]
+    pooled = [t for run in runs for t in _after_warmup(run, warmup)]
+    compute = [statistics.median(_after_warmup(run, warmup, "compute_ns")) for run in runs]
+    compute_cpu = [statistics.median(_after_warmup(run, warmup, "compute_cpu_ns")) for run in runs]
+    return {
+        "round_medians_ms": per_round,
+        "pooled_median_ms": statistics.median(pooled),
+        "iterations_ms": [run["iteration_times_ms"] for run in runs],
+        "compute_round_medians_ms": compute,
+        "compute_cpu_round_medians_ms": compute_cpu,
+        "peak_bytes": max(run["memory"]["peak_bytes"] for run in runs),
+        "peak_bytes_every_round": [run["memory"]["peak_bytes"] for run in runs],
+        "cpu_share": runs[0].get("cpu_share"),
+    }
+
+
+def _rank_record(real: list[dict], emulated: list[dict], warmup: int, simulated_ns: int) -> dict[str, Any]:
+    real_side, emu_side = _one_side(real, warmup), _one_side(emulated, warmup)
+    errors = [
+        100.0 * (e - r) / r
+        for e, r in zip(emu_side["round_medians_ms"], real_side["round_medians_ms"], strict=True)
     ]
+    compute, compute_cpu = (
+        [100.0 * (e - r) / r for e, r in zip(emu_side[key], real_side[key], strict=True)]
+        for key in ("compute_round_medians_ms", "compute_cpu_round_medians_ms")
+    )
+    return {
+        "virtual_rank": real[0]["virtual_rank"],
+        "simulated_ms": simulated_ns / 1e6,
+        "real": real_side,
+        "emulated": emu_side,
+        "error_pct": stats.spread(errors),
+        "round_errors_pct": errors,
+        "pooled_error_pct": 100.0
+        * (emu_side["pooled_median_ms"] - real_side["pooled_median_ms"])
+        / real_side["pooled_median_ms"],
+        "real_round_iqr_pct": stats.relative_iqr_pct(real_side["round_medians_ms"]),
+        "schedule_deviation_pct": 100.0
+        * (emu_side["pooled_median_ms"] - simulated_ns / 1e6)
+        / (simulated_ns / 1e6),
+        "memory_diff_bytes": emu_side["peak_bytes"] - real_side["peak_bytes"],
+        "compute_overhead_pct": stats.spread(compute),
+        "compute_cpu_overhead_pct": stats.spread(compute_cpu),
+        "phase": emulated[0]["phase"],
+        "phase_summary": emulated[-1]["phase_summary"],
+    }
 
 
-def run_case(
-    case: Case, cost_fn=None, *, static: bool = False, alternatives: dict | None = None
-) -> dict[str, Any]:
+def _timed(sampler_runs: list, own: int, run):
+    with stats.LoadSampler() as sampler:
+        begin = time.monotonic()
+        result = run()
+        seconds = time.monotonic() - begin
+    sampler_runs.append(sampler.summary(own) | {"seconds": seconds})
+    return result
+
+
+def _rounds(case: Case, plans: dict, root: str) -> tuple[list, dict, list]:
+    """Real and emulated runs, alternating; (real runs, emulated runs by model, load per run)."""
+    job = case.job
+    real_runs, emulated_runs, load = [], {name: [] for name in plans}, []
+
+    def real():
+        out = os.path.join(root, "real")
+        real_runs.append(_timed(load, job.world_size, lambda: passes.real(job, out, case.iterations)))
+
+    def emulated():
+        for name, plan in plans.items():
+            emulated_runs[name].append(
+                _timed(
+                    load, len(case.real_ranks), lambda plan=plan: passes.emulate(plan, job, case.iterations)
+                )
+            )
+
+    for number in range(case.rounds):
+        order = (real, emulated) if number % 2 == 0 else (emulated, real)
+        for side in order:
+            side()
+    return real_runs, emulated_runs, load
+
+
+def capture_graph(case: Case, plan):
+    """The product's capture of the case's job, and the graph it makes."""
+    return passes.capture(plan, case.job)
+
+
+def run_case(case: Case, cost_files: dict[str, str], root: str, *, graph=None, draws=()) -> dict[str, Any]:
     """Run the case's passes and compare (see the module docstring).
 
     Args:
-        static: the emulated ranks keep the first replay schedule throughout instead of folding
-            what they measure into the next (the emulation pass's closed loop).
-        cost_fn: the simulator's communication costs; None calibrates gloo on loopback right before
-            the case, for the group sizes it uses (so the costs are those of the machine as loaded
-            at the time of the case).
-        alternatives: other cost models by name; each gets its own simulation and emulated runs
-            against the same real runs, recorded under ``alternatives`` (the error a different
-            network model would give).
+        cost_files: cost model name -> file of measured costs (`PRIMARY` first).
+        root: the case's working folder (one run folder per cost model, one for the real runs).
+        graph: reuse this graph instead of capturing (a what-if of another case's job).
+        draws: the primary model's individual calibrations; the case's graph is simulated over each,
+            so the results say how far one calibration draw moves the prediction.
     """
-    from benchmarks.fidelity.calibrate import calibrate
-    from prism_megatron.topology import Layout
+    from prism_megatron.graph import LayoutWorld
+    from prism_megatron.sim import WhatIf, simulate
 
-    job = case.job
-    wall = {}
+    job, wall = case.job, {}
+    plans = {
+        name: passes.plan(
+            job,
+            real_ranks=case.real_ranks,
+            out_dir=os.path.join(root, f"emulate-{name}"),
+            cost_file=path,
+            iterations=case.iterations,
+            capture_iters=case.capture_iters,
+        )
+        for name, path in cost_files.items()
+    }
     begin = time.monotonic()
-    if cost_fn is None:
-        cost_fn = calibrate(group_sizes(job))
-    wall["calibrate_s"] = time.monotonic() - begin
-    load_before = os.getloadavg()[0]
-    begin = time.monotonic()
-    captures = _captures(job, Layout(**job.layout_kwargs()))
-    models = {"primary": cost_fn, **(alternatives or {})}
-    simulated = {name: _replay_inputs(case, captures, cost, static) for name, cost in models.items()}
+    captured = graph is None
+    if captured:
+        graph = capture_graph(case, plans[PRIMARY])
+    simulated = {name: passes.simulate(plan, graph) for name, plan in plans.items()}
+    world = LayoutWorld(plans[PRIMARY].layout)
+    what_if = WhatIf(stragglers=dict(job.stragglers))
+    by_draw = [simulate(graph, world, draw, what_if).iteration_time_ns / 1e6 for draw in draws]
     wall["capture_and_simulate_s"] = time.monotonic() - begin
-    real_runs, emulated_runs = [], {name: [] for name in models}
-    for _ in range(case.rounds):  # alternate, so a change of load on the machine hits both alike
-        begin = time.monotonic()
-        real_runs.append(_real_run(case))
-        wall["real_s"] = wall.get("real_s", 0.0) + time.monotonic() - begin
-        begin = time.monotonic()
-        for name, (_, inputs) in simulated.items():
-            emulated_runs[name].append(_emulated_run(case, inputs))
-        wall["emulate_s"] = wall.get("emulate_s", 0.0) + time.monotonic() - begin
-    result = simulated["primary"][0]
-    ranks = _ranks(case, real_runs, emulated_runs["primary"], result)
-    record = {
+    begin = time.monotonic()
+    real_runs, emulated_runs, load = _rounds(case, plans, root)
+    wall["rounds_s"] = time.monotonic() - begin
+    models = {}
+    for name in plans:
+        ranks = [
+            _rank_record(
+                [run[r] for run in real_runs],
+                [run[i] for run in emulated_runs[name]],
+                case.warmup,
+                simulated[name].finish_ns(r),
+            )
+            for i, r in enumerate(case.real_ranks)
+        ]
+        models[name] = {"simulated_iteration_ms": simulated[name].iteration_time_ns / 1e6, "ranks": ranks}
+    return _record(case, models, graph, captured, by_draw, load, wall)
+
+
+def _record(case: Case, models: dict, graph, captured: bool, by_draw: list, load: list, wall: dict) -> dict:
+    job = case.job
+    primary = models[PRIMARY]["ranks"]
+    real_iqr = max(r["real_round_iqr_pct"] for r in primary)
+    # The case's error in a round: its real ranks' mean (two real ranks of one TP pair move together).
+    round_errors = [
+        statistics.fmean(column) for column in zip(*(r["round_errors_pct"] for r in primary), strict=True)
+    ]
+    return {
         "case": case.name,
         "kind": case.kind,
         "layout": job.layout_kwargs() | {"dp": job.dp},
@@ -231,26 +206,18 @@ def run_case(
         "overlap_grad_reduce": job.overlap_grad_reduce,
         "stragglers": [list(s) for s in job.stragglers],
         "real_ranks": list(case.real_ranks),
-        "num_real_processes_ground_truth": job.world_size,
+        "graph": {"captured_here": captured, "num_ops": graph.num_ops, "roles": sorted(graph.roles)},
         "rounds": case.rounds,
-        "closed_loop": not static,
-        "simulated_iteration_ms": result.iteration_time_ns / 1e6,
-        "ranks": ranks,
-        "error_pct": statistics.fmean(r["error_pct"] for r in ranks),
-        "memory_diff_bytes": max((r["memory_diff_bytes"] for r in ranks), key=abs),
+        "iterations": case.iterations,
+        "warmup": case.warmup,
+        "num_processes": {"real": job.world_size, "emulated": len(case.real_ranks)},
+        "models": models,
+        "simulated_ms_by_calibration_draw": by_draw,
+        "stable": real_iqr <= STABLE_REAL_IQR_PCT,
+        "real_round_iqr_pct": real_iqr,
+        "round_errors_pct": round_errors,
+        "error_pct": stats.spread(round_errors),
+        "memory_diff_bytes": max((r["memory_diff_bytes"] for r in primary), key=abs),
+        "load": load,
         "wall": wall,
-        "load_average_1min": {"before": load_before, "after": os.getloadavg()[0]},
-        "calibration_us": cost_fn.as_dict() if hasattr(cost_fn, "as_dict") else None,
     }
-    record["alternatives"] = {}
-    for name in alternatives or {}:
-        other = _ranks(case, real_runs, emulated_runs[name], simulated[name][0])
-        record["alternatives"][name] = {
-            "simulated_iteration_ms": simulated[name][0].iteration_time_ns / 1e6,
-            "error_pct": statistics.fmean(r["error_pct"] for r in other),
-            "ranks": [
-                {k: r[k] for k in ("virtual_rank", "emulated_median_ms", "simulated_ms", "error_pct")}
-                for r in other
-            ],
-        }
-    return record

@@ -40,25 +40,47 @@ def _simulated_steps(result, virtual_rank: int) -> list[tuple[float, float, str]
     return steps
 
 
-def diagnose(name: str, iteration: int | None) -> None:
-    from benchmarks.fidelity import compare, workload
+def _measure(case, work: str):
+    """The traced ground truth and the simulation of the case, as the suite makes them."""
+    from benchmarks.fidelity import compare, passes
     from benchmarks.fidelity.calibrate import calibrate
+    from prism_megatron import files
+
+    lead_in = "busy" if case.kind == "real-compute" else "sleep"
+    cost = calibrate(
+        compare.group_sizes(case.job),
+        pattern="job",
+        world_size=case.job.world_size,
+        lead_in=lead_in,
+        repeats=1,
+    ).cost
+    cost_file = f"{work}/costs.json"
+    files.write_json(cost.to_dict(), cost_file)
+    real = passes.real(case.job, f"{work}/real", case.iterations, trace=True)
+    plan = passes.plan(
+        case.job,
+        real_ranks=case.real_ranks,
+        out_dir=f"{work}/emulate",
+        cost_file=cost_file,
+        iterations=case.iterations,
+        capture_iters=case.capture_iters,
+    )
+    return real, passes.simulate(plan, passes.capture(plan, case.job))
+
+
+def diagnose(name: str, iteration: int | None) -> None:
+    import tempfile
+
     from benchmarks.fidelity.cases import real_compute_cases, sleep_cases, smoke_case
-    from benchmarks.fidelity.processes import run_processes
-    from prism_megatron.topology import Layout
 
     cases = {c.name: c for c in [smoke_case(), *sleep_cases(), *real_compute_cases()]}
     if name not in cases:
         raise ValueError(f"no case {name!r}; cases: {', '.join(cases)}")
     case = cases[name]
-    cost = calibrate(compare.group_sizes(case.job), world_size=case.job.world_size)
-    request = workload.Request(job=case.job, mode="real", iterations=case.iterations, trace=True)
-    real = run_processes(workload.run, [request] * case.job.world_size)
-    _, result, _ = compare._simulate(
-        case, compare._captures(case.job, Layout(**case.job.layout_kwargs())), cost
-    )
+    with tempfile.TemporaryDirectory(prefix="prism-diagnose-") as work:
+        real, result = _measure(case, work)
     rank = real[case.real_ranks[0]]
-    times = compare.iteration_times_ms(rank)
+    times = rank["iteration_times_ms"]
     index = case.iterations - 1 if iteration is None else iteration
     start, end = rank["starts_ns"][index], rank["ends_ns"][index]
     windows = sorted(

@@ -57,12 +57,14 @@ def run_processes(
     *,
     connected: bool = True,
     timeout_s: float = 600.0,
+    local_ranks: Sequence[int] | None = None,
 ) -> list[Any]:
     """Run `target(request)` in one forked process per request; results in request order.
 
     Args:
         connected: the processes form one torch.distributed job (torchrun variables, physical rank =
             index); otherwise each runs alone (no rendezvous variables).
+        local_ranks: LOCAL_RANK of each process (default: its index, as torchrun gives it).
 
     Raises:
         RuntimeError: a process failed (its traceback is in the message) or the run timed out.
@@ -73,6 +75,8 @@ def run_processes(
     children = []
     for index, request in enumerate(requests):
         variables = environment_for(index, len(requests), port) if connected else {"OMP_NUM_THREADS": "1"}
+        if local_ranks is not None:
+            variables["LOCAL_RANK"] = str(local_ranks[index])
         child = context.Process(target=_child, args=(target, request, index, variables, results), daemon=True)
         child.start()
         children.append(child)

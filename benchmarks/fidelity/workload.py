@@ -1,19 +1,24 @@
-"""One process of a fidelity case: megatron-core's schedules, DDP and optimizer around a model.
+"""One process of a fidelity case: the pass the product's launch would start, forked from the suite.
 
-The same function runs every process of the three kinds of run a case needs, so the program the
-emulation times is the program the real run timed (the model and step are `programs.py`'s):
+Every process runs one pass of `prism-megatron emulate` with the command line the product's own
+launches give it (`passes.py`), so the suite measures what users run:
 
-* ``real``: one of W real processes on gloo (the ground truth);
-* ``capture``: a real rank among virtual peers that arrive at once, recording every op (the slice);
-* ``emulate``: a real rank among virtual peers the replay engine times from a schedule, which
-  follows what the rank measures, iteration by iteration (`loop.py`).
+* ``real``: one of W real processes on gloo, no virtual world (the ground truth: the all-real run);
+* ``capture``: a slice rank among instant virtual peers; the runtime's `CapturePhase` records every
+  op and writes the capture file the graph is built from;
+* ``emulate``: a real rank among virtual peers; the runtime's `EmulatePhase` replays them from the
+  graph's simulation over the cost file named by --prism-cluster, and folds what the rank measures
+  into the next iteration's schedule (the closed loop, shared among the real ranks).
 
-An iteration starts where the previous optimizer step ended (the first after set-up), with no
-barrier, and its time is measured on this process alone.
+A GPT process is the built-in entry itself (`prism_megatron.launch.main`). A sleep-model process
+runs `programs.py`'s program under the same command line's `PrismConfig` and the same runtime, with
+the entries' iteration marks around every step; its times are the pass's own (device-timeline marks
+from iteration start to end, no barrier).
 
 Every process is forked for one run and ends with it, so the measuring hooks below (a wrapper
-around megatron-core's forward_step and backward_step, and around the pipeline communicator's
-`_communicate`) are set on the process's own modules and never undone.
+around megatron-core's forward_step and backward_step for the rank's compute time; with `trace`,
+around the real run's pipeline communicator and all-reduce) are set on the process's own modules
+and never undone.
 """
 
 from __future__ import annotations
@@ -25,10 +30,9 @@ import os
 import time
 from typing import Any
 
-import torch
 import torch.distributed as dist
 
-from benchmarks.fidelity import loop, programs
+from benchmarks.fidelity import programs
 
 MODES = ("real", "capture", "emulate")
 DEVICES = ("host", "test", "cuda")
@@ -67,17 +71,17 @@ class Job:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Request:
-    """What one process runs."""
+    """What one process runs: a pass's command line, as the product's launch gives it."""
 
     job: Job
     mode: str
+    argv: tuple[str, ...]
+    """`python -m prism_megatron.launch`'s arguments for this process (`passes.py` takes them from
+    the product's own launches): the script, Megatron's flags and the pass's --prism-* flags."""
     iterations: int
-    real_ranks: tuple[int, ...] = ()
-    """Emulated modes: the virtual ranks run by real processes (physical rank = index)."""
-    replay_inputs: Any = None
-    """emulate: the simulation's inputs (`loop.ReplayInputs`); the rank keeps its schedule from them."""
+    """Timed iterations (for the GPT: --train-iters in argv, set by `passes.py`)."""
     memory_iterations: int = 2
-    """Iterations after the timed ones, under the live-storage tracker (peak memory)."""
+    """Sleep model: iterations after the timed ones, under the live-storage tracker (peak memory)."""
     trace: bool = False
     """real: also note when each pipeline exchange and each all-reduce starts and returns
     (`diagnose.py` lays them beside the simulated timeline)."""
@@ -95,41 +99,21 @@ class Request:
     clock for the device's would see)."""
 
 
-def _one_thread() -> None:
-    """Many processes share two cores: one thread each, and timed sleeps without timer slack."""
-    torch.set_num_threads(1)
+def _lower_timer_slack() -> None:
+    """Timed sleeps without timer slack, in every pass alike (the sleep model's compute is sleeps)."""
     from prism_megatron.replay import clock
 
     clock.lower_timer_slack()
 
 
-def _pin_compute_bound(request: Request) -> None:
-    """A GPT rank computes for real: each gets one core of its own, the same core in every run
-    (core = virtual rank mod cores), as each rank of a cluster has its own GPU. Unpinned, the one
-    real rank of an emulation would have both cores to itself (its gloo threads on the other one)
-    while two ranks of the real run share them. Sleeping ranks stay unpinned: 16 of them share the
-    cores as the scheduler sees fit. Set before bring-up, so gloo's threads inherit it."""
-    if not request.job.gpt_flags:
-        return
-    physical_rank = int(os.environ.get("RANK", "0"))
-    virtual_rank = physical_rank if request.mode == "real" else request.real_ranks[physical_rank]
-    os.sched_setaffinity(0, {virtual_rank % os.cpu_count()})
-
-
 def _bring_up(request: Request):
-    """The distributed world and megatron-core's topology; returns the prism runtime."""
-    from prism_megatron.config import EmulationConfig, PrismConfig
+    """The pass's runtime from its command line's --prism-* flags, the distributed world and
+    megatron-core's topology, as the entries set them up."""
+    from prism_megatron.config import parse_prism_flags
     from prism_megatron.megatron.run import runtime
 
     job = request.job
-    emulate = request.mode != "real"
-    emulation = EmulationConfig(
-        emulate=emulate,
-        world_size=job.world_size if emulate else None,
-        ranks=",".join(str(r) for r in request.real_ranks) if emulate else None,
-        device="cuda" if request.device == "cuda" else "cpu",
-    )
-    rt = runtime.start(PrismConfig(emulation=emulation))
+    rt = runtime.start(parse_prism_flags(list(request.argv)))
     rt.sizes = runtime.ParallelSizes(tp=job.tp, pp=job.pp, vpp=job.vpp)
     runtime.bring_up(rt)
     programs.initialize_model_parallel(job)
@@ -155,19 +139,16 @@ class _Windows:
 
     def __init__(self) -> None:
         self.marks: list = []
-        self._ns: list[tuple[int, int]] = []
 
     def ns(self) -> list[tuple[int, int]]:
         from prism_megatron.replay import timeline
 
-        pending = self.marks[len(self._ns) :]
-        flat = timeline.resolve([m for pair in pending for m in pair])
-        self._ns += list(zip(flat[::2], flat[1::2], strict=True))
-        return list(self._ns)
+        flat = timeline.resolve([m for pair in self.marks for m in pair])
+        return list(zip(flat[::2], flat[1::2], strict=True))
 
 
 def _record_exchanges(p2p_class, windows: _Windows) -> None:
-    """Note when each pipeline exchange starts and returns (in a capture its ops form one batch)."""
+    """Note when each pipeline exchange of a real run starts and returns (`Request.trace`)."""
     from prism_megatron.replay import timeline
 
     communicate = p2p_class._communicate
@@ -196,56 +177,56 @@ def _record_all_reduces(windows: list[tuple[int, int]]) -> None:
     dist.all_reduce = recorded
 
 
-def _time_compute(spans_ns: list[int]) -> None:
-    """Add the time spent in megatron-core's forward_step and backward_step to spans_ns[-1]."""
-    from megatron.core.pipeline_parallel import schedules
+class ComputeClock:
+    """Time inside megatron-core's forward_step and backward_step, per iteration: wall time, and this
+    thread's CPU time (what the rank computed, whatever the cores' load made it wait)."""
 
-    def timed(original):
-        def wrapper(*args, **kwargs):
-            begin_ns = time.monotonic_ns()
-            try:
-                return original(*args, **kwargs)
-            finally:
-                spans_ns[-1] += time.monotonic_ns() - begin_ns
+    def __init__(self) -> None:
+        self.wall_ns: list[int] = []
+        self.cpu_ns: list[int] = []
+        self.running = False
 
-        return wrapper
+    def new_iteration(self) -> None:
+        self.wall_ns.append(0)
+        self.cpu_ns.append(0)
+        self.running = True
 
-    schedules.forward_step = timed(schedules.forward_step)
-    schedules.backward_step = timed(schedules.backward_step)
+    def stop(self) -> None:
+        """Iterations from here on (the memory ones) are not timed."""
+        self.running = False
+
+    def install(self) -> ComputeClock:
+        from megatron.core.pipeline_parallel import schedules
+
+        def timed(original):
+            def wrapper(*args, **kwargs):
+                wall_ns, cpu_ns = time.monotonic_ns(), time.thread_time_ns()
+                try:
+                    return original(*args, **kwargs)
+                finally:
+                    if self.running:
+                        self.wall_ns[-1] += time.monotonic_ns() - wall_ns
+                        self.cpu_ns[-1] += time.thread_time_ns() - cpu_ns
+
+            return wrapper
+
+        schedules.forward_step = timed(schedules.forward_step)
+        schedules.backward_step = timed(schedules.backward_step)
+        return self
 
 
-def _iterate(request: Request, step, count: int, first: int, timeline: dict, after=None) -> None:
-    """`count` iterations, each timed from the end of the previous one (no barrier).
+def _iterate(rt, step, count: int, clock: ComputeClock | None, host_returns_ns: list[int]) -> None:
+    """`count` training steps, each between the runtime's iteration marks, as the entries run them
+    (the pass times, records, replays and folds them there)."""
+    from prism_megatron.megatron.run import runtime
 
-    Emulated modes record each iteration's ops and mark its start for the replay engine; `after`
-    gets (number, start, end, events) of each. Every time is a mark on the device timeline
-    (`prism_megatron.replay.timeline`), read when the iteration ends.
-    """
-    import prism_megatron.replay as replay
-    from prism_megatron.replay import timeline as device_timeline
-
-    previous = (
-        device_timeline.mark_at(timeline["ends_ns"][-1]) if timeline["ends_ns"] else device_timeline.mark()
-    )
-    for number in range(first, first + count):
-        if request.mode != "real":
-            replay.start_recording()
-        start = replay.mark_iteration_start() if request.mode != "real" else previous
-        timeline["compute_ns"].append(0)
+    for _ in range(count):
+        runtime.iteration_begins(rt)
+        if clock is not None:
+            clock.new_iteration()
         step()
-        timeline["host_returns_ns"].append(time.monotonic_ns())
-        previous = device_timeline.mark()
-        events = replay.stop_recording() if request.mode != "real" else []
-        start_ns, end_ns = device_timeline.resolve([start, previous])
-        timeline["starts_ns"].append(start_ns)
-        timeline["ends_ns"].append(end_ns)
-        timeline["events"].extend(events)
-        if after is not None:
-            after(number, start_ns, end_ns, events)
-
-
-def _new_timeline() -> dict[str, list]:
-    return {"starts_ns": [], "ends_ns": [], "compute_ns": [], "events": [], "host_returns_ns": []}
+        host_returns_ns.append(time.monotonic_ns())
+        runtime.iteration_ends(rt)
 
 
 @contextlib.contextmanager
@@ -264,17 +245,18 @@ def _device(request: Request):
 
 
 def run(request: Request) -> dict[str, Any]:
-    """Run one process of a case; returns its iteration times, peak memory and (capture) op log.
+    """Run one process of a pass; returns its iteration times, peak memory and compute time.
 
-    The timed iterations run first; then `memory_iterations` more under the live-storage tracker
-    (its dispatch hook costs CPU time per op, so it stays out of the timed ones).
+    Sleep model: the timed iterations first, then `memory_iterations` more under the live-storage
+    tracker (its dispatch hook costs CPU time per op, so it stays out of the timed ones). GPT: the
+    built-in entry itself (`prism_megatron.launch.main` with the request's argv), which tracks
+    memory over every iteration and writes its results file; they are read back from there.
     """
     if request.mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {request.mode!r}")
-    _one_thread()
-    _pin_compute_bound(request)
+    _lower_timer_slack()
     with _device(request):
-        return _run_on_device(request)
+        return _run_gpt(request) if request.job.gpt_flags else _run_sleep(request)
 
 
 def _record_sleeps(sleeps_ns: list[tuple[int, int, int]]) -> None:
@@ -292,60 +274,137 @@ def _record_sleeps(sleeps_ns: list[tuple[int, int, int]]) -> None:
     timeline.compute = recorded
 
 
-def _run_on_device(request: Request) -> dict[str, Any]:
+def _run_gpt(request: Request) -> dict[str, Any]:
+    """The built-in entry, as `python -m prism_megatron.launch` runs it under torchrun."""
+    import json
+
+    from prism_megatron import launch
+    from prism_megatron.config import parse_prism_flags
+    from prism_megatron.megatron.entry import pretrain
+    from prism_megatron.megatron.run import results
+
+    clock = ComputeClock().install()
+    trace = _trace_gpt(request)
+    train_step = pretrain.train_step
+
+    def counted(*args, **kwargs):
+        clock.new_iteration()
+        return train_step(*args, **kwargs)
+
+    pretrain.train_step = counted  # this process's own module: it runs one pass and ends
+    status = launch.main(list(request.argv))
+    if status != 0:
+        raise RuntimeError(f"prism_megatron.launch {' '.join(request.argv)} exited with status {status}")
+    config = parse_prism_flags(list(request.argv))
+    virtual_rank = _virtual_rank_of(config)
+    with open(results.path_for(config, virtual_rank), encoding="utf-8") as f:
+        out = json.load(f)
+    phase = out["prism_phase"]
+    if "exchanges" in trace:
+        trace["exchanges_ns"] = trace.pop("exchanges").ns()
+    return {
+        "virtual_rank": virtual_rank,
+        "mode": request.mode,
+        "phase": phase["name"],
+        "phase_summary": phase,
+        "iteration_times_ms": [t * 1e3 for t in phase["iteration_times_s"]],
+        "compute_ns": clock.wall_ns,
+        "compute_cpu_ns": clock.cpu_ns,
+        "memory": out["memory"],
+        "cpu_share": out.get("cpu_share"),
+        **trace,
+    }
+
+
+def _trace_gpt(request: Request) -> dict[str, list]:
+    """With `trace` (a real run): note each iteration's start and end (the entry's marks: the host
+    clock on the CPU device), and each pipeline exchange and all-reduce (filled during the run)."""
+    if not (request.trace and request.mode == "real"):
+        return {}
+    from megatron.core.pipeline_parallel import schedules
+
+    from prism_megatron.megatron.run import runtime
+
+    trace: dict[str, list] = {"starts_ns": [], "ends_ns": [], "all_reduces_ns": []}
+    begins, ends = runtime.iteration_begins, runtime.iteration_ends
+
+    def noted_begins(rt):
+        trace["starts_ns"].append(time.monotonic_ns())
+        begins(rt)
+
+    def noted_ends(rt):
+        ends(rt)
+        trace["ends_ns"].append(time.monotonic_ns())
+
+    runtime.iteration_begins, runtime.iteration_ends = noted_begins, noted_ends
+    exchanges = _Windows()
+    _record_exchanges(schedules.P2PCommunicator, exchanges)
+    _record_all_reduces(trace["all_reduces_ns"])
+    trace["exchanges"] = exchanges  # replaced by its times once the run is over (see _run_gpt)
+    return trace
+
+
+def _virtual_rank_of(config) -> int:
+    """This process's virtual rank: its physical rank's entry of --prism-ranks, or its rank."""
+    physical_rank = int(os.environ.get("RANK", "0"))
+    if not config.emulation.emulate:
+        return physical_rank
+    return [int(r) for r in config.emulation.ranks.split(",")][physical_rank]
+
+
+def _run_sleep(request: Request) -> dict[str, Any]:
     from megatron.core import parallel_state
 
-    from prism_megatron.megatron.run import memory
+    from prism_megatron.megatron.run import memory, runtime
 
     sleeps_ns: list[tuple[int, int, int]] = []
     if request.record_sleeps:
         _record_sleeps(sleeps_ns)
-
     rt = _bring_up(request)
     try:
-        virtual_rank = dist.get_rank()
+        virtual_rank = rt.virtual_rank
         program = programs.build(request.job, virtual_rank)
-        exchanges = _Windows()
-        if request.mode != "real" and rt.p2p_class is not None:
-            _record_exchanges(rt.p2p_class, exchanges)
-        all_reduces_ns: list[tuple[int, int]] = []
+        exchanges, all_reduces_ns = _Windows(), []
         if request.mode == "real" and request.trace:
             from megatron.core.pipeline_parallel import schedules
 
             _record_exchanges(schedules.P2PCommunicator, exchanges)
             _record_all_reduces(all_reduces_ns)
-        after, replay_state = None, None
-        if request.mode == "emulate":
-            replay_state = loop.Replay(request.replay_inputs, virtual_rank)
-
-            def after(number, start_ns, end_ns, events):
-                calls = [c for c in exchanges.ns() if start_ns <= c[0] < end_ns]
-                replay_state.after_iteration(number, start_ns, end_ns, events, calls)
-
-        timeline = _new_timeline()
-        _time_compute(timeline["compute_ns"])
-        _iterate(request, program.step, request.iterations, 0, timeline, after)
+        host_returns_ns: list[int] = []
+        clock = ComputeClock().install()
+        _iterate(rt, program.step, request.iterations, clock, host_returns_ns)
+        clock.stop()
         with _without_cycle_collection():
             tracker = memory.LiveStorageTracker()
             tracker.label_model(program.model)
             tracker.label_optimizer(program.optimizer)
             with tracker:
-                _iterate(
-                    request, program.step, request.memory_iterations, request.iterations, _new_timeline()
-                )
+                _iterate(rt, program.step, request.memory_iterations, None, [])
+        phase = rt.phase
+        phase.read_marks(wait=True)
+        out: dict[str, Any] = {}
+        runtime.finish_phase(rt, out)  # the pass's files: capture file, op log
         return {
             "virtual_rank": virtual_rank,
             "mode": request.mode,
-            "starts_ns": timeline["starts_ns"],
-            "ends_ns": timeline["ends_ns"],
-            "host_returns_ns": timeline["host_returns_ns"],
+            "phase": phase.name,
+            "phase_summary": out["prism_phase"],
+            "starts_ns": phase.starts_ns[: request.iterations],
+            "ends_ns": phase.ends_ns[: request.iterations],
+            "iteration_times_ms": [
+                t * 1e3 for t in out["prism_phase"]["iteration_times_s"][: request.iterations]
+            ],
+            "host_returns_ns": host_returns_ns,
             "sleeps_ns": sleeps_ns,
-            "compute_ns": timeline["compute_ns"],
+            "compute_ns": clock.wall_ns,
+            "compute_cpu_ns": clock.cpu_ns,
             "memory": tracker.report().as_dict(),
-            "events": timeline["events"],
+            "cpu_share": rt.cpu.as_dict() if rt.cpu is not None else None,
             "exchanges_ns": exchanges.ns(),
             "all_reduces_ns": all_reduces_ns,
-            "replay": replay_state.summary() if replay_state else None,
+            "simulated_rank_ms": (
+                phase.loop.result.finish_ns(virtual_rank) / 1e6 if hasattr(phase, "loop") else None
+            ),
         }
     finally:
         parallel_state.destroy_model_parallel()

@@ -38,6 +38,16 @@ GPT_FLAGS = (
 REAL_RANK = 0
 
 
+def _request(job, device: str):
+    """One real rank among instant virtual peers (no graph: the pass records nothing itself; this
+    stage marks and records the iterations)."""
+    from benchmarks.fidelity import workload
+
+    argv = ("builtin", "--prism-emulate", "--prism-world-size", str(job.world_size), "--prism-ranks", str(REAL_RANK),
+            "--prism-device", device)  # fmt: skip
+    return workload.Request(job=job, mode="capture", argv=argv, iterations=ITERATIONS, device=device)
+
+
 def _captured_iteration(profile_path: str | None):
     """Run ITERATIONS iterations of the real rank; the last under the profiler. Returns the last
     iteration (device times) and its compute-stream marks in issue order."""
@@ -47,9 +57,7 @@ def _captured_iteration(profile_path: str | None):
     from prism_megatron.replay import timeline
 
     job = workload.Job(tp=1, pp=2, dp=4, gpt_flags=GPT_FLAGS)
-    request = workload.Request(job=job, mode="capture", iterations=ITERATIONS, real_ranks=(REAL_RANK,),
-                               device="cuda")  # fmt: skip
-    rt = workload._bring_up(request)
+    rt = workload._bring_up(_request(job, "cuda"))
     program = programs.build(job, REAL_RANK, device="cuda")
     windows = workload._Windows()
     workload._record_exchanges(rt.p2p_class, windows)

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <sstream>
 
+#include "replay/clock.h"
 #include "replay/timeline.h"
 
 namespace prism::replay {
@@ -46,6 +47,7 @@ std::string span_ms(int64_t from_ns, int64_t to_ns) {
 int64_t OpLog::begin(OpRecord record) {
   std::lock_guard<std::mutex> lock(mu_);
   const int64_t id = next_id_++;
+  last_activity_ns_ = clock::now_ns();
   if (recording_) {
     recorded_.push_back(record);
   }
@@ -54,6 +56,11 @@ int64_t OpLog::begin(OpRecord record) {
     ring_.pop_front();
   }
   return id;
+}
+
+std::pair<int64_t, int64_t> OpLog::activity() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return {next_id_ + num_settled_, last_activity_ns_};
 }
 
 OpRecord* OpLog::find_locked(int64_t id) {
@@ -75,6 +82,8 @@ void OpLog::complete_marked(int64_t id, int64_t mark, bool ok) {
 }
 
 void OpLog::settle_locked(int64_t id, int64_t t_ns, int64_t mark, bool ok) {
+  ++num_settled_;
+  last_activity_ns_ = clock::now_ns();
   const OpState state = ok ? OpState::kCompleted : OpState::kFailed;
   auto settle = [&](OpRecord& record) {
     if (mark >= 0 && (record.complete_mark >= 0 || record.state != OpState::kPending)) {

@@ -61,6 +61,10 @@ class OpLog {
   std::string dump(int64_t now_ns) const;
   void set_capacity(size_t capacity);
   size_t capacity() const;
+  // Ops issued plus ops settled since the process started (a number that grows while the process
+  // makes progress through its ops), and when the last of them happened (CLOCK_MONOTONIC ns, 0
+  // before the first). The rank watchdog reads both; clear() resets neither.
+  std::pair<int64_t, int64_t> activity() const;
   // Who this process is, for dump headers ("virtual rank 5 (physical rank 0)").
   void set_process_label(std::string label);
 
@@ -86,6 +90,8 @@ class OpLog {
   mutable std::mutex mu_;
   size_t capacity_ = 512;
   int64_t next_id_ = 0;
+  int64_t num_settled_ = 0;
+  int64_t last_activity_ns_ = 0;
   std::deque<OpRecord> ring_;  // ids [next_id_ - ring_.size(), next_id_)
   bool recording_ = false;
   int64_t recording_first_id_ = 0;

@@ -284,6 +284,8 @@ void bind(py::module_& m) {
   m.def("flight_recorder_dump", [] { return op_log().dump(clock::now_ns()); });
   m.def("set_flight_recorder_capacity", [](size_t n) { op_log().set_capacity(n); }, py::arg("capacity"));
   m.def("flight_recorder_capacity", [] { return op_log().capacity(); });
+  m.def("op_activity", [] { return op_log().activity(); },
+        "(ops issued plus ops settled so far, CLOCK_MONOTONIC ns of the last of them).");
   m.def("set_process_label", [](std::string label) { op_log().set_process_label(std::move(label)); },
         py::arg("label"));
   m.def("start_recording", [] { op_log().start_recording(); });

@@ -59,8 +59,10 @@ def run(args: argparse.Namespace) -> int:
         max_memory_regression_pct=args.max_memory_regression,
         alpha=args.alpha,
     )
-    result = compare_runs(args.run_a, args.run_b, thresholds)
     out_dir = args.out or os.path.join(args.run_b, files.COMPARE_DIR)
+    if os.path.isdir(args.run_b):
+        files.check_output(out_dir, "--out" if args.out else f"RUN_B/{files.COMPARE_DIR}", directory=True)
+    result = compare_runs(args.run_a, args.run_b, thresholds)
     plot_name = files.COMPARE_PNG
     try:
         files.write_atomically(

@@ -12,12 +12,14 @@ script runs unmodified. N defaults to the number of ranks `--prism-ranks` select
 
 Without `--prism-emulate` (a plain run) or with an explicit `--prism-phase`, the flags go to one
 launch unchanged.
+
+Ctrl-C, SIGTERM or SIGHUP stop every process the command started within seconds; report.json then
+says "interrupted" and the command exits 128 + the signal's number.
 """
 
 from __future__ import annotations
 
 import argparse
-import subprocess
 import sys
 
 from prism_megatron.cli import CommandLineError
@@ -84,12 +86,23 @@ def run(args: argparse.Namespace) -> int:
         from prism_megatron.patches import catalog
 
         catalog.check_installed(allow_untested=config.patches.allow_untested_megatron)
-    if not config.emulation.emulate or config.emulation.phase != "auto":
-        nproc = args.nproc_per_node if args.nproc_per_node is not None else default_nproc(megatron_args)
-        return subprocess.call(launcher_command(nproc, args.script, megatron_args))
-    if args.report_only:
-        return report_only(megatron_args, script=args.script)
-    return run_both_passes(megatron_args, script=args.script, nproc=args.nproc_per_node)
+    from prism_megatron.emulation import processes
+
+    with processes.stop_signals():
+        try:
+            if not config.emulation.emulate or config.emulation.phase != "auto":
+                nproc = (
+                    args.nproc_per_node if args.nproc_per_node is not None else default_nproc(megatron_args)
+                )
+                return processes.wait(processes.start(launcher_command(nproc, args.script, megatron_args)))
+            if args.report_only:
+                return report_only(megatron_args, script=args.script)
+            return run_both_passes(megatron_args, script=args.script, nproc=args.nproc_per_node)
+        except KeyboardInterrupt as exc:
+            stop = processes.as_stop(exc)
+            print(f"prism-megatron emulate: stopped by {stop.signal_name}; every process it started ended",
+                  file=sys.stderr)  # fmt: skip
+            return stop.exit_status
 
 
 def check_builtin_flags(megatron_args: list[str], world_size: int) -> None:
@@ -136,6 +149,6 @@ def run_both_passes(megatron_args: list[str], *, script: str, nproc: int | None)
         outcome = run_plan(plan, Progress())
     except KeyboardInterrupt:
         print(f"prism-megatron emulate: interrupted; {plan.out_dir}/report.json says so", file=sys.stderr)
-        return 130
+        raise
     print(format_summary(outcome))
     return 0 if outcome.ok else 1

@@ -78,6 +78,7 @@ def _chakra(args: argparse.Namespace) -> int:
     from prism_megatron.graph.chakra import export_chakra
 
     max_bytes = parse_size(args.max_size)
+    files.check_output(args.out, "--out", directory=True)
     graph_dir = _graph_dir(args.source)
     graph = load_graph(graph_dir)
     expanded = ExpandedGraph(graph, world_from_metadata(graph.metadata.layout))
@@ -101,6 +102,7 @@ def _astra_network(args: argparse.Namespace) -> int:
     from prism_megatron.network import load_cluster
     from prism_megatron.network.astra import astra_network_yaml
 
+    files.check_output(args.out, "--out")
     text = astra_network_yaml(load_cluster(args.cluster), args.world_size)
     files.write_atomically(args.out, text)
     print(text, end="")

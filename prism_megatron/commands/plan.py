@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import warnings
-from pathlib import Path
+
+from prism_megatron import files
 
 NAME = "plan"
 HELP = "plan the memory of selected ranks of a full-size job on the meta device (no GPU needed)"
@@ -80,6 +80,8 @@ def _megatron_argv(words: list[str]) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     from prism_megatron.cli import CommandLineError
 
+    if args.json_path:
+        files.check_output(args.json_path, "--json")
     argv = _megatron_argv(args.config_or_flags)
     if not argv:
         raise CommandLineError(f"plan: give a configuration file or Megatron-LM flags, e.g. {_USAGE_EXAMPLE}")
@@ -103,5 +105,5 @@ def run(args: argparse.Namespace) -> int:
     print(format_text(job, plans))
     if args.json_path:
         payload = {"job": job_summary(job), "argv": list(job.argv), "ranks": [rank_dict(p) for p in plans]}
-        Path(args.json_path).write_text(json.dumps(payload, indent=1) + "\n", encoding="utf-8")
+        files.write_json(payload, args.json_path, indent=1)
     return 0

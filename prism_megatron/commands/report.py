@@ -24,7 +24,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--check",
         action="store_true",
-        help="validate report.json and exit: 0 valid, 1 invalid (each problem printed with its key path)",
+        help="validate report.json and exit: 0 valid and finished (ok or failed), 1 invalid (each problem "
+        "printed with its key path) or not finished (running, interrupted)",
     )
 
 
@@ -44,6 +45,12 @@ def run(args: argparse.Namespace) -> int:
             for error in exc.errors:
                 print(f"  {error}", file=sys.stderr)
             return 1
+        if doc["status"] not in schema.FINISHED:
+            why = (doc.get("failure") or {}).get(
+                "message"
+            ) or "it had not finished when report.json was written"
+            print(f"{path}: the run is not finished (status {doc['status']}: {why})", file=sys.stderr)
+            return 1
         print(f"{path}: valid (schema {doc['schema_version']}, status {doc['status']})")
         return 0
     report = load_report(args.run_dir)
@@ -62,10 +69,10 @@ def _simulated_from_graph(run_dir: str, report):
     graph_dir = os.path.join(run_dir, files.GRAPH_DIR)
     if os.path.exists(os.path.join(run_dir, files.SIMULATED_SPANS_FILE)) or not os.path.isdir(graph_dir):
         return None
+    from prism_megatron.emulation.closed_loop import network_cost
     from prism_megatron.graph import load_graph
     from prism_megatron.graph.world import world_from_metadata
-    from prism_megatron.network import CostModel, load_cluster
-    from prism_megatron.sim import NetworkCost, WhatIf, simulate
+    from prism_megatron.sim import WhatIf, simulate
 
     graph = load_graph(graph_dir)
     emulation = report.prism.get("emulation", {})
@@ -74,7 +81,7 @@ def _simulated_from_graph(run_dir: str, report):
     result = simulate(
         graph,
         world_from_metadata(graph.metadata.layout),
-        NetworkCost(CostModel(load_cluster(cluster))),
+        network_cost(cluster),
         WhatIf(stragglers=stragglers),
     )
     print(f"virtual tracks: simulated {graph_dir} over cluster {cluster!r} (the run saved none)")

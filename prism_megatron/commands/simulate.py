@@ -68,12 +68,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from prism_megatron.emulation.closed_loop import network_cost
     from prism_megatron.graph import load_graph
     from prism_megatron.graph.world import world_from_metadata
-    from prism_megatron.network import CostModel, load_cluster
     from prism_megatron.sim import (
         DeadlockError,
-        NetworkCost,
         SimulationFault,
         WhatIf,
         parse_rank_factors,
@@ -81,6 +80,8 @@ def run(args: argparse.Namespace) -> int:
     )
     from prism_megatron.topology import select_ranks
 
+    out = args.out or os.path.join(args.graph_dir, files.SIMULATION_DIR)
+    files.check_output(out, "--out" if args.out else f"GRAPH_DIR/{files.SIMULATION_DIR}", directory=True)
     graph = load_graph(args.graph_dir)
     world = world_from_metadata(graph.metadata.layout)
     what_if = WhatIf(
@@ -93,13 +94,12 @@ def run(args: argparse.Namespace) -> int:
         ),
     )
     real_ranks = select_ranks(world.layout, args.real_ranks)
-    cost = NetworkCost(CostModel(load_cluster(args.cluster)))
+    cost = network_cost(args.cluster)
     try:
         result = simulate(graph, world, cost, what_if, symmetric=False if args.full else None)
     except (DeadlockError, SimulationFault) as exc:
         print(f"prism-megatron simulate: {exc}", file=sys.stderr)
         return 1
-    out = args.out or os.path.join(args.graph_dir, files.SIMULATION_DIR)
     os.makedirs(out, exist_ok=True)
     _print_summary(result, what_if)
     extra = [*what_if.stragglers, *what_if.slow_nics, *real_ranks]

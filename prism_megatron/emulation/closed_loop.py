@@ -41,7 +41,7 @@ from prism_megatron.graph.capture import (
 )
 from prism_megatron.replay.events import OpEvent
 from prism_megatron.replay.schedule import ReplaySchedule
-from prism_megatron.sim import NetworkCost, WhatIf
+from prism_megatron.sim import CostFn, NetworkCost, WhatIf
 from prism_megatron.sim.engine import SimResult, run_problem
 from prism_megatron.sim.problem import build_problem
 from prism_megatron.topology import Layout
@@ -58,10 +58,14 @@ def layout_kwargs(layout: Layout) -> dict[str, object]:
     return {name: getattr(layout, name) for name in names}
 
 
-def network_cost(cluster: str) -> NetworkCost:
-    """The cost of every communication op on the cluster (a preset name or a spec file)."""
+def network_cost(cluster: str) -> CostFn:
+    """The cost of every communication op on the cluster: a preset name or a cluster spec file (the
+    NCCL cost model), or a file of costs measured where the job runs (`network.measured`)."""
     from prism_megatron.network import CostModel, load_cluster
+    from prism_megatron.network.measured import is_measured, load_measured
 
+    if is_measured(cluster):
+        return load_measured(cluster)
     return NetworkCost(CostModel(load_cluster(cluster)))
 
 
@@ -75,10 +79,11 @@ def load_or_build_graph(
     """
     if os.path.isfile(os.path.join(path, files.GRAPH_FILE)) or path.endswith(".json"):
         graph = load_graph(path)
-        if dict(graph.metadata.layout) != layout_kwargs(layout):
+        mismatches = graph.metadata.mismatches(layout_kwargs(layout))
+        if mismatches:
             raise ValueError(
-                f"--prism-graph {path} describes the job {dict(graph.metadata.layout)}, not this one "
-                f"{layout_kwargs(layout)}; capture again or pass the matching flags"
+                f"--prism-graph {path} was captured for another job: {'; '.join(mismatches)}; "
+                "capture again or pass the flags it was captured with"
             )
         return graph
     captures = [RankCapture.load(p) for p in files.capture_paths(path)]

@@ -12,12 +12,12 @@ import shutil
 from typing import Any
 
 from prism_megatron import files
-from prism_megatron.emulation import outputs
+from prism_megatron.emulation import outputs, processes
 from prism_megatron.emulation.closed_loop import layout_kwargs, load_or_build_graph, network_cost
 from prism_megatron.emulation.launches import Launch, RunFailed, run_launch
 from prism_megatron.emulation.plan import RunPlan
+from prism_megatron.emulation.preflight import graph_facts
 from prism_megatron.emulation.progress import Progress
-from prism_megatron.emulation.rank import NUM_WARMUP
 from prism_megatron.graph import ExecutionGraph, LayoutWorld, save_graph
 from prism_megatron.graph.capture import RankCapture, build_graph
 from prism_megatron.report import Failure, RunReport
@@ -44,7 +44,12 @@ class RunOutcome:
 
 
 def run(plan: RunPlan, progress: Progress | None = None) -> RunOutcome:
-    """Run every phase; a failure ends the run with status "failed" and what was measured kept."""
+    """Run every phase; a failure ends the run with status "failed" and what was measured kept.
+
+    Raises:
+        StopRequested: the run was interrupted (Ctrl-C, SIGTERM; see `processes.stop_signals`); its
+            processes are stopped and report.json says "interrupted", with what was measured.
+    """
     progress = progress or Progress()
     prepare_run_dir(plan)
     outputs.write_running(plan)
@@ -58,13 +63,17 @@ def run(plan: RunPlan, progress: Progress | None = None) -> RunOutcome:
     except RunFailed as exc:
         progress.end("failed")
         failure = Failure(message=str(exc), dead_rank=exc.dead_rank, last_op=exc.last_op)
-    except KeyboardInterrupt:  # the launch stopped its processes; the run folder says so
+    except KeyboardInterrupt as exc:  # the launch stopped its processes; the run folder says so
+        stop = processes.as_stop(exc)
+        phase = progress.phase
         progress.end("interrupted")
-        stopped = Failure(message="interrupted: the real processes were stopped")
-        outputs.write_final(plan, outputs.build_report(plan, status="failed", sim_result=sim_result,
+        stopped = Failure(
+            message=f"interrupted by {stop.signal_name} during {phase}; every process was stopped"
+        )
+        outputs.write_final(plan, outputs.build_report(plan, status="interrupted", sim_result=sim_result,
                                                        results=outputs.measured_results(plan),
                                                        failure=stopped), sim_result)  # fmt: skip
-        raise
+        raise stop from None
     results = outputs.measured_results(plan) if failure else outputs.rank_results(plan.out_dir)
     return _reported(plan, progress, walls, sim_result, results, failure)
 
@@ -120,7 +129,7 @@ def obtain_graph(plan: RunPlan, progress: Progress, walls: dict[str, float]) -> 
         try:
             captures = [RankCapture.load(path) for path in paths]
             graph = build_graph(
-                captures, LayoutWorld(plan.layout), layout_kwargs(plan.layout), extra=_facts(plan)
+                captures, LayoutWorld(plan.layout), layout_kwargs(plan.layout), extra=graph_facts(plan)
             )
         except (OSError, ValueError) as exc:
             raise RunFailed(f"the captured ops do not make a graph: {exc}") from exc
@@ -131,38 +140,42 @@ def obtain_graph(plan: RunPlan, progress: Progress, walls: dict[str, float]) -> 
 
 def _load(path: str, plan: RunPlan) -> ExecutionGraph:
     try:
-        return load_or_build_graph(path, plan.layout, extra=_facts(plan))
+        return load_or_build_graph(path, plan.layout, extra=graph_facts(plan))
     except (OSError, ValueError) as exc:
         raise RunFailed(str(exc)) from exc
 
 
-def _facts(plan: RunPlan) -> dict[str, object]:
-    flags = plan.flags
-    return {
-        "script": plan.script,
-        "num_layers": flags.num_layers,
-        "hidden_size": flags.hidden_size,
-        "seq_length": flags.seq_length,
-        "micro_batch_size": flags.micro_batch_size,
-        "num_microbatches": plan.num_microbatches,
-        "capture_iters": plan.config.capture.capture_iters,
-        "num_warmup": NUM_WARMUP,
-    }
-
-
-def capture(plan: RunPlan, progress: Progress, walls: dict[str, float]) -> None:
-    """Run the slice in passes of `plan.nproc` processes, each rank recording its ops."""
-    batches = plan.capture_batches
+def capture_launches(plan: RunPlan) -> list[Launch]:
+    """The capture passes: the slice in batches of `plan.nproc` processes, each rank recording its ops."""
     iterations = plan.config.capture.capture_iters
-    for number, batch in enumerate(batches, start=1):
-        launch = Launch(
+    return [
+        Launch(
             name=f"capture-{number}",
             ranks=batch,
             out_dir=plan.path(files.CAPTURE_DIR),
             flags=("--prism-phase", "capture", "--train-iters", str(iterations)),
             num_iterations=iterations,
         )
-        progress.begin(f"capture pass {number}/{len(batches)}")
+        for number, batch in enumerate(plan.capture_batches, start=1)
+    ]
+
+
+def emulate_launch(plan: RunPlan) -> Launch:
+    """The emulation pass: the real ranks replaying every virtual peer from the run's graph/."""
+    return Launch(
+        name="emulate",
+        ranks=plan.real_ranks,
+        out_dir=plan.out_dir,
+        flags=("--prism-phase", "emulate", "--prism-graph", plan.path(files.GRAPH_DIR)),
+        num_iterations=plan.flags.train_iters,
+    )
+
+
+def capture(plan: RunPlan, progress: Progress, walls: dict[str, float]) -> None:
+    """Run the slice in passes of `plan.nproc` processes, each rank recording its ops."""
+    launches = capture_launches(plan)
+    for number, launch in enumerate(launches, start=1):
+        progress.begin(f"capture pass {number}/{len(launches)}")
         run_launch(
             launch, script=plan.script, user_args=plan.megatron_args, run_dir=plan.out_dir, progress=progress
         )
@@ -192,13 +205,7 @@ def simulate(plan: RunPlan, graph: ExecutionGraph, progress: Progress, walls: di
 
 def emulate(plan: RunPlan, progress: Progress, walls: dict[str, float]) -> None:
     """The real ranks run the program; the replay engine serves every virtual peer."""
-    launch = Launch(
-        name="emulate",
-        ranks=plan.real_ranks,
-        out_dir=plan.out_dir,
-        flags=("--prism-phase", "emulate", "--prism-graph", plan.path(files.GRAPH_DIR)),
-        num_iterations=plan.flags.train_iters,
-    )
+    launch = emulate_launch(plan)
     progress.begin(f"emulate ({len(plan.real_ranks)} real of {plan.layout.world_size} ranks)")
     run_launch(
         launch, script=plan.script, user_args=plan.megatron_args, run_dir=plan.out_dir, progress=progress

@@ -9,11 +9,15 @@ When a process dies, torchrun stops the others at once (SIGTERM; SIGKILL after i
 and exits non-zero, naming the first process that failed ("Root Cause"). `LaunchFailed` then says
 which virtual rank that was, how it ended, how far it got (its progress file), its last op (the
 flight recorder it printed on an uncaught exception) and the last error line it wrote.
+
+When a process hangs, its watchdog (`watchdog.py`) leaves a verdict in `<out>/watchdog/`; the
+launch then waits a moment for every process's stacks and flight recorder, stops everything and
+fails naming the hung rank, the pass, where it was and its last op. Interrupted (Ctrl-C, SIGTERM),
+the launch stops every process it started within seconds (`processes.stop`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import glob
 import os
@@ -25,12 +29,14 @@ import time
 from collections.abc import Sequence
 
 from prism_megatron import files
+from prism_megatron.emulation import processes, watchdog
 from prism_megatron.emulation.progress import Progress
 from prism_megatron.emulation.rank import read_progress
 
 POLL_S = 0.3
+DUMP_WAIT_S = 5.0
+"""How long a hung launch waits for every process's stacks before it is stopped."""
 _ROOT_CAUSE = re.compile(r"Root Cause.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", re.S)
-_RECORDER_LINE = re.compile(r"^\s+#\d+ ")
 _ERROR_LINE = re.compile(r"^(?:\w+\.)*\w*(?:Error|Exception)\b.*|^prism\S*: .*")
 
 
@@ -85,32 +91,61 @@ def run_launch(
     launcher_log = os.path.join(log_dir, files.LAUNCHER_LOG)
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     with open(launcher_log, "w", encoding="utf-8") as log:
-        process = subprocess.Popen(
-            command(launch, script, user_args, log_dir),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=env,
-            start_new_session=True,  # ours alone to signal, as a group
+        process = processes.start(
+            command(launch, script, user_args, log_dir), stdout=log, stderr=subprocess.STDOUT, env=env
         )
         try:
             while process.poll() is None:
+                hung = watchdog.verdicts(launch.out_dir)
+                if hung:
+                    _await_dumps(launch, process)
+                    processes.stop(process)
+                    raise hung_failure(launch, watchdog.verdicts(launch.out_dir))
                 progress.update(_describe(launch))
                 time.sleep(POLL_S)
         except BaseException:
-            _stop(process)
+            processes.stop(process)
             raise
     if process.returncode != 0:
-        raise diagnose(launch, launcher_log, log_dir, process.returncode)
+        hung = watchdog.verdicts(launch.out_dir)
+        raise (
+            hung_failure(launch, hung)
+            if hung
+            else diagnose(launch, launcher_log, log_dir, process.returncode)
+        )
 
 
-def _stop(process: subprocess.Popen) -> None:
-    """Interrupted: stop the launcher and its processes (our own session only)."""
-    try:
-        os.killpg(process.pid, signal.SIGTERM)
-        process.wait(timeout=30)
-    except (ProcessLookupError, subprocess.TimeoutExpired):
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
+def _await_dumps(launch: Launch, process: subprocess.Popen) -> None:
+    """Give every process of the launch a moment to leave its stacks in watchdog/."""
+    deadline_s = time.monotonic() + DUMP_WAIT_S
+    while time.monotonic() < deadline_s and process.poll() is None:
+        if watchdog.num_dumped(launch.out_dir) >= len(launch.ranks):
+            return
+        time.sleep(0.1)
+
+
+def hung_failure(launch: Launch, hung: Sequence[watchdog.Verdict]) -> LaunchFailed:
+    """The failure of a launch whose watchdogs found processes hung: the first to stall is named;
+    the others (often waiting on it in an op) are listed with where they stopped."""
+
+    def virtual_rank(verdict: watchdog.Verdict) -> int | None:
+        if verdict.virtual_rank is None and verdict.physical_rank < len(launch.ranks):
+            return launch.ranks[verdict.physical_rank]
+        return verdict.virtual_rank
+
+    first = hung[0]
+    also = "".join(
+        f"; virtual rank {virtual_rank(v)} stalled {v.stalled_since_unix_s - first.stalled_since_unix_s:.1f} s "
+        f"later, {v.stage}, last op: {v.last_op or 'none'}"
+        for v in hung[1:]
+    )
+    folder = os.path.join(launch.out_dir, files.WATCHDOG_DIR)
+    message = (
+        f"virtual rank {virtual_rank(first)} (process {first.physical_rank}) made no progress for "
+        f"{first.stalled_s:.0f} s (--prism-timeout) in the {launch.name} pass, {first.stage}, at {first.where}; "
+        f"last op: {first.last_op or 'none'}{also}; every rank's Python stacks and flight recorder are in {folder}"
+    )
+    return LaunchFailed(message, dead_rank=virtual_rank(first), last_op=first.last_op)
 
 
 def _describe(launch: Launch) -> str:
@@ -139,7 +174,7 @@ def diagnose(launch: Launch, launcher_log: str, log_dir: str, returncode: int) -
     physical, exitcode = int(match.group(1)), int(match.group(2))
     dead = launch.ranks[physical] if physical < len(launch.ranks) else None
     stderr = _read_rank_log(log_dir, physical, "stderr.log")
-    last_op = _last_recorded_op(stderr)
+    last_op = watchdog.last_op(stderr)
     state = read_progress(files.progress_path(launch.out_dir, dead)) if dead is not None else None
     how = (
         f"was killed by {signal.Signals(-exitcode).name}"
@@ -168,9 +203,3 @@ def _read(path: str) -> str:
 def _read_rank_log(log_dir: str, physical_rank: int, name: str) -> str:
     paths = glob.glob(os.path.join(log_dir, "*", "attempt_*", str(physical_rank), name))
     return _read(sorted(paths)[-1]) if paths else ""
-
-
-def _last_recorded_op(stderr: str) -> str | None:
-    """The newest op of the last flight-recorder dump in a process's stderr."""
-    lines = [line.strip() for line in stderr.splitlines() if _RECORDER_LINE.match(line)]
-    return lines[-1] if lines else None

@@ -1,8 +1,9 @@
 """The run's report from what the passes left in the run folder (`prism_megatron.report` renders it).
 
 `report.json` is written when the run starts (status "running"), and again at the end with status
-"ok" or "failed": a failed run keeps everything measured up to the failure (the graph, the
-simulation, the results and op logs of ranks that finished) and says why it failed.
+"ok", "failed" or "interrupted" (stopped by a signal): a failed or interrupted run keeps everything
+measured up to its end (the graph, the simulation, the results and op logs of ranks that finished,
+the iteration times in the progress files) and says why it ended.
 """
 
 from __future__ import annotations
@@ -106,6 +107,7 @@ def build_report(
             memory=data.get("memory"),
             breakdown=rank_breakdown(sim_result, v) if sim_result is not None else None,
             role=plan.layout.role_of(v).name,
+            cpu_share=data.get("cpu_share"),
         )
         for v, data in results.items()
         if v in plan.real_ranks

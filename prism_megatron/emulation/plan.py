@@ -25,10 +25,12 @@ def megatron_flags(megatron_args: Sequence[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     target.add_job_arguments(parser)
     parser.add_argument("--train-iters", type=int, default=None)
-    try:
-        return parser.parse_known_args(list(megatron_args))[0]
-    except SystemExit:  # argparse already printed which flag has a bad value
-        raise ValueError("a Megatron flag has a value that is not a number (see above)") from None
+
+    def one_line(message: str):  # argparse would print its usage (25 lines) first
+        raise ValueError(f"Megatron flags: {message}")
+
+    parser.error = one_line  # type: ignore[method-assign]
+    return parser.parse_known_args(list(megatron_args))[0]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,7 +83,8 @@ def plan_run(
     now_s: float | None = None,
     existing_run: bool = False,
 ) -> RunPlan:
-    """Check the command line and plan the run (no process starts, nothing is written).
+    """Check the command line and plan the run (no process starts, nothing is written); the checks
+    that need the plan (cluster, script, run folder, a reused graph) are `preflight.check`'s.
 
     `existing_run`: plan the report of a run folder that already holds the passes' outputs.
 
@@ -96,8 +99,6 @@ def plan_run(
             f"--prism-phase {config.emulation.phase} is for processes started by hand; "
             "prism-megatron emulate runs every pass itself"
         )
-    if script != BUILTIN and not os.path.isfile(script):
-        raise ValueError(f"--script {script!r} is not a file; give a Megatron-LM training script")
     flags = megatron_flags(megatron_args)
     _check_counts(flags)
     layout = target.derive(flags, world_size=config.emulation.world_size).layout()
@@ -115,7 +116,7 @@ def plan_run(
         check_out_dir(out_dir, overwrite=config.output.overwrite)
     if config.capture.graph is not None and not os.path.exists(config.capture.graph):
         raise ValueError(f"--prism-graph {config.capture.graph}: no such graph directory")
-    return RunPlan(
+    plan = RunPlan(
         config=config,
         megatron_args=tuple(megatron_args),
         script=script,
@@ -126,6 +127,10 @@ def plan_run(
         nproc=nproc,
         out_dir=out_dir,
     )
+    from prism_megatron.emulation import preflight  # it reads the plan
+
+    preflight.check(plan, existing_run=existing_run)
+    return plan
 
 
 def _check_counts(flags: argparse.Namespace) -> None:

@@ -23,6 +23,11 @@ class Progress:
         self._started_s = 0.0
         self._width = 0
 
+    @property
+    def phase(self) -> str:
+        """The phase under way (or the last one begun)."""
+        return self._phase
+
     def begin(self, phase: str) -> None:
         """A phase starts (printed at once, on a terminal and in a log)."""
         self._phase, self._started_s = phase, time.monotonic()

@@ -38,6 +38,7 @@ from typing import Any
 import prism_megatron.replay as replay
 from prism_megatron import files
 from prism_megatron.config import PrismConfig
+from prism_megatron.emulation import watchdog
 from prism_megatron.emulation.closed_loop import ClosedLoop, blocked_waits, load_or_build_graph, network_cost
 from prism_megatron.graph import LayoutWorld
 from prism_megatron.graph.capture import (
@@ -77,13 +78,16 @@ class InstantPhase:
         """(start, end) marks of the iterations not read yet; end None while one runs."""
         self._progress_written_s = 0.0
         timeline.set_timeout_s(config.emulation.timeout_s)
+        watchdog.identify(virtual_rank)
         self.write_progress("started")
 
     def iteration_begins(self) -> None:
+        watchdog.iteration_begins()
         start = replay.mark_iteration_start() if self.virtual_world else timeline.mark()
         self._marks.append((start, None))
 
     def iteration_ends(self) -> None:
+        watchdog.iteration_ends()
         start, _ = self._marks.pop()
         self._marks.append((start, timeline.mark()))
         self.write_progress("running")
@@ -155,6 +159,7 @@ class _RecordingPhase(InstantPhase):
         replay.start_recording()
 
     def iteration_ends(self) -> None:
+        watchdog.iteration_ends()
         start, _ = self._marks.pop()
         self._marks.append((start, timeline.mark()))  # before the op log is read out
         events = tuple(replay.stop_recording())  # waits for the device to pass the iteration's ops
@@ -294,18 +299,24 @@ def make_phase(
     store: Any = None,
 ) -> InstantPhase:
     """The pass this process runs, from --prism-phase (auto: emulate when --prism-graph is given)."""
-    emulation = config.emulation
-    if not emulation.emulate or layout is None:
+    if not config.emulation.emulate or layout is None:
         return InstantPhase(config=config, virtual_rank=virtual_rank, virtual_world=False)
-    phase = emulation.phase
-    if phase == "auto":
-        phase = "emulate" if config.capture.graph is not None else "instant"
+    phase = phase_name(config)
+    watchdog.beat()  # the emulate pass builds its schedule next, without ops: that is progress
     common = dict(config=config, virtual_rank=virtual_rank, virtual_world=True)
     if phase == "capture":
         return CapturePhase(role=layout.role_of(virtual_rank).name, **common)
     if phase == "emulate":
         return EmulatePhase(layout=layout, real_ranks=real_ranks, store=store, **common)
     return InstantPhase(**common)
+
+
+def phase_name(config: PrismConfig) -> str:
+    """capture, emulate or instant: --prism-phase, where auto means emulate with --prism-graph."""
+    phase = config.emulation.phase
+    if phase == "auto":
+        return "emulate" if config.capture.graph is not None else "instant"
+    return phase
 
 
 def read_progress(path: str) -> dict[str, Any] | None:

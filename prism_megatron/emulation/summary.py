@@ -58,9 +58,9 @@ def format_summary(outcome: RunOutcome) -> str:
     for name in (files.REPORT_MD, files.REPORT_JSON, files.TIMELINE_JSON):
         if name in outcome.written or name.removesuffix(".json") in outcome.written:
             lines.append(f"wrote {os.path.join(plan.out_dir, name)}")
-    lines.append(
-        f"wrote {os.path.join(plan.out_dir, files.GRAPH_DIR)}/ (reuse: --prism-graph, prism-megatron simulate)"
-    )
+    graph_dir = plan.path(files.GRAPH_DIR)
+    if os.path.isfile(os.path.join(graph_dir, files.GRAPH_FILE)):  # a run that failed first wrote none
+        lines.append(f"wrote {graph_dir}/ (reuse: --prism-graph, prism-megatron simulate)")
     return "\n".join(lines)
 
 

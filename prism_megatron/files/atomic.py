@@ -8,6 +8,7 @@ half-way through the content (a value JSON cannot encode, a full disk, an interr
 file is removed and the destination is left as it was.
 
 The file gets the permissions a plain `open` would give (the umask's), not mkstemp's owner-only ones.
+`check_output` lets a command refuse an output path that cannot be written before it does the work.
 """
 
 from __future__ import annotations
@@ -54,6 +55,30 @@ def atomic_open(path: str | os.PathLike, mode: str = "w", *, make_dirs: bool = T
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+def check_output(path: str, flag: str, *, directory: bool = False) -> None:
+    """Refuse, before any work, an output the command could not write; ValueError names the flag.
+
+    A file output must not be a directory and its directory must exist (a typo in it would otherwise
+    create a tree); a directory output must not be a file and may be created, under the nearest
+    existing directory. Either way that directory must be writable. Nothing is created here.
+    """
+    if directory and os.path.isfile(path):
+        raise ValueError(f"{flag} {path} is a file; name a directory")
+    if not directory and os.path.isdir(path):
+        raise ValueError(f"{flag} {path} is a directory; name the file to write")
+    parent = os.path.dirname(os.path.abspath(path))
+    if not directory and not os.path.isdir(parent):
+        raise ValueError(f"{flag} {path}: directory {parent} does not exist; create it or name another file")
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        raise ValueError(f"{flag} {path}: {parent} is a file, so nothing can be written under it")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ValueError(f"{flag} {path}: directory {parent} is not writable")
+    if not directory and os.path.exists(path) and not os.access(path, os.W_OK):
+        raise ValueError(f"{flag} {path}: the file exists and is not writable")
 
 
 def write_atomically(path: str | os.PathLike, data: bytes | str, *, make_dirs: bool = True) -> str:

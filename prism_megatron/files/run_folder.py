@@ -11,6 +11,9 @@ the report and the commands that read a run folder back all build their paths he
     <run>/ops/rank-<rank>.json                    each real rank's measured op log
     <run>/progress/rank-<rank>.json               where each real process is (for progress)
     <run>/logs/<launch>/launcher.log, ...         each launch's output, per process
+    <out>/watchdog/rank-<rank>.hung.json, .stacks.txt, .flight-recorder.txt
+                                                  a hung rank's verdict, and every rank's stacks
+                                                  and flight recorder (in each pass's --prism-out)
     <run>/compare/compare.md, .json, .png         `prism-megatron compare`'s verdict (this run as B)
     <simulation>/chakra/                          Chakra traces `simulate --chakra` exports
 
@@ -43,9 +46,13 @@ COMPARE_MD = "compare.md"
 COMPARE_JSON = "compare.json"
 COMPARE_PNG = "compare.png"
 CHAKRA_DIR = "chakra"
+WATCHDOG_DIR = "watchdog"
+HUNG_SUFFIX = ".hung.json"
+STACKS_SUFFIX = ".stacks.txt"
+RECORDER_SUFFIX = ".flight-recorder.txt"
 
 RUN_ENTRIES = (REPORT_JSON, REPORT_MD, TIMELINE_JSON, PLOTS_DIR, SPANS_DIR, OPS_DIR, GRAPH_DIR,
-               SIMULATION_DIR, CAPTURE_DIR, PROGRESS_DIR, LOGS_DIR)  # fmt: skip
+               SIMULATION_DIR, CAPTURE_DIR, PROGRESS_DIR, LOGS_DIR, WATCHDOG_DIR)  # fmt: skip
 """What a run writes in its folder besides the per-rank results (what --prism-overwrite removes)."""
 
 
@@ -80,6 +87,23 @@ def op_log_path(run_dir: str, virtual_rank: int) -> str:
 def progress_path(run_dir: str, virtual_rank: int) -> str:
     """Where a real process says how far it got."""
     return os.path.join(run_dir, PROGRESS_DIR, _rank_file(virtual_rank))
+
+
+def process_label(virtual_rank: int | None, physical_rank: int) -> str:
+    """A process's name in its files: "rank-00008", or "process-1" before it knows its virtual rank."""
+    return (
+        f"process-{physical_rank}" if virtual_rank is None else _rank_file(virtual_rank).removesuffix(".json")
+    )
+
+
+def watchdog_path(out_dir: str, label: str, suffix: str) -> str:
+    """A process's watchdog file (`HUNG_SUFFIX`, `STACKS_SUFFIX`, `RECORDER_SUFFIX`) in a pass's folder."""
+    return os.path.join(out_dir, WATCHDOG_DIR, label + suffix)
+
+
+def watchdog_paths(out_dir: str, suffix: str) -> list[str]:
+    """Every process's watchdog file of one kind in a pass's folder, sorted."""
+    return sorted(glob.glob(os.path.join(out_dir, WATCHDOG_DIR, "*" + suffix)))
 
 
 def capture_path(directory: str, virtual_rank: int) -> str:

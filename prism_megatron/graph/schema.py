@@ -175,6 +175,24 @@ class GraphMetadata:
     source: str = ""
     extra: Mapping[str, object] = dataclasses.field(default_factory=dict)
 
+    def mismatches(
+        self, layout: Mapping[str, object], facts: Mapping[str, object] | None = None
+    ) -> list[str]:
+        """How another job differs from this graph's, in words ("tp 4 in the graph, 2 here").
+
+        Every layout field counts; a fact (`facts`, compared with `extra`) only where both know it.
+        """
+        out = [
+            f"{key} {self.layout.get(key)} in the graph, {value} here"
+            for key, value in layout.items()
+            if self.layout.get(key) != value
+        ]
+        for key, value in (facts or {}).items():
+            recorded = self.extra.get(key)
+            if recorded is not None and value is not None and recorded != value:
+                out.append(f"{key} {recorded} in the graph, {value} here")
+        return out
+
 
 @dataclasses.dataclass(frozen=True)
 class ExecutionGraph:

@@ -18,14 +18,25 @@ import math
 TOPOLOGY_KINDS = ("rail-optimized-fat-tree", "fat-tree")
 
 
+def _is_number(value: object) -> bool:
+    """An int or float, not a bool (YAML's `true` would otherwise pass as 1)."""
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
 def _check_positive(owner: str, name: str, value: float) -> None:
-    if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
+    if not (_is_number(value) and math.isfinite(value) and value > 0):
         raise ValueError(f"{owner}.{name} must be a finite number > 0, got {value!r}")
 
 
 def _check_fraction(owner: str, name: str, value: float) -> None:
-    if not (isinstance(value, int | float) and 0 < value <= 1):
+    if not (_is_number(value) and 0 < value <= 1):
         raise ValueError(f"{owner}.{name} must be in (0, 1], got {value!r}")
+
+
+def _check_bool(owner: str, name: str, value: object) -> None:
+    """A switch must be true or false: the string "false" is truthy and would switch it on."""
+    if not isinstance(value, bool):
+        raise ValueError(f"{owner}.{name} must be true or false (unquoted), got {value!r}")
 
 
 def _check_count(owner: str, name: str, value: int) -> None:
@@ -60,6 +71,8 @@ class IntraNodeFabric:
 
     def __post_init__(self) -> None:
         owner = "intra_node"
+        _check_bool(owner, "nvswitch", self.nvswitch)
+        _check_bool(owner, "nvls", self.nvls)
         _check_positive(owner, "nvlink_bandwidth_gb_per_s", self.nvlink_bandwidth_gb_per_s)
         _check_fraction(owner, "nvlink_efficiency", self.nvlink_efficiency)
         _check_positive(owner, "step_latency_us", self.step_latency_us)
@@ -115,16 +128,18 @@ class Topology:
     """Extra latency of a step that goes leaf -> spine -> leaf instead of through one leaf."""
 
     def __post_init__(self) -> None:
-        if self.kind not in TOPOLOGY_KINDS:
+        if not isinstance(self.kind, str) or self.kind not in TOPOLOGY_KINDS:
             raise ValueError(f"topology.kind must be one of {', '.join(TOPOLOGY_KINDS)}, got {self.kind!r}")
         _check_count("topology", "nodes_per_leaf", self.nodes_per_leaf)
-        if not (isinstance(self.num_rails, int) and self.num_rails >= 0):
+        if not (
+            isinstance(self.num_rails, int) and not isinstance(self.num_rails, bool) and self.num_rails >= 0
+        ):
             raise ValueError(f"topology.num_rails must be an integer >= 0, got {self.num_rails!r}")
-        if not (isinstance(self.oversubscription, int | float) and self.oversubscription >= 1):
+        if not (_is_number(self.oversubscription) and self.oversubscription >= 1):
             raise ValueError(
                 f"topology.oversubscription must be >= 1 (1 = non-blocking), got {self.oversubscription!r}"
             )
-        if not (isinstance(self.spine_latency_us, int | float) and self.spine_latency_us >= 0):
+        if not (_is_number(self.spine_latency_us) and self.spine_latency_us >= 0):
             raise ValueError(f"topology.spine_latency_us must be >= 0, got {self.spine_latency_us!r}")
 
 
@@ -151,6 +166,8 @@ class ClusterSpec:
     def __post_init__(self) -> None:
         if not (isinstance(self.name, str) and self.name):
             raise ValueError(f"cluster name must be a non-empty string, got {self.name!r}")
+        if not isinstance(self.description, str):
+            raise ValueError(f"cluster description must be text, got {self.description!r}")
         _check_count("cluster", "gpus_per_node", self.gpus_per_node)
         _check_positive("cluster", "base_latency_us", self.base_latency_us)
 

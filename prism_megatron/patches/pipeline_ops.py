@@ -29,8 +29,8 @@ _C10_DTYPE_NAMES = {
 }
 
 
-def nbytes(tensor: torch.Tensor) -> int:
-    return tensor.numel() * tensor.element_size()
+TILE_ELEMENTS = 1024
+"""Elements of a virtual stage's message drawn at random; the rest repeat them (`PlausibleValues.fill`)."""
 
 
 @dataclasses.dataclass
@@ -51,13 +51,32 @@ class PlausibleValues:
     generators: dict[torch.device, torch.Generator] = dataclasses.field(default_factory=dict)
 
     def fill(self, buffer: torch.Tensor, *, gradient: bool) -> None:
+        """Draw the first `TILE_ELEMENTS` in place and repeat them over the rest of the buffer.
+
+        Why a tile: drawing every element of a 128 KiB activation made an exchange with a virtual
+        stage cost the host more than the real gloo exchange it stands for (`benchmarks/overhead/
+        exchange.py`: 1.2x on a 2-core machine; with the tile, half of it); copying a drawn tile costs
+        what gloo's own copy into the buffer does. Each element still comes from the same normal,
+        so the scale and the gradient's norm are unchanged.
+        """
         generator = self.generators.get(buffer.device)
         if generator is None:
             generator = self.generators[buffer.device] = torch.Generator(device=buffer.device)
         generator.manual_seed(self.seed * 2 + int(gradient))
-        std = 1.0 / math.sqrt(max(buffer.numel(), 1)) if gradient else 1.0
+        numel = buffer.numel()
+        std = 1.0 / math.sqrt(max(numel, 1)) if gradient else 1.0
         with torch.no_grad():
-            buffer.normal_(0.0, std, generator=generator)
+            flat = buffer.view(-1)
+            if numel <= TILE_ELEMENTS:
+                flat.normal_(0.0, std, generator=generator)
+                return
+            tile = flat[:TILE_ELEMENTS]
+            tile.normal_(0.0, std, generator=generator)
+            num_tiles = numel // TILE_ELEMENTS
+            flat[TILE_ELEMENTS : num_tiles * TILE_ELEMENTS].view(num_tiles - 1, TILE_ELEMENTS).copy_(tile)
+            rest = numel - num_tiles * TILE_ELEMENTS
+            if rest:
+                flat[num_tiles * TILE_ELEMENTS :].copy_(flat[:rest])
 
 
 class PinnedSend:
@@ -94,21 +113,28 @@ class Transfer:
     async_op: bool
     issue: Mark = dataclasses.field(default_factory=timeline.mark)
     """Where the program issued it, on the device timeline."""
+    size_bytes: int = dataclasses.field(init=False)
+    """The message's bytes."""
+    dtype: str = dataclasses.field(init=False)
+    """Its element type as c10 names it. Both are read once: on the CPU every tensor query passes
+    through the device shim's torch function mode, host time on the exchange's hot path."""
+
+    def __post_init__(self) -> None:
+        self.size_bytes = self.tensor.nbytes
+        dtype = self.tensor.dtype
+        name = _C10_DTYPE_NAMES.get(dtype)
+        self.dtype = name if name is not None else str(dtype)
 
     @property
     def direction(self) -> str:
         return "send" if self.kind == OpKind.SEND else "recv"
-
-    @property
-    def dtype(self) -> str:
-        return _C10_DTYPE_NAMES.get(self.tensor.dtype, str(self.tensor.dtype))
 
     def log(self, *, complete: Mark, has_virtual: bool) -> None:
         replay.record_p2p(
             kind=self.kind,
             self_rank=self.self_rank,
             peer=self.peer,
-            size_bytes=nbytes(self.tensor),
+            size_bytes=self.size_bytes,
             dtype=self.dtype,
             issue=self.issue,
             complete=complete,
@@ -135,13 +161,13 @@ class VirtualPeerOp:
                 self_rank=transfer.self_rank,
                 peer_virtual_rank=transfer.peer,
                 direction=transfer.direction,
-                size_bytes=nbytes(transfer.tensor),
+                size_bytes=transfer.size_bytes,
                 dtype=transfer.dtype,
                 async_op=transfer.async_op,
             )
         else:
             self._complete_ns = replay.p2p_completion_ns(
-                transfer.peer, transfer.direction, nbytes(transfer.tensor)
+                transfer.peer, transfer.direction, transfer.size_bytes
             )
         self._done = False
 

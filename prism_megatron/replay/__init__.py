@@ -45,6 +45,7 @@ __all__ = [
     "flight_recorder_dump",
     "load_schedule",
     "mark_iteration_start",
+    "op_activity",
     "p2p_completion_ns",
     "record_p2p",
     "set_default_cost",
@@ -176,6 +177,14 @@ def wait_until_ns(t_ns: int) -> None:
 def flight_recorder_dump() -> str:
     """The last ops of this process (oldest first) with their state and times."""
     return _native().flight_recorder_dump()
+
+
+def op_activity() -> tuple[int, int]:
+    """(ops issued plus ops settled by this process so far, `time.monotonic_ns()` of the last of
+    them, 0 before the first): the count grows while the process makes progress through its ops.
+    The rank watchdog reads it; cheap, never blocks on an op."""
+    count, last_ns = _native().op_activity()
+    return int(count), int(last_ns)
 
 
 def set_flight_recorder_capacity(num_ops: int) -> None:

@@ -67,6 +67,13 @@ def _status(report: RunReport) -> list[str]:
         return [f"Status: **ok** (report made {report.created})."]
     if report.status == "running":
         return [f"Status: **running**: the run had not finished when this was written ({report.created})."]
+    if report.status == "interrupted":
+        why = report.failure.message if report.failure else "stopped by a signal"
+        return [
+            f"Status: **interrupted**: {why}.",
+            "",
+            "- everything below is what was measured before it stopped.",
+        ]
     failure = report.failure
     lines = [f"Status: **failed**: {failure.message if failure else 'no reason recorded'}", ""]
     if failure and failure.dead_rank is not None:

@@ -150,6 +150,10 @@ class RankReport:
     """Bytes per category at the moment of the peak (parameters, gradients, optimizer_state, activations)."""
     memory_method: str | None = None
     """How memory was measured: 'live-storage' (CPU) or 'cuda-allocator'."""
+    cpu_threads: int | None = None
+    """On the cpu device: the rank's intra-op threads (--prism-cpu-threads-per-rank)."""
+    cpu_cores: tuple[int, ...] | None = None
+    """On the cpu device: the cores the rank ran on."""
 
     @classmethod
     def from_pieces(
@@ -160,8 +164,10 @@ class RankReport:
         breakdown: RoleBreakdown | None = None,
         peak_memory_reserved_bytes: int | None = None,
         role: str | None = None,
+        cpu_share: Mapping[str, Any] | None = None,
     ) -> RankReport:
-        """Build from a memory report (a `MemoryReport` or its dict) and a `RoleBreakdown`."""
+        """Build from a memory report (a `MemoryReport` or its dict), a `RoleBreakdown` and the rank's
+        share of the machine on the cpu device (`megatron.run.cpu_share.CpuShare.as_dict`)."""
         if memory is not None and not isinstance(memory, Mapping):
             memory = memory.as_dict()
         times = {}
@@ -183,13 +189,24 @@ class RankReport:
             ),
             memory_by_category=dict(memory["at_peak_bytes"]) if memory else {},
             memory_method=memory.get("method") if memory else None,
+            cpu_threads=cpu_share["threads"] if cpu_share else None,
+            cpu_cores=tuple(cpu_share["cores"]) if cpu_share else None,
             **times,
+        )
+
+    @classmethod
+    def from_json(cls, virtual_rank: int, entry: Mapping[str, Any]) -> RankReport:
+        """One entry of report.json's `ranks` (what `to_json` wrote)."""
+        cores = entry.get("cpu_cores")
+        return cls(
+            virtual_rank=virtual_rank, **{**entry, "cpu_cores": tuple(cores) if cores is not None else None}
         )
 
     def to_json(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
         del out["virtual_rank"]
         out["memory_by_category"] = dict(self.memory_by_category)
+        out["cpu_cores"] = list(self.cpu_cores) if self.cpu_cores is not None else None
         return out
 
 
@@ -306,7 +323,7 @@ class RunReport:
             status=doc["status"],
             iterations=tuple(IterationRecord(**it) for it in doc["iterations"]),
             iteration_time_s=doc["iteration_time_s"],
-            ranks={int(k): RankReport(virtual_rank=int(k), **v) for k, v in doc["ranks"].items()},
+            ranks={int(k): RankReport.from_json(int(k), v) for k, v in doc["ranks"].items()},
             roles=tuple(RoleReport(role=k, **v) for k, v in (doc.get("roles") or {}).items()),
             simulated_iteration_time_s=doc["simulated_iteration_time_s"],
             tflops_per_gpu=doc["tflops_per_gpu"],

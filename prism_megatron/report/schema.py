@@ -27,7 +27,9 @@ from collections.abc import Iterable
 from typing import Any
 
 SCHEMA_VERSION = 1
-STATUSES = ("ok", "failed", "running")
+STATUSES = ("ok", "failed", "running", "interrupted")
+"""running and interrupted runs have not finished (`FINISHED` have)."""
+FINISHED = ("ok", "failed")
 MEMORY_CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations")
 """Categories of `memory_by_category`, as `prism_megatron.megatron.run.memory` names them."""
 
@@ -186,7 +188,7 @@ def _check_consistency(doc: dict, errors: list[str]) -> None:
             f"$.target.dp: must be world_size / (tp * pp * cp) = {world_size}/{model_size}, got {target['dp']}"
         )
     real = doc["real_ranks"]
-    if not real and status != "failed":
+    if not real and status not in ("failed", "interrupted"):
         errors.append("$.real_ranks: must name at least one real rank")
     if len(set(real)) != len(real):
         errors.append(f"$.real_ranks: must not repeat a rank, got {real}")
@@ -203,8 +205,8 @@ def _check_consistency(doc: dict, errors: list[str]) -> None:
     dead = (doc.get("failure") or {}).get("dead_rank")
     if dead is not None and dead >= world_size:
         errors.append(f"$.failure.dead_rank: rank {dead} is outside the world (0..{world_size - 1})")
-    if status != "failed" and doc.get("failure"):
-        errors.append(f"$.failure: only a failed run has a failure, but status is {status!r}")
+    if status not in ("failed", "interrupted") and doc.get("failure"):
+        errors.append(f"$.failure: only a failed or interrupted run has a failure, but status is {status!r}")
     _check_iterations(doc, errors)
     _check_roles(doc, errors)
     _check_tokens(doc, errors)

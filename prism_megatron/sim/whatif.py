@@ -87,7 +87,8 @@ def parse_rank_factors(values: Iterable[str], flag: str) -> dict[int, float]:
     """Parse repeated `RANK:FACTOR` values of `flag` into {virtual rank: factor}.
 
     Raises:
-        ValueError: naming the flag, the value and the valid form.
+        ValueError: naming the flag, the value and the valid form; a rank given twice (which factor
+            was meant is not for us to guess).
     """
     out: dict[int, float] = {}
     for text in values:
@@ -100,5 +101,10 @@ def parse_rank_factors(values: Iterable[str], flag: str) -> dict[int, float]:
             raise ValueError(f"{flag} {text!r}: expected RANK:FACTOR, for example {flag} 17:1.5") from None
         if rank_value < 0 or not (math.isfinite(factor_value) and factor_value > 0):
             raise ValueError(f"{flag} {text!r}: the rank must be >= 0 and the factor a positive number")
+        if rank_value in out:
+            raise ValueError(
+                f"{flag} {text!r}: rank {rank_value} is already given ({flag} {rank_value}:{out[rank_value]:g}); "
+                "give each rank once"
+            )
         out[rank_value] = factor_value
     return out

@@ -41,3 +41,38 @@ def load_results(out_dir: Path) -> list[dict]:
         with open(path, encoding="utf-8") as f:
             results.append(json.load(f))
     return results
+
+
+def process_groups_naming(path: Path) -> dict[int, int]:
+    """{pid: process group} of every process whose command line names `path` (a run folder), and
+    of every other process in those groups (a worker's own children)."""
+    found = {pid: stat[1] for pid, stat in _processes().items() if str(path) in _cmdline(pid)}
+    groups = set(found.values())
+    return {pid: stat[1] for pid, stat in _processes().items() if stat[1] in groups or pid in found}
+
+
+def alive_in_groups(groups: set[int]) -> list[int]:
+    """The processes (zombies aside) still in any of these process groups."""
+    return [pid for pid, stat in _processes().items() if stat[1] in groups and stat[0] != "Z"]
+
+
+def _processes() -> dict[int, tuple[str, int]]:
+    """{pid: (state, process group)} from /proc."""
+    out = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat", encoding="ascii", errors="replace") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            out[int(name)] = (fields[0], int(fields[2]))
+    return out
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""

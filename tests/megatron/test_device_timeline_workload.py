@@ -30,18 +30,11 @@ import pytest
 
 pytest.importorskip("megatron.core")
 
-from benchmarks.fidelity import workload
-from benchmarks.fidelity.loop import ReplayInputs
-from benchmarks.fidelity.processes import run_processes
+from benchmarks.fidelity import passes, workload
+from prism_megatron import files
+from prism_megatron.emulation.closed_loop import network_cost
 from prism_megatron.graph import LayoutWorld, NodeType
-from prism_megatron.graph.capture import (
-    CapturedIteration,
-    RankCapture,
-    build_graph,
-    compute_intervals,
-    first_difference,
-)
-from prism_megatron.replay import OpKind
+from prism_megatron.graph.capture import RankCapture, compute_intervals, first_difference
 from prism_megatron.sim import simulate
 from prism_megatron.topology import Layout
 
@@ -53,40 +46,56 @@ JOB = workload.Job(
 LAYOUT = Layout(**JOB.layout_kwargs())
 WORLD = LayoutWorld(LAYOUT)
 ITERATIONS = 6
-WARMUP = 1
 SPAN_TOLERANCE = 0.02
 WAKE_UP_NS = 1_000_000
 """A test-device stream's worker may stamp a mark up to one thread wake-up late (measured here: 0.3-0.4
 ms on a quiet machine for a span with nothing asked in it); against spans of 60-120 ms that is below the
 2 % bound, but it decides spans of a fraction of a millisecond."""
 REAL_RANK = 2  # the last stage of replica 0
+OP_COST_US = 2000.0
+"""Every op with peers costs 2 ms in the emulation's simulation (a file of measured costs)."""
 
 
-def capture(device: str, *, host_clock: bool = False):
-    """The job's graph from each slice rank alone (one forked process each, one at a time, so the
-    two do not share the cores), and
-    per role the median host time of each compute span that was not a sleep (host captures)."""
-    requests = [
-        workload.Request(job=JOB, mode="capture", iterations=ITERATIONS, real_ranks=(rank,),
-                         memory_iterations=0, device=device, host_clock_marks=host_clock,
-                         record_sleeps=device == "host")
-        for rank in LAYOUT.default_slice()
-    ]  # fmt: skip
-    captures, own = [], {}
-    for recorded in [run_processes(workload.run, [r], connected=False, timeout_s=300)[0] for r in requests]:
-        iterations = tuple(
-            CapturedIteration(
-                start_ns=start,
-                end_ns=end,
-                events=tuple(e for e in recorded["events"] if start <= e.issue_ns < end),
-                p2p_calls=tuple(c for c in recorded["exchanges_ns"] if start <= c[0] < end),
-            )
-            for start, end in zip(recorded["starts_ns"], recorded["ends_ns"], strict=True)
-        )
-        rank = recorded["virtual_rank"]
-        captures.append(RankCapture(rank, LAYOUT.role_of(rank).name, iterations, num_warmup=WARMUP))
-        own[LAYOUT.role_of(rank).name] = host_own_ns(captures[-1], recorded["sleeps_ns"])
-    return build_graph(captures, WORLD, JOB.layout_kwargs()), own
+def plan(directory, cost_file: str):
+    """The product's plan of the job, rank 2 real (its capture passes: one slice rank at a time)."""
+    return passes.plan(
+        JOB,
+        real_ranks=(REAL_RANK,),
+        out_dir=str(directory),
+        cost_file=cost_file,
+        iterations=ITERATIONS,
+        capture_iters=ITERATIONS,
+    )
+
+
+def flat_costs(directory) -> str:
+    path = str(directory / "costs.json")
+    files.write_json(
+        {
+            "schema_version": 1,
+            "kind": "measured",
+            "name": "flat",
+            "costs_us": {"ALL_REDUCE/2": [[0, OP_COST_US]], "SEND/2": [[0, OP_COST_US]]},
+        },
+        path,
+    )
+    return path
+
+
+def capture(directory, device: str, *, host_clock: bool = False):
+    """The job's graph from the product's capture passes (each slice rank alone, one at a time, so
+    the two do not share the cores), and per role the median host time of each compute span that
+    was not a sleep (host captures)."""
+    run_plan = plan(directory, flat_costs(directory))
+    graph, results = passes.capture_with_results(
+        run_plan, JOB, device=device, host_clock_marks=host_clock, record_sleeps=device == "host"
+    )
+    own = {}
+    for result in results:
+        rank = result["virtual_rank"]
+        rank_capture = RankCapture.load(files.capture_path(run_plan.path(files.CAPTURE_DIR), rank))
+        own[LAYOUT.role_of(rank).name] = host_own_ns(rank_capture, result["sleeps_ns"])
+    return graph, own, run_plan
 
 
 def host_own_ns(rank_capture: RankCapture, sleeps_ns: list) -> list[float]:
@@ -108,12 +117,16 @@ def compute_spans(graph) -> dict[str, list[int]]:
 
 
 @pytest.fixture(scope="module")
-def graphs():
-    return {"host": capture("host"), "test": capture("test"), "host-clock": capture("test", host_clock=True)}
+def graphs(tmp_path_factory):
+    return {
+        "host": capture(tmp_path_factory.mktemp("host"), "host"),
+        "test": capture(tmp_path_factory.mktemp("test"), "test"),
+        "host-clock": capture(tmp_path_factory.mktemp("host-clock"), "test", host_clock=True),
+    }
 
 
 def test_a_capture_on_the_test_device_gives_the_synchronous_capture_graph(graphs):
-    (host, own), (device, _) = graphs["host"], graphs["test"]
+    (host, own, _), (device, _, _) = graphs["host"], graphs["test"]
     for role in host.roles:
         assert first_difference(host.roles[role].streams, device.roles[role].streams) is None, role
     misses = []
@@ -140,18 +153,13 @@ def test_a_host_clock_capture_on_the_test_device_would_not(graphs):
 
 
 def test_emulation_on_the_test_device_follows_its_simulation_in_device_time(graphs):
-    def cost(kind: OpKind, members: tuple[int, ...], size_bytes: int) -> float:
-        return 0.0 if len(members) <= 1 else 2_000_000.0  # 2 ms per op with peers
-
-    graph = graphs["test"][0]
-    inputs = ReplayInputs(graph=graph, layout_kwargs=JOB.layout_kwargs(), cost_fn=cost, stragglers={},
-                          real_ranks=(REAL_RANK,))  # fmt: skip
-    request = workload.Request(job=JOB, mode="emulate", iterations=6, real_ranks=(REAL_RANK,),
-                               replay_inputs=inputs, memory_iterations=0, device="test")  # fmt: skip
-    (result,) = run_processes(workload.run, [request], connected=False, timeout_s=300)
+    graph, _, run_plan = graphs["test"]
+    (result,) = passes.emulate(run_plan, JOB, ITERATIONS, memory_iterations=0, device="test")
+    assert result["phase"] == "emulate"
     times_ns = [end - start for start, end in zip(result["starts_ns"], result["ends_ns"], strict=True)]
     emulated_ns = statistics.median(times_ns[2:])
-    simulated_ns = result["replay"]["final_rank_simulated_ms"] * 1e6
+    simulated_ns = result["simulated_rank_ms"] * 1e6
+    cost = network_cost(run_plan.config.cluster.cluster)
     assert simulate(graph, WORLD, cost).finish_ns(REAL_RANK) > 0
     assert abs(emulated_ns - simulated_ns) <= 0.01 * simulated_ns, (
         emulated_ns / 1e6,

@@ -16,8 +16,9 @@ import sys
 import time
 
 import pytest
-from launching import quiet_env
+from launching import alive_in_groups, process_groups_naming, quiet_env
 
+from prism_megatron.config import EmulationConfig
 from prism_megatron.graph import load_graph
 from prism_megatron.report import schema
 
@@ -75,6 +76,26 @@ def test_one_command_captures_simulates_emulates_and_writes_every_output(run_dir
     assert set(report["roles"]) == {"pp0-tp0src", "pp0", "pp1-tp0src", "pp1"}
     for rank in ("0", "8"):
         assert report["ranks"][rank]["peak_memory_allocated_bytes"] > 0
+
+
+@pytest.mark.slow
+def test_every_pass_gives_each_real_rank_the_same_share_of_the_machine(run_dir):
+    cores = sorted(os.sched_getaffinity(0))
+    threads = EmulationConfig().resolved_cpu_threads(len(cores))
+    passes = {
+        "capture": [
+            read_json(path)["cpu_share"] for path in sorted((run_dir / "capture").glob("rank-*.json"))
+        ],
+        "emulate": [read_json(run_dir / f"rank-{rank:05d}.json")["cpu_share"] for rank in REAL_RANKS],
+    }
+    assert len(passes["capture"]) == 4  # the slice: 0, 1, 8, 9, two processes per pass
+    for shares in passes.values():
+        assert all(share["threads"] == threads for share in shares), shares
+        if len(cores) >= 2 * threads:  # two processes at once: a core set of its own each
+            assert all(share["pinned"] and len(share["cores"]) == threads for share in shares), shares
+            assert len({tuple(share["cores"]) for share in shares[:2]}) == 2, shares
+    report = read_json(run_dir / "report.json")
+    assert [report["ranks"][str(rank)]["cpu_threads"] for rank in REAL_RANKS] == [threads, threads]
 
 
 @pytest.mark.slow
@@ -201,25 +222,61 @@ def test_invalid_flags_are_one_line_naming_the_flag_and_exit_2(flags, named, tmp
     assert not os.path.exists(tmp_path / "run")
 
 
-@pytest.mark.slow
-def test_a_killed_rank_fails_the_run_naming_it_and_the_others_stop(run_dir, tmp_path):
+def start_long_emulation(run_dir, out) -> tuple[subprocess.Popen, dict]:
+    """The emulation of 400 iterations from the shared graph, once rank 8 is 2 iterations in; its state."""
     command = [sys.executable, "-m", "prism_megatron.cli", "emulate", "--", *JOB, "--train-iters", "400",
-               "--prism-graph", str(run_dir / "graph"), "--prism-out", str(tmp_path)]  # fmt: skip
+               "--prism-graph", str(run_dir / "graph"), "--prism-out", str(out)]  # fmt: skip
     process = subprocess.Popen(
-        command, env=quiet_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
-    progress = tmp_path / "progress" / "rank-00008.json"
+        command, env=quiet_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    progress = out / "progress" / "rank-00008.json"
     deadline_s = time.monotonic() + 240
     while time.monotonic() < deadline_s and process.poll() is None:
         state = read_json(progress) if progress.exists() else {}
         if state.get("phase") == "emulate" and state.get("iterations_done", 0) >= 2:
             break
         time.sleep(0.2)
-    assert process.poll() is None, "the run ended before the rank could be killed"
+    assert process.poll() is None, "the run ended before the fault"
+    return process, state
+
+
+@pytest.mark.slow
+def test_sigterm_during_emulation_ends_every_process_and_keeps_what_was_measured(run_dir, tmp_path):
+    process, _ = start_long_emulation(run_dir, tmp_path)
+    groups = set(process_groups_naming(tmp_path).values()) - {os.getpgrp()}
+    assert len(groups) >= 4, "the command, torchrun and the two real ranks, each leading a group"
+    signalled_s = time.monotonic()
+    process.send_signal(signal.SIGTERM)
+    while alive_in_groups(groups - {process.pid}) and time.monotonic() - signalled_s < 60:
+        time.sleep(0.05)
+    stopped_s = time.monotonic() - signalled_s
+    _, stderr = process.communicate(timeout=60)
+    print(f"\nfault timing: SIGTERM during emulation: processes gone in {stopped_s:.1f} s, "
+          f"command exited in {time.monotonic() - signalled_s:.1f} s")  # fmt: skip
+    assert stopped_s < 10, "every process the command started ends within 10 s"
+    assert not alive_in_groups(groups)
+    assert process.returncode == 128 + signal.SIGTERM, stderr[-3000:]
+    report = read_json(tmp_path / "report.json")
+    schema.validate(report)
+    assert report["status"] == "interrupted" and "SIGTERM during emulate" in report["failure"]["message"]
+    assert len(report["iterations"]) >= 2, "what the ranks measured before the signal is kept"
+    done = subprocess.run([sys.executable, "-m", "prism_megatron.cli", "report", "--check", str(tmp_path)],
+                          env=quiet_env(), capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 1 and "not finished" in done.stderr
+
+
+@pytest.mark.slow
+def test_a_killed_rank_fails_the_run_naming_it_and_the_others_stop(run_dir, tmp_path):
+    process, state = start_long_emulation(run_dir, tmp_path)
+    groups = set(process_groups_naming(tmp_path).values()) - {os.getpgrp()}
     os.kill(state["pid"], signal.SIGKILL)
     killed_s = time.monotonic()
     stdout, stderr = process.communicate(timeout=120)
-    assert time.monotonic() - killed_s < 60, "the other real rank stops within a minute"
+    took_s = time.monotonic() - killed_s
+    print(f"\nfault timing: SIGKILL of a real rank: run failed in {took_s:.1f} s")
+    assert took_s < 60, "the other real rank stops within a minute"
+    assert not alive_in_groups(groups), "no process of the run is left"
     assert process.returncode == 1, stderr[-3000:]
     report = read_json(tmp_path / "report.json")
     schema.validate(report)

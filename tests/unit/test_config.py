@@ -16,6 +16,7 @@ FROZEN_FLAGS = {
     "--prism-world-size": None,
     "--prism-ranks": None,
     "--prism-device": "auto",
+    "--prism-cpu-threads-per-rank": None,
     "--prism-data-policy": "mirror",
     "--prism-timeout": 300.0,
     "--prism-straggler": None,
@@ -70,11 +71,13 @@ def test_flags_land_in_their_sections_with_units_in_field_names():
     [
         (("--prism-emulate",), "--prism-emulate needs --prism-world-size"),
         (("--prism-world-size", "0"), "--prism-world-size must be >= 1"),
+        (("--prism-cpu-threads-per-rank", "0"), "--prism-cpu-threads-per-rank must be >= 1"),
         (("--prism-timeout", "0"), "--prism-timeout must be a positive"),
         (("--prism-timeout", "nan"), "--prism-timeout must be a positive"),
         (("--prism-straggler", "5"), "--prism-straggler item '5' must read RANK:FACTOR"),
         (("--prism-straggler", "5:-1"), "RANK:FACTOR"),
         (("--prism-world-size", "8", "--prism-straggler", "9:1.5"), "outside --prism-world-size 8"),
+        (("--prism-straggler", "5:1.5,5:2"), "--prism-straggler rank 5 is given twice"),
         (("--prism-capture-iters", "0"), "--prism-capture-iters must be >= 1"),
         (("--prism-ranks", " "), "--prism-ranks must not be empty"),
         (("--prism-out", ""), "--prism-out must name a directory"),
@@ -87,6 +90,18 @@ def test_invalid_values_name_the_flag(argv, message):
         parse(*argv)
 
 
+def test_a_repeated_straggler_flag_adds_ranks_and_refuses_one_given_twice():
+    flags = ["--prism-straggler", "5:1.5", "--prism-straggler", "7:2"]
+    assert prism_config.parse_prism_flags(flags).emulation.stragglers() == {5: 1.5, 7: 2.0}
+    with pytest.raises(ValueError, match=r"rank 5 is given twice \(5:1.5 and 5:2\)"):
+        prism_config.parse_prism_flags(["--prism-straggler", "5:1.5", "--prism-straggler", "5:2"])
+
+
+def test_a_bad_value_is_one_line_not_the_usage_of_every_flag():
+    with pytest.raises(ValueError, match=r"argument --prism-device: invalid choice: 'tpu'"):
+        prism_config.parse_prism_flags(["--prism-device", "tpu"])
+
+
 def test_choices_are_enforced_by_the_parser():
     with pytest.raises(SystemExit):
         parse("--prism-device", "tpu")
@@ -97,6 +112,12 @@ def test_sections_are_frozen_and_keyword_only():
         PrismConfig().emulation.world_size = 3  # type: ignore[misc]
     with pytest.raises(TypeError):
         prism_config.EmulationConfig(True)  # type: ignore[misc]
+
+
+def test_a_cpu_rank_gets_the_threads_asked_for_else_an_eighth_of_the_machine():
+    assert prism_config.EmulationConfig(cpu_threads_per_rank=3).resolved_cpu_threads(num_cores=2) == 3
+    assert prism_config.EmulationConfig().resolved_cpu_threads(num_cores=2) == 1
+    assert prism_config.EmulationConfig().resolved_cpu_threads(num_cores=64) == 8
 
 
 def test_auto_device_resolves_by_cuda_availability():

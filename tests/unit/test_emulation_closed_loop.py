@@ -98,7 +98,7 @@ def test_a_graph_of_another_job_is_refused(tmp_path):
     save_graph(GRAPH, str(tmp_path))
     assert load_or_build_graph(str(tmp_path), LAYOUT) == GRAPH
     other = Layout(world_size=8192, tp=4, pp=8)
-    with pytest.raises(ValueError, match="describes the job"):
+    with pytest.raises(ValueError, match="captured for another job: tp 8 in the graph, 4 here; etp 8 in"):
         load_or_build_graph(str(tmp_path), other)
     assert layout_kwargs(LAYOUT)["tp"] == 8
 

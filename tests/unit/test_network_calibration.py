@@ -120,3 +120,35 @@ def test_the_calibrate_command_reads_nccl_tests_json_output(tmp_path, capsys):
     assert cli.main(["calibrate", os.path.join(data, "all_reduce_2nodes.json"), "--out", str(out)]) == 0
     assert "1 run(s), 3 rows" in capsys.readouterr().out
     assert load_cluster(out).name == "from_json"
+
+
+def test_the_calibrate_command_prints_each_rows_residual_and_warns_of_too_few_rows(tmp_path, capsys):
+    data = os.path.join(os.path.dirname(__file__), "data", "nccl_tests")
+    out = tmp_path / "c.yaml"
+    assert cli.main(["calibrate", os.path.join(data, "all_reduce_2nodes.log"), "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    rows = [line for line in text.splitlines() if line.startswith("all_reduce_2nodes.log:")]
+    assert [row.split()[1] for row in rows] == ["1024", "32768", "1048576"], "one line per measured row"
+    assert all(row.rstrip().endswith("%") for row in rows), "each with its residual"
+    assert "warning: 3 row(s) for 4 fitted parameters" in text
+    assert out.exists()
+
+
+def test_the_calibrate_command_refuses_a_fit_beyond_its_error_bound_and_writes_nothing(tmp_path, capsys):
+    logs = synthetic_logs(TRUTH, ops=("all_reduce",))
+    path = tmp_path / "all_reduce_2x8.log"
+    rows = logs["all_reduce_2x8.log"].splitlines()
+    sized = [i for i, line in enumerate(rows) if line.strip() and line.split()[0].isdigit()]
+    for i, j in zip(sized, reversed(sized), strict=True):  # times that fall as sizes grow
+        if i < j:
+            a, b = rows[i].split(), rows[j].split()
+            a[5], b[5] = b[5], a[5]
+            rows[i], rows[j] = " ".join(a), " ".join(b)
+    path.write_text("\n".join(rows) + "\n")
+    out = tmp_path / "c.yaml"
+    assert cli.main(["calibrate", str(path), "--out", str(out)]) == 2
+    captured = capsys.readouterr()
+    assert "exceeds the bound 25% (--max-error); no cluster written" in captured.err
+    assert "residual" in captured.out, "the rows that disagree are shown"
+    assert not out.exists()
+    assert cli.main(["calibrate", str(path), "--out", str(out), "--max-error", "1e6"]) == 0, "a looser bound"

@@ -61,6 +61,12 @@ def test_a_file_can_override_a_preset(tmp_path):
         ),
         ({"base": "dgx-h100", "topology": {"kind": "torus"}}, r"topology.kind must be one of"),
         ({"base": "dgx-h100", "schema_version": 7}, r"schema_version 7 is not supported"),
+        # a quoted "false" is a truthy string: it must not switch NVLS on
+        ({"base": "dgx-h100", "intra_node": {"nvls": "false"}}, r"intra_node.nvls must be true or false"),
+        ({"base": "dgx-h100", "intra_node": {"nvswitch": 1}}, r"intra_node.nvswitch must be true or false"),
+        ({"base": "dgx-h100", "intra_node": {"nvlink_efficiency": True}}, r"nvlink_efficiency must be in"),
+        ({"base": "dgx-h100", "topology": {"num_rails": True}}, r"topology.num_rails must be an integer"),
+        ({"base": "dgx-h100", "description": 7}, r"cluster description must be text"),
     ],
 )
 def test_bad_files_are_rejected_with_the_file_and_the_key(tmp_path, content, message):

@@ -33,7 +33,7 @@ def _doc(**changes):
                 exposed_comm_s=0.1,
                 bubble_s=0.3,
             ),
-            5: RankReport(virtual_rank=5, peak_memory_allocated_bytes=120),
+            5: RankReport(virtual_rank=5, peak_memory_allocated_bytes=120, cpu_threads=1, cpu_cores=(1,)),
         },
         roles=(
             RoleReport(role="pp0", virtual_rank=0, count=8, compute_s=0.6, exposed_comm_s=0.1, bubble_s=0.3),
@@ -119,20 +119,25 @@ def test_each_role_adds_up_to_the_simulated_time_and_the_roles_cover_the_world()
     assert "$.roles: the role counts must add up to world_size 16" in errors
 
 
-def test_a_failed_run_says_why_and_only_a_failed_run_has_a_failure():
+def test_a_failed_run_says_why_and_only_a_failed_or_interrupted_run_has_a_failure():
     assert _errors(_doc(status="failed")) == [
         "$.failure: a failed run must say why (message, dead_rank, last_op)"
     ]
     failure = {"message": "rank 5 died", "dead_rank": 5, "last_op": None}
     assert _errors(_doc(failure=failure)) == [
-        "$.failure: only a failed run has a failure, but status is 'ok'"
+        "$.failure: only a failed or interrupted run has a failure, but status is 'ok'"
     ]
     failed = _doc(status="failed", failure=failure, ranks={})  # a failed run may lack rank results
     validate(failed)
     assert _errors(_doc(status="failed", failure={**failure, "dead_rank": 99}))[0] == (
         "$.failure.dead_rank: rank 99 is outside the world (0..15)"
     )
-    assert _errors(_doc(status="done"))[0] == "$.status: must be one of ok, failed, running, got 'done'"
+    assert _errors(_doc(status="done"))[0] == (
+        "$.status: must be one of ok, failed, running, interrupted, got 'done'"
+    )
+    # Stopped by a signal: what was measured so far, and why it stopped (or not).
+    validate(_doc(status="interrupted", ranks={}, failure={**failure, "message": "interrupted by SIGTERM"}))
+    validate(_doc(status="interrupted", ranks={}, real_ranks=[]))
 
 
 def test_a_newer_schema_is_refused_with_what_to_do():
@@ -185,3 +190,15 @@ def test_tokens_per_second_per_gpu_and_megatrons_names_are_reported():
     assert _errors(_doc(tokens_per_s_per_gpu=1.0))[0].startswith(
         "$.tokens_per_s_per_gpu: must be global_batch_size x seq_length / (iteration_time_s x world_size)"
     )
+
+
+def test_a_cpu_ranks_share_of_the_machine_is_recorded_and_checked():
+    doc = _doc()
+    assert doc["ranks"]["5"]["cpu_threads"] == 1 and doc["ranks"]["5"]["cpu_cores"] == [1]
+    assert doc["ranks"]["0"]["cpu_threads"] is None  # not measured (a cuda rank)
+    doc["ranks"]["5"]["cpu_threads"] = 0
+    doc["ranks"]["5"]["cpu_cores"] = [-1]
+    assert sorted(_errors(doc)) == [
+        "$.ranks.5.cpu_cores[0]: must be >= 0, got -1",
+        "$.ranks.5.cpu_threads: must be >= 1, got 0",
+    ]

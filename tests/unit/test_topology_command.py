@@ -7,6 +7,7 @@ import sys
 import pytest
 
 from prism_megatron.cli import main
+from prism_megatron.megatron.job import target
 from prism_megatron.topology import GROUP_KINDS, Layout
 
 BASE = [
@@ -94,3 +95,43 @@ def test_topology_command_imports_neither_torch_nor_megatron():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["slice"][-1] == 131072 - 8192 + 1
+
+
+def test_listing_every_rank_builds_each_group_once_and_prints_what_rank_by_rank_would(capsys, monkeypatch):
+    from prism_megatron.commands import topology
+
+    argv = ["topology", "--world-size", "512", "--tensor-model-parallel-size", "4",
+            "--pipeline-model-parallel-size", "4", "--ranks", "all"]  # fmt: skip
+    layout = Layout(world_size=512, tp=4, pp=4)
+    rank_by_rank = "\n".join(topology.render_lines(layout, list(range(512)), topology.GroupLookup(layout, 1)))
+    no_model = target.Schedule(vpp=None, layers_per_stage=None, overlap_p2p_comm=False, num_microbatches=None)
+    described = topology.describe(layout, list(range(512)), no_model)
+    calls = []
+    monkeypatch.setattr(Layout, "group", lambda *a: calls.append(a) or ())
+    status, out, _ = _run(capsys, argv)
+    assert status == 0 and out == rank_by_rank + "\n"
+    assert calls == [], "with every rank selected, no rank's groups are rebuilt (that grew with W squared)"
+    status, out, _ = _run(capsys, [*argv, "--json"])
+    assert status == 0 and json.loads(out) == described
+
+
+def test_a_json_listing_too_large_to_print_is_refused_before_anything_is_printed(capsys):
+    status, out, err = _run(capsys, [*BASE, "16", "--world-size", "131072", "--ranks", "all", "--json"])
+    assert status == 2 and out == ""
+    assert "--ranks all --json would list" in err and "drop --json" in err
+
+
+def test_a_long_listing_shows_its_progress_on_a_terminal_and_clears_it(capsys, monkeypatch):
+    import io
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    terminal = Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    assert main([*BASE, "4", "--world-size", "8192", "--ranks", "all"]) == 0
+    shown = terminal.getvalue()
+    assert "\rtopology: listed 4096 of 8192 ranks" in shown and "listed 8192 of 8192 ranks" in shown
+    assert shown.endswith("\r"), "the line is cleared at the end"
+    assert capsys.readouterr().out.count("\nvirtual rank ") == 8192

@@ -19,9 +19,10 @@ import torch.distributed as dist
 import prism_megatron.topology as topology
 from prism_megatron.config import PrismConfig
 from prism_megatron.emulation import rank as rank_phase
+from prism_megatron.emulation import watchdog
 from prism_megatron.megatron.job import target
 from prism_megatron.megatron.job.target import ParallelSizes
-from prism_megatron.megatron.run import world
+from prism_megatron.megatron.run import cpu_share, world
 from prism_megatron.patches import control_flow, cpu_shim, parallel_state, pipeline, registry
 from prism_megatron.replay import timeline
 
@@ -53,6 +54,8 @@ class Runtime:
     p2p_class: Any = None
     phase: rank_phase.InstantPhase | None = None
     """The pass this process runs (capture, emulate or instant); set at bring-up."""
+    cpu: cpu_share.CpuShare | None = None
+    """On the cpu device, this rank's share of the machine (threads, cores)."""
 
     @property
     def virtual_rank(self) -> int:
@@ -90,9 +93,13 @@ class Runtime:
 
     def close(self) -> None:
         """Undo everything in reverse order (safe to call twice)."""
+        watchdog.stop()
         for applied in reversed(self.applied):
             applied.revert()
         self.applied.clear()
+        if self.cpu is not None:
+            self.cpu.restore()
+            self.cpu = None
         if self.world is not None:
             self.world.close()
             self.world = None
@@ -101,15 +108,25 @@ class Runtime:
 
 
 def start(config: PrismConfig) -> Runtime:
-    """Apply what must precede everything: the CPU device shim (only for the CPU device).
+    """Apply what must precede everything on the CPU device: the device shim, and this rank's share
+    of the machine (`cpu_share`: before any process group, so gloo's threads inherit it).
 
     The run folder is fixed here (`OutputConfig.resolved_out`), the same in every process of a job.
+    An emulating process starts its watchdog here, before the script runs (`emulation.watchdog`).
     """
     out = config.output.resolved_out(os.environ, time.time())
     config = dataclasses.replace(config, output=dataclasses.replace(config.output, out=out))
+    if config.emulation.emulate:
+        watchdog.start(
+            out_dir=out,
+            timeout_s=config.emulation.timeout_s,
+            phase=rank_phase.phase_name(config),
+            ranks_spec=config.emulation.ranks,
+        )
     device = config.emulation.resolved_device(torch.cuda.is_available())
     runtime = Runtime(config=config, device=device)
     if device == "cpu":
+        runtime.cpu = cpu_share.take(config.emulation)
         runtime.apply(cpu_shim.MEGATRON_CORE_SHIMS)
     return runtime
 

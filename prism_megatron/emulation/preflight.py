@@ -1,0 +1,101 @@
+"""What a run can check before its first process: the cluster, a reused graph, the script, the folder.
+
+A mistake found after the capture pass costs minutes, leaves a run folder behind and reads as a
+failure of the run; found here it is one line, exit status 2, and nothing is created. `plan_run`
+calls `check` once the plan is made, so every entry (the command, --report-only, the SLURM chain)
+gets the same checks.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from prism_megatron.emulation.plan import BUILTIN, RunPlan
+from prism_megatron.files import check_output
+
+MODEL_FACTS = ("num_layers", "hidden_size", "seq_length", "micro_batch_size", "num_microbatches")
+"""Facts of the job a graph records (metadata.extra) that must match for it to be reused."""
+
+
+def check(plan: RunPlan, *, existing_run: bool = False) -> None:
+    """Every check below, in order; ValueError naming the flag and the fix.
+
+    `existing_run`: the run folder holds the passes' outputs already (--report-only)."""
+    check_cluster(plan.config.cluster.cluster)
+    check_script(plan.script)
+    if not existing_run:
+        check_output(plan.out_dir, "--prism-out", directory=True)
+    if plan.reuses_graph:
+        check_graph(plan.config.capture.graph, plan)
+
+
+def check_cluster(source: str) -> None:
+    """The cluster preset or file (a cluster spec, or costs measured where the job runs), loaded and
+    validated whole, as every pass that simulates will read it (`closed_loop.network_cost`)."""
+    from prism_megatron.emulation.closed_loop import network_cost
+
+    try:
+        network_cost(source)
+    except ValueError as exc:
+        raise ValueError(f"--prism-cluster {source}: {exc}") from None
+
+
+def check_script(script: str, name: str = "--script") -> None:
+    """A Megatron-LM script exists and its checkout's `megatron.training` is importable from it.
+
+    The real processes import `megatron.training` with the script's folder on the path, after the
+    installed megatron-core (`megatron.run.script.make_importable`); `megatron` is a namespace
+    package, so that works when any folder on that path holds `megatron/training/`.
+    """
+    if script == BUILTIN:
+        return
+    if not os.path.isfile(script):
+        raise ValueError(f"{name} {script!r} is not a file; give a Megatron-LM training script")
+    folder = os.path.dirname(os.path.abspath(script))
+    path = [folder, *(entry or os.getcwd() for entry in sys.path)]
+    if not any(os.path.isfile(os.path.join(entry, "megatron", "training", "__init__.py")) for entry in path):
+        raise ValueError(
+            f"{name} {script}: Megatron-LM's megatron.training is not importable from it ({folder} holds no "
+            "megatron/training/); give the pretrain_gpt.py of a Megatron-LM checkout whose tag matches the "
+            "installed megatron-core, or put that checkout on PYTHONPATH"
+        )
+
+
+def check_graph(path: str, plan: RunPlan) -> None:
+    """A reused graph is whole (its digest) and describes this job (its layout and model facts)."""
+    from prism_megatron.emulation.closed_loop import layout_kwargs, load_or_build_graph
+
+    facts = graph_facts(plan)
+    try:
+        graph = load_or_build_graph(path, plan.layout, extra=facts)
+    except (OSError, ValueError) as exc:
+        message = str(exc)
+        raise ValueError(
+            message if message.startswith("--prism-graph") else f"--prism-graph {path}: {message}"
+        ) from None
+    mismatches = graph.metadata.mismatches(
+        layout_kwargs(plan.layout), {key: facts[key] for key in MODEL_FACTS}
+    )
+    if mismatches:
+        raise ValueError(
+            f"--prism-graph {path} was captured for another job: {'; '.join(mismatches)}; "
+            "capture again (leave out --prism-graph) or pass the flags it was captured with"
+        )
+
+
+def graph_facts(plan: RunPlan) -> dict[str, object]:
+    """The facts of the job a captured graph records beside its layout (metadata.extra)."""
+    from prism_megatron.emulation.rank import NUM_WARMUP
+
+    flags = plan.flags
+    return {
+        "script": plan.script,
+        "num_layers": flags.num_layers,
+        "hidden_size": flags.hidden_size,
+        "seq_length": flags.seq_length,
+        "micro_batch_size": flags.micro_batch_size,
+        "num_microbatches": plan.num_microbatches,
+        "capture_iters": plan.config.capture.capture_iters,
+        "num_warmup": NUM_WARMUP,
+    }
