@@ -7,7 +7,7 @@ SO_STAMP := prism_megatron/.built
 CSRC := $(shell find csrc -name '*.cpp' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh')
 
 .PHONY: venv build demo test test-fast lint format bench cuda-venv cuda-check clean venv-compat _venv-compat \
-	build-compat test-compat wheels-gpu
+	build-compat test-compat wheels-gpu patches-readme
 
 venv: $(STAMP)
 
@@ -43,6 +43,10 @@ lint: $(STAMP)
 format: $(STAMP)
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
+
+# The table of every patch, generated from the catalog (a test fails when the two differ).
+patches-readme: $(STAMP)
+	$(PY) -m prism_megatron.patches.catalog
 
 bench: build
 	$(PY) -m benchmarks.run

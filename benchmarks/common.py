@@ -10,11 +10,12 @@ torch nor Megatron.
 from __future__ import annotations
 
 import datetime
-import json
 import os
 import platform
 import sys
 from importlib import metadata
+
+from prism_megatron import files
 
 RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
@@ -59,14 +60,11 @@ def today() -> str:
 
 
 def write_results(suite: str, record: dict, markdown: str, out_dir: str = RESULTS_DIR) -> tuple[str, str]:
-    """Write `<date>-<suite>.json` and `.md` atomically (temp file, then rename); return both paths."""
-    os.makedirs(out_dir, exist_ok=True)
+    """Write `<date>-<suite>.json` and `.md` atomically; return both paths."""
     stem = os.path.join(out_dir, f"{record.get('date', today())}-{suite}")
     paths = (f"{stem}.json", f"{stem}.md")
-    for path, text in zip(paths, (json.dumps(record, indent=1) + "\n", markdown), strict=True):
-        with open(f"{path}.tmp", "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(f"{path}.tmp", path)
+    files.write_json(record, paths[0], indent=1)
+    files.write_atomically(paths[1], markdown)
     return paths
 
 

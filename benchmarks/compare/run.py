@@ -39,6 +39,7 @@ import tempfile
 import time
 
 from benchmarks.common import EVERY_PACKAGE, RESULTS_DIR, environment, machine_line, today, write_results
+from prism_megatron import files
 
 MEGATRON_ARGS = [
     *("--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "16"),
@@ -64,7 +65,7 @@ SEQUENTIAL_NOTE = (
 
 
 def _finished(out_dir: str) -> bool:
-    report = os.path.join(out_dir, "report.json")
+    report = os.path.join(out_dir, files.REPORT_JSON)
     if not os.path.isfile(report):
         return False
     with open(report, encoding="utf-8") as f:
@@ -176,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(args.work, ignore_errors=True)
     os.makedirs(args.work, exist_ok=True)
     (graph_run,) = emulate_pair([(os.path.join(args.work, "graph-run"), [])])
-    graph = ["--prism-graph", os.path.join(graph_run["out"], "graph")]
+    graph = ["--prism-graph", os.path.join(graph_run["out"], files.GRAPH_DIR)]
     print(f"compare bench: graph run: {graph_run}", file=sys.stderr, flush=True)
     runs = []
     for k in range(args.pairs):

@@ -25,6 +25,7 @@ import tempfile
 import time
 
 from benchmarks.common import EVERY_PACKAGE, RESULTS_DIR, environment, machine_line, today, write_results
+from prism_megatron import files
 
 BUDGET_S = 180.0
 _PHASE = re.compile(r"^(.*?): (?:done|.*?) in ([0-9.]+) s$")
@@ -48,7 +49,7 @@ def run_once(out_dir: str) -> dict:
         match = _PHASE.match(line.strip())
         if match and not match.group(1).endswith("..."):
             phases[match.group(1)] = float(match.group(2))
-    with open(os.path.join(out_dir, "report.json"), encoding="utf-8") as f:
+    with open(os.path.join(out_dir, files.REPORT_JSON), encoding="utf-8") as f:
         report = json.load(f)
     emulated, simulated = report["iteration_time_s"], report["simulated_iteration_time_s"]
     return {

@@ -44,7 +44,7 @@ def _measure(case, work: str):
     """The traced ground truth and the simulation of the case, as the suite makes them."""
     from benchmarks.fidelity import compare, passes
     from benchmarks.fidelity.calibrate import calibrate
-    from prism_megatron.graph.io import write_json_atomically
+    from prism_megatron import files
 
     lead_in = "busy" if case.kind == "real-compute" else "sleep"
     cost = calibrate(
@@ -55,7 +55,7 @@ def _measure(case, work: str):
         repeats=1,
     ).cost
     cost_file = f"{work}/costs.json"
-    write_json_atomically(cost.to_dict(), cost_file)
+    files.write_json(cost.to_dict(), cost_file)
     real = passes.real(case.job, f"{work}/real", case.iterations, trace=True)
     plan = passes.plan(
         case.job,

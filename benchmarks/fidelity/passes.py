@@ -126,7 +126,8 @@ def capture(run_plan, job: workload.Job, **extra):
 
 def capture_with_results(run_plan, job: workload.Job, **extra) -> tuple:
     """`capture`, and every capture process's result (slice order)."""
-    from prism_megatron.emulation import driver, files
+    from prism_megatron import files
+    from prism_megatron.emulation import driver
     from prism_megatron.emulation.closed_loop import load_or_build_graph
     from prism_megatron.graph import save_graph
 
@@ -145,11 +146,12 @@ def capture_with_results(run_plan, job: workload.Job, **extra) -> tuple:
 def simulate(run_plan, graph):
     """The driver's simulation of the whole job (over --prism-cluster; the straggler as a what-if);
     it also writes the replay schedules into the run folder."""
-    from prism_megatron.emulation import driver, files
+    from prism_megatron import files
+    from prism_megatron.emulation import driver
     from prism_megatron.emulation.progress import Progress
     from prism_megatron.graph import save_graph
 
-    if not os.path.isfile(run_plan.path(files.GRAPH_DIR, "graph.json")):
+    if not os.path.isfile(run_plan.path(files.GRAPH_DIR, files.GRAPH_FILE)):
         save_graph(graph, run_plan.path(files.GRAPH_DIR))
     return driver.simulate(run_plan, graph, Progress(io.StringIO()), {})
 

@@ -104,7 +104,7 @@ def calibrate_all(selection: Selection, work: str) -> tuple[dict, dict]:
     """Every calibration the cases need; (cost file by (model, lead-in, W), Calibration by the same)."""
     from benchmarks.fidelity.calibrate import calibrate
     from benchmarks.fidelity.compare import group_sizes
-    from prism_megatron.graph.io import write_json_atomically
+    from prism_megatron.files import write_json
 
     needs: dict[tuple[str, str, int], set[int]] = {}
     for case in selection.cases:
@@ -128,7 +128,7 @@ def calibrate_all(selection: Selection, work: str) -> tuple[dict, dict]:
             repeats=selection.repeats,
         )
         path = os.path.join(work, f"costs-{calibration.name}.json")
-        write_json_atomically(calibration.cost.to_dict(), path)
+        write_json(calibration.cost.to_dict(), path)
         files[(model, lead_in, world)], calibrations[(model, lead_in, world)] = path, calibration
     return files, calibrations
 

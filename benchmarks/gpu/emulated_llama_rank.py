@@ -121,7 +121,7 @@ def compute_per_iteration_ms(out_dir: str, virtual_rank: int, train_iters: int) 
     in the capture pass, among instant virtual peers) and emulated (from the emulation's op log)."""
     import statistics
 
-    from prism_megatron.emulation import files
+    from prism_megatron import files
     from prism_megatron.graph.capture import RankCapture, compute_intervals
     from prism_megatron.report.oplog import load_op_logs
 

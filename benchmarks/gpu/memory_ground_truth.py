@@ -30,6 +30,7 @@ import time
 from collections.abc import Callable
 
 from benchmarks.common import environment
+from prism_megatron import files
 
 NAME = "memory_ground_truth"
 WORLD_SIZE = 4
@@ -131,12 +132,12 @@ def run_emulation(flags: list[str], timeout_s: float) -> dict:
         raise RuntimeError(
             f"{' '.join(command[2:5])} ... failed (exit {done.returncode}):\n{done.stderr[-4000:]}"
         )
-    with open(os.path.join(out_dir, "report.json")) as f:
+    with open(os.path.join(out_dir, files.REPORT_JSON)) as f:
         return json.load(f)
 
 
 def read_rank(out_dir: str, virtual_rank: int) -> dict:
-    with open(os.path.join(out_dir, f"rank-{virtual_rank:05d}.json")) as f:
+    with open(files.results_path(out_dir, virtual_rank)) as f:
         return json.load(f)
 
 

@@ -88,11 +88,11 @@ def _compute(cases, work: str) -> list[dict]:
     """Each case's compute overhead per round, through the fidelity suite's passes."""
     from benchmarks.fidelity.calibrate import calibrate
     from benchmarks.fidelity.compare import run_case
-    from prism_megatron.graph.io import write_json_atomically
+    from prism_megatron import files
 
     cost = calibrate([2], pattern="job", world_size=2, lead_in="busy", repeats=1).cost
     cost_file = os.path.join(work, "costs.json")
-    write_json_atomically(cost.to_dict(), cost_file)
+    files.write_json(cost.to_dict(), cost_file)
     rows = []
     for case in cases:
         print(f"overhead: {case.name} ({case.rounds} rounds) ...", file=sys.stderr, flush=True)

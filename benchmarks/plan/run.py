@@ -27,7 +27,7 @@ from pathlib import Path
 from benchmarks.common import RESULTS_DIR, environment, today, write_results
 from prism_megatron.megatron.job.configs import read_config
 from prism_megatron.megatron.job.job import job_from_flags
-from prism_megatron.megatron.plan.rank_plan import layout_of, plan_ranks
+from prism_megatron.megatron.plan.rank_plan import plan_ranks
 from prism_megatron.megatron.plan.report import job_summary
 from prism_megatron.topology import select_ranks
 
@@ -38,7 +38,7 @@ GIB = 2**30
 
 def ranks_to_plan(job) -> list[int]:
     """First and last data-parallel rank of every pipeline stage, at tp = cp = ep = 0."""
-    layout = layout_of(job)
+    layout = job.target.layout()
     last_dp = layout.dp - 1
     return select_ranks(layout, f"tp=0;cp=0;ep=0;dp=0,{last_dp}" if last_dp else "tp=0;cp=0;ep=0;dp=0")
 
@@ -83,7 +83,7 @@ def plan_config(path: Path) -> dict:
 
 def time_default_slice(name: str) -> dict:
     job = job_from_flags(read_config(CONFIG_DIR / f"{name}.args"))
-    ranks = layout_of(job).default_slice()
+    ranks = job.target.layout().default_slice()
     started = time.perf_counter()
     plan_ranks(job, ranks)
     return {"config": name, "num_ranks": len(ranks), "seconds": round(time.perf_counter() - started, 2)}

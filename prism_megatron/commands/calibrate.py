@@ -47,10 +47,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from prism_megatron import files
     from prism_megatron.network import load_cluster, save_cluster
     from prism_megatron.network.calibration import calibrate
     from prism_megatron.network.nccl_tests import OPS, read_nccl_tests
-    from prism_megatron.report import files
 
     if not (math.isfinite(args.max_error) and args.max_error > 0):
         raise ValueError(f"--max-error must be a positive percentage, got {args.max_error:g}")

@@ -50,20 +50,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from prism_megatron import files
     from prism_megatron.compare import REGRESSION, Thresholds, compare_runs
     from prism_megatron.compare.render import plot_png, to_markdown
-    from prism_megatron.report import files
 
     thresholds = Thresholds(
         max_regression_pct=args.max_regression,
         max_memory_regression_pct=args.max_memory_regression,
         alpha=args.alpha,
     )
-    out_dir = args.out or os.path.join(args.run_b, "compare")
+    out_dir = args.out or os.path.join(args.run_b, files.COMPARE_DIR)
     if os.path.isdir(args.run_b):
-        files.check_output(out_dir, "--out" if args.out else "RUN_B/compare", directory=True)
+        files.check_output(out_dir, "--out" if args.out else f"RUN_B/{files.COMPARE_DIR}", directory=True)
     result = compare_runs(args.run_a, args.run_b, thresholds)
-    plot_name = "compare.png"
+    plot_name = files.COMPARE_PNG
     try:
         files.write_atomically(
             os.path.join(out_dir, plot_name), plot_png(result.run_a, result.run_b, result.judged, thresholds)
@@ -72,8 +72,8 @@ def run(args: argparse.Namespace) -> int:
         plot_name = None
         print(f"compare: plot skipped ({type(exc).__name__}: {exc})", flush=True)
     markdown = to_markdown(result.doc, result.judged, plot_name=plot_name)
-    files.write_atomically(os.path.join(out_dir, "compare.md"), markdown)
-    files.write_json(result.doc, os.path.join(out_dir, "compare.json"), indent=1)
+    files.write_atomically(os.path.join(out_dir, files.COMPARE_MD), markdown)
+    files.write_json(result.doc, os.path.join(out_dir, files.COMPARE_JSON), indent=1)
     if args.json:
         print(json.dumps(result.doc, indent=1))
     else:

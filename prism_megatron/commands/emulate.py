@@ -56,12 +56,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def default_nproc(megatron_args: list[str]) -> int:
     """One process per real rank: the number of ranks --prism-ranks selects (1 without emulation)."""
-    from prism_megatron.emulation.plan import megatron_flags, real_ranks_of, target_layout
+    from prism_megatron.emulation.plan import megatron_flags
+    from prism_megatron.megatron.job import target
 
     config = parse_prism_flags(megatron_args)
     if not config.emulation.emulate:
         return 1
-    return len(real_ranks_of(config, target_layout(config, megatron_flags(megatron_args))))
+    job = target.derive(megatron_flags(megatron_args), world_size=config.emulation.world_size)
+    return len(target.select_real_ranks(job.layout(), config.emulation.ranks))
 
 
 def launcher_command(nproc: int, script: str, megatron_args: list[str]) -> list[str]:

@@ -6,6 +6,8 @@ import argparse
 import os
 import re
 
+from prism_megatron import files
+
 NAME = "export"
 HELP = "export a graph as Chakra execution traces, or a cluster as ASTRA-sim's network configuration"
 
@@ -64,20 +66,19 @@ def parse_size(text: str) -> int:
 
 
 def _graph_dir(source: str) -> str:
-    if os.path.isfile(os.path.join(source, "graph.json")):
+    if os.path.isfile(os.path.join(source, files.GRAPH_FILE)):
         return source
-    if os.path.isfile(os.path.join(source, "graph", "graph.json")):
-        return os.path.join(source, "graph")
+    if os.path.isfile(os.path.join(source, files.GRAPH_DIR, files.GRAPH_FILE)):
+        return os.path.join(source, files.GRAPH_DIR)
     raise ValueError(f"RUN_OR_GRAPH_DIR {source!r} holds neither graph.json nor graph/graph.json")
 
 
 def _chakra(args: argparse.Namespace) -> int:
     from prism_megatron.graph import ExpandedGraph, load_graph, world_from_metadata
     from prism_megatron.graph.chakra import export_chakra
-    from prism_megatron.report.files import check_output
 
     max_bytes = parse_size(args.max_size)
-    check_output(args.out, "--out", directory=True)
+    files.check_output(args.out, "--out", directory=True)
     graph_dir = _graph_dir(args.source)
     graph = load_graph(graph_dir)
     expanded = ExpandedGraph(graph, world_from_metadata(graph.metadata.layout))
@@ -100,7 +101,6 @@ def _chakra(args: argparse.Namespace) -> int:
 def _astra_network(args: argparse.Namespace) -> int:
     from prism_megatron.network import load_cluster
     from prism_megatron.network.astra import astra_network_yaml
-    from prism_megatron.report import files
 
     files.check_output(args.out, "--out")
     text = astra_network_yaml(load_cluster(args.cluster), args.world_size)

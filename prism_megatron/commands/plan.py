@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import warnings
-from pathlib import Path
+
+from prism_megatron import files
 
 NAME = "plan"
 HELP = "plan the memory of selected ranks of a full-size job on the meta device (no GPU needed)"
@@ -81,9 +81,7 @@ def run(args: argparse.Namespace) -> int:
     from prism_megatron.cli import CommandLineError
 
     if args.json_path:
-        from prism_megatron.report.files import check_output
-
-        check_output(args.json_path, "--json")
+        files.check_output(args.json_path, "--json")
     argv = _megatron_argv(args.config_or_flags)
     if not argv:
         raise CommandLineError(f"plan: give a configuration file or Megatron-LM flags, e.g. {_USAGE_EXAMPLE}")
@@ -92,12 +90,12 @@ def run(args: argparse.Namespace) -> int:
     # about deprecated CUDA-graph scopes; the plan builds on the meta device and needs neither.
     warnings.filterwarnings("ignore", category=UserWarning, module=r"megatron\.core\..*")
     from prism_megatron.megatron.job.job import job_from_flags
-    from prism_megatron.megatron.plan.rank_plan import layout_of, plan_ranks
+    from prism_megatron.megatron.plan.rank_plan import plan_ranks
     from prism_megatron.megatron.plan.report import format_text, job_summary, rank_dict
     from prism_megatron.topology import select_ranks
 
     job = job_from_flags(argv)
-    virtual_ranks = select_ranks(layout_of(job), args.ranks)
+    virtual_ranks = select_ranks(job.target.layout(), args.ranks)
     print(
         f"planning {len(virtual_ranks)} rank(s) of a {job.world_size}-GPU job ...",
         file=sys.stderr,
@@ -107,5 +105,5 @@ def run(args: argparse.Namespace) -> int:
     print(format_text(job, plans))
     if args.json_path:
         payload = {"job": job_summary(job), "argv": list(job.argv), "ranks": [rank_dict(p) for p in plans]}
-        Path(args.json_path).write_text(json.dumps(payload, indent=1) + "\n", encoding="utf-8")
+        files.write_json(payload, args.json_path, indent=1)
     return 0

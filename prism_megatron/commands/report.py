@@ -6,6 +6,8 @@ import argparse
 import os
 import sys
 
+from prism_megatron import files
+
 NAME = "report"
 HELP = "re-render report.md, the plots and the timeline of a run folder, or --check its report.json"
 
@@ -28,13 +30,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from prism_megatron.report import files, schema
-    from prism_megatron.report.writer import REPORT_JSON, load_report, rerender
+    from prism_megatron.report import schema
+    from prism_megatron.report.writer import load_report, rerender
 
     if not os.path.isdir(args.run_dir):
         raise ValueError(f"RUN_DIR {args.run_dir!r} is not a directory; pass a run's --prism-out folder")
     if args.check:
-        path = os.path.join(args.run_dir, REPORT_JSON)
+        path = os.path.join(args.run_dir, files.REPORT_JSON)
         doc = files.read_json(path, "run report")
         try:
             schema.validate(doc, path)
@@ -62,10 +64,10 @@ def run(args: argparse.Namespace) -> int:
 
 def _simulated_from_graph(run_dir: str, report):
     """Virtual tracks simulated from graph/ when the run saved none (None otherwise)."""
-    from prism_megatron.report.timeline import SIMULATED_FILE, SimulatedTracks, represented_ranks
+    from prism_megatron.report.timeline import SimulatedTracks, represented_ranks
 
-    graph_dir = os.path.join(run_dir, "graph")
-    if os.path.exists(os.path.join(run_dir, SIMULATED_FILE)) or not os.path.isdir(graph_dir):
+    graph_dir = os.path.join(run_dir, files.GRAPH_DIR)
+    if os.path.exists(os.path.join(run_dir, files.SIMULATED_SPANS_FILE)) or not os.path.isdir(graph_dir):
         return None
     from prism_megatron.emulation.closed_loop import network_cost
     from prism_megatron.graph import load_graph

@@ -6,6 +6,8 @@ import argparse
 import os
 import sys
 
+from prism_megatron import files
+
 NAME = "simulate"
 HELP = "predict the iteration time of a graph's job, per-role breakdown, timeline and replay schedules"
 
@@ -69,7 +71,6 @@ def run(args: argparse.Namespace) -> int:
     from prism_megatron.emulation.closed_loop import network_cost
     from prism_megatron.graph import load_graph
     from prism_megatron.graph.world import world_from_metadata
-    from prism_megatron.report.files import check_output
     from prism_megatron.sim import (
         DeadlockError,
         SimulationFault,
@@ -79,8 +80,8 @@ def run(args: argparse.Namespace) -> int:
     )
     from prism_megatron.topology import select_ranks
 
-    out = args.out or os.path.join(args.graph_dir, "simulation")
-    check_output(out, "--out" if args.out else "GRAPH_DIR/simulation", directory=True)
+    out = args.out or os.path.join(args.graph_dir, files.SIMULATION_DIR)
+    files.check_output(out, "--out" if args.out else f"GRAPH_DIR/{files.SIMULATION_DIR}", directory=True)
     graph = load_graph(args.graph_dir)
     world = world_from_metadata(graph.metadata.layout)
     what_if = WhatIf(
@@ -156,13 +157,13 @@ def _write_outputs(result, graph, world, out, real_ranks, trace_ranks, extra, ch
     ranks = trace_ranks if trace_ranks is not None else default_ranks(result, extra)
     paths = [
         write_chrome_trace(
-            os.path.join(out, "timeline.json"), spans(result, ranks), process_names(result, ranks)
+            os.path.join(out, files.TIMELINE_JSON), spans(result, ranks), process_names(result, ranks)
         )
     ]
     for rank, schedule in replay_schedules(result, real_ranks).items():
-        path = os.path.join(out, f"schedule-{rank}.json")
+        path = files.schedule_path(out, rank)
         schedule.save(path)
         paths.append(path)
     if chakra:
-        paths += export_chakra(ExpandedGraph(graph, world), os.path.join(out, "chakra"), ranks).paths
+        paths += export_chakra(ExpandedGraph(graph, world), os.path.join(out, files.CHAKRA_DIR), ranks).paths
     return paths

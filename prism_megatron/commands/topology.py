@@ -12,14 +12,8 @@ import json
 import sys
 from collections.abc import Iterator
 
-from prism_megatron.topology import (
-    GROUP_KINDS,
-    Layout,
-    Role,
-    format_ranks,
-    select_ranks,
-    virtual_pipeline_size,
-)
+from prism_megatron.megatron.job import target
+from prism_megatron.topology import GROUP_KINDS, Layout, Role, format_ranks, select_ranks
 
 NAME = "topology"
 HELP = "show coordinates, Megatron groups and roles of selected ranks of a target job, and its slice"
@@ -29,43 +23,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = (
         "Compute, without any process, what megatron-core's initialize_model_parallel gives the "
         "selected virtual ranks of the target job: coordinates, the members of every group, their "
-        "roles, and the default slice (one real rank per role)."
-    )
-    parser.add_argument("--world-size", type=int, required=True, help="ranks in the target job")
-    parser.add_argument("--tensor-model-parallel-size", type=int, default=1, metavar="TP")
-    parser.add_argument("--pipeline-model-parallel-size", type=int, default=1, metavar="PP")
-    parser.add_argument("--context-parallel-size", type=int, default=1, metavar="CP")
-    parser.add_argument("--expert-model-parallel-size", type=int, default=1, metavar="EP")
-    parser.add_argument(
-        "--expert-tensor-parallel-size", type=int, default=None, metavar="ETP", help="default: TP"
+        "roles, and the default slice (one real rank per role). Takes a job's Megatron-LM flags as "
+        "plan and emulate do (prism_megatron.megatron.job.target)."
     )
     parser.add_argument(
-        "--virtual-pipeline-model-parallel-size",
-        "--num-virtual-stages-per-pipeline-rank",
-        dest="virtual_pipeline_model_parallel_size",
+        "--world-size",
+        "--prism-world-size",
+        dest="world_size",
         type=int,
-        default=None,
-        metavar="VPP",
-        help="model chunks per pipeline rank (interleaved schedule)",
+        required=True,
+        help="ranks in the target job",
     )
-    parser.add_argument(
-        "--num-layers-per-virtual-pipeline-stage",
-        type=int,
-        default=None,
-        metavar="N",
-        help="derive VPP from the layer count, as Megatron-LM does (needs --num-layers)",
-    )
-    parser.add_argument("--num-layers", type=int, default=None)
-    parser.add_argument(
-        "--use-tp-pp-dp-mapping",
-        action="store_true",
-        help="rank order tp-cp-ep-pp-dp instead of tp-cp-ep-dp-pp",
-    )
-    parser.add_argument(
-        "--untie-embeddings-and-output-weights",
-        action="store_true",
-        help="the last stage is then not in the embedding group",
-    )
+    target.add_job_arguments(parser)
     parser.add_argument(
         "--ranks",
         default="slice",
@@ -75,36 +44,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
 
 
-def layout_from_args(args: argparse.Namespace) -> Layout:
-    """The target job's layout from Megatron-LM-named flags; ValueError names the offending flag."""
-    vpp = virtual_pipeline_size(
-        pp=args.pipeline_model_parallel_size,
-        num_layers=args.num_layers,
-        num_layers_per_virtual_stage=args.num_layers_per_virtual_pipeline_stage,
-        vpp=args.virtual_pipeline_model_parallel_size,
-    )
-    return Layout(
-        world_size=args.world_size,
-        tp=args.tensor_model_parallel_size,
-        pp=args.pipeline_model_parallel_size,
-        cp=args.context_parallel_size,
-        ep=args.expert_model_parallel_size,
-        etp=args.expert_tensor_parallel_size,
-        vpp=vpp,
-        order="tp-cp-ep-pp-dp" if args.use_tp_pp_dp_mapping else "tp-cp-ep-dp-pp",
-        untie_embeddings=args.untie_embeddings_and_output_weights,
-    )
-
-
 def run(args: argparse.Namespace) -> int:
-    layout = layout_from_args(args)
+    job = target.derive(args, world_size=args.world_size)
+    layout = job.layout()
     virtual_ranks = select_ranks(layout, args.ranks)
     groups = GroupLookup(layout, len(virtual_ranks))
     if args.json:
         check_json_size(layout, virtual_ranks, args.ranks)
-        write_json(layout, virtual_ranks, groups, sys.stdout)
+        write_json(layout, virtual_ranks, groups, sys.stdout, job.schedule)
     else:
-        for line in render_lines(layout, virtual_ranks, groups):
+        for line in render_lines(layout, virtual_ranks, groups, job.schedule):
             sys.stdout.write(line + "\n")
     return 0
 
@@ -196,9 +145,15 @@ class _Progress:
             sys.stderr.flush()
 
 
-def write_json(layout: Layout, virtual_ranks: list[int], groups: GroupLookup, out) -> None:
+def write_json(
+    layout: Layout,
+    virtual_ranks: list[int],
+    groups: GroupLookup,
+    out,
+    schedule: target.Schedule | None = None,
+) -> None:
     """`describe`'s document, streamed: the job first, then one line per selected rank."""
-    head = json.dumps(describe(layout, []), indent=1)
+    head = json.dumps(describe(layout, [], schedule), indent=1)
     out.write(head[: head.rindex('"ranks"')] + '"ranks": {')
     progress = _Progress(len(virtual_ranks))
     for done, virtual_rank in enumerate(virtual_ranks, start=1):
@@ -227,8 +182,9 @@ def _duties(layout: Layout, role: Role) -> str:
     return ", ".join(duties)
 
 
-def describe(layout: Layout, virtual_ranks: list[int]) -> dict:
-    """The JSON form: sizes, roles, the slice, and for each selected rank its coordinates and groups."""
+def describe(layout: Layout, virtual_ranks: list[int], schedule: target.Schedule | None = None) -> dict:
+    """The JSON form: sizes, schedule, roles, the slice, and for each selected rank its coordinates
+    and groups."""
     roles = layout.roles()
     return {
         "world_size": layout.world_size,
@@ -243,6 +199,7 @@ def describe(layout: Layout, virtual_ranks: list[int]) -> dict:
             "vpp": layout.vpp,
         },
         "order": layout.order,
+        "schedule": _schedule_json(schedule),
         "roles": [
             {
                 "name": role.name,
@@ -269,12 +226,37 @@ def describe(layout: Layout, virtual_ranks: list[int]) -> dict:
     }
 
 
-def render(layout: Layout, virtual_ranks: list[int]) -> str:
-    """The text form: the job, its roles and slice, then each selected rank with its groups."""
-    return "\n".join(render_lines(layout, virtual_ranks, GroupLookup(layout, len(virtual_ranks))))
+def _schedule_json(schedule: target.Schedule | None) -> dict | None:
+    if schedule is None:
+        return None
+    layers = schedule.layers_per_stage
+    return {
+        "vpp": schedule.vpp,
+        "layers_per_stage": None if layers is None else list(layers),
+        "overlap_p2p_comm": schedule.overlap_p2p_comm,
+        "num_microbatches": schedule.num_microbatches,
+    }
 
 
-def render_lines(layout: Layout, virtual_ranks: list[int], groups: GroupLookup) -> Iterator[str]:
+def _schedule_lines(schedule: target.Schedule | None) -> list[str]:
+    if schedule is None or (schedule.layers_per_stage is None and schedule.num_microbatches is None):
+        return []
+    parts = []
+    if schedule.layers_per_stage is not None:
+        parts.append(f"layers per stage {' '.join(map(str, schedule.layers_per_stage))}")
+    if schedule.num_microbatches is not None:
+        parts.append(f"{schedule.num_microbatches} microbatches")
+    return [f"schedule:   {', '.join(parts)}"]
+
+
+def render(layout: Layout, virtual_ranks: list[int], schedule: target.Schedule | None = None) -> str:
+    """The text form: the job, its schedule, roles and slice, then each selected rank with its groups."""
+    return "\n".join(render_lines(layout, virtual_ranks, GroupLookup(layout, len(virtual_ranks)), schedule))
+
+
+def render_lines(
+    layout: Layout, virtual_ranks: list[int], groups: GroupLookup, schedule: target.Schedule | None = None
+) -> Iterator[str]:
     """`render`'s lines, one at a time (a listing of every rank of a large job is long)."""
     vpp = f", VPP {layout.vpp}" if layout.vpp else ""
     yield (
@@ -282,6 +264,7 @@ def render_lines(layout: Layout, virtual_ranks: list[int], groups: GroupLookup) 
         f"PP {layout.pp}{vpp}, order {layout.order}"
     )
     yield f"experts:    ETP {layout.etp} x EP {layout.ep} x EDP {layout.edp} x PP {layout.pp}"
+    yield from _schedule_lines(schedule)
     roles = layout.roles()
     yield f"roles ({len(roles)}):"
     width = max(len(role.name) for role in roles)

@@ -25,6 +25,7 @@ import os
 import statistics
 from collections.abc import Iterable, Sequence
 
+from prism_megatron import files
 from prism_megatron.replay.schedule import OpKind
 from prism_megatron.report.model import RunReport
 from prism_megatron.report.oplog import OpLog, load_op_logs
@@ -89,7 +90,7 @@ def load_run(run_dir: str) -> RunMetrics:
 
 def _graph_digest(run_dir: str) -> str | None:
     """graph.json's own content digest (see `prism_megatron.graph.io`); None without a readable one."""
-    path = os.path.join(run_dir, "graph", "graph.json")
+    path = os.path.join(run_dir, files.GRAPH_DIR, files.GRAPH_FILE)
     try:
         with open(path, encoding="utf-8") as f:
             return json.load(f).get("sha256")

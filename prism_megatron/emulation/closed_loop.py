@@ -31,7 +31,7 @@ import os
 import statistics
 from collections.abc import Collection, Mapping, Sequence
 
-from prism_megatron.emulation import files
+from prism_megatron import files
 from prism_megatron.emulation.schedule_index import ScheduleIndex
 from prism_megatron.graph import COMPUTE_STREAM, Dep, ExecutionGraph, LayoutWorld, NodeType, Op, load_graph
 from prism_megatron.graph.capture import (
@@ -42,7 +42,6 @@ from prism_megatron.graph.capture import (
     first_difference,
 )
 from prism_megatron.graph.classes import ClassProgram, class_programs, load_classes, spread
-from prism_megatron.graph.io import GRAPH_FILE
 from prism_megatron.replay.events import OpEvent
 from prism_megatron.replay.schedule import ReplaySchedule
 from prism_megatron.sim import CostFn, NetworkCost, WhatIf
@@ -82,7 +81,7 @@ def load_or_build_graph(
     Raises:
         ValueError: nothing usable there, or a graph of another job (its layout differs).
     """
-    if os.path.isfile(os.path.join(path, GRAPH_FILE)) or path.endswith(".json"):
+    if os.path.isfile(os.path.join(path, files.GRAPH_FILE)) or path.endswith(".json"):
         graph = load_graph(path)
         mismatches = graph.metadata.mismatches(layout_kwargs(layout))
         if mismatches:
@@ -93,7 +92,9 @@ def load_or_build_graph(
         return graph
     captures = [RankCapture.load(p) for p in files.capture_paths(path)]
     if not captures:
-        raise ValueError(f"--prism-graph {path}: neither {GRAPH_FILE} nor capture-*.json files are there")
+        raise ValueError(
+            f"--prism-graph {path}: neither {files.GRAPH_FILE} nor capture-*.json files are there"
+        )
     return build_graph(
         captures, LayoutWorld(layout), layout_kwargs(layout), extra=extra, classes=load_classes(path)
     )

@@ -11,7 +11,8 @@ import os
 import shutil
 from typing import Any
 
-from prism_megatron.emulation import files, outputs, processes, watchdog
+from prism_megatron import files
+from prism_megatron.emulation import outputs, processes
 from prism_megatron.emulation.closed_loop import layout_kwargs, load_or_build_graph, network_cost
 from prism_megatron.emulation.launches import Launch, RunFailed, run_launch
 from prism_megatron.emulation.plan import RunPlan
@@ -22,9 +23,6 @@ from prism_megatron.graph.capture import RankCapture, build_graph
 from prism_megatron.graph.classes import save_classes
 from prism_megatron.report import Failure, RunReport
 
-RUN_ENTRIES = ("report.json", "report.md", "timeline.json", "plots", "spans", "ops", files.GRAPH_DIR,
-               files.SIMULATION_DIR, files.CAPTURE_DIR, files.PROGRESS_DIR, files.LOGS_DIR,
-               watchdog.WATCHDOG_DIR)  # fmt: skip
 """What a run writes at the top of its folder (cleared first under --prism-overwrite)."""
 
 
@@ -90,7 +88,7 @@ def report_existing(plan: RunPlan, progress: Progress | None = None) -> RunOutco
     progress = progress or Progress()
     source = plan.config.capture.graph or plan.path(files.GRAPH_DIR)
     graph = _load(source, plan)
-    if not os.path.isfile(os.path.join(plan.path(files.GRAPH_DIR), "graph.json")):
+    if not os.path.isfile(os.path.join(plan.path(files.GRAPH_DIR), files.GRAPH_FILE)):
         save_graph(graph, plan.path(files.GRAPH_DIR))
     walls: dict[str, float] = {}
     sim_result = simulate(plan, graph, progress, walls)
@@ -124,7 +122,7 @@ def prepare_run_dir(plan: RunPlan) -> None:
     if plan.config.output.overwrite and os.path.isdir(plan.out_dir):
         for name in os.listdir(plan.out_dir):
             path = os.path.join(plan.out_dir, name)
-            if name in RUN_ENTRIES or (name.startswith("rank-") and name.endswith(".json")):
+            if name in files.RUN_ENTRIES or files.is_rank_file(name):
                 shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
     os.makedirs(plan.out_dir, exist_ok=True)
 
@@ -215,7 +213,7 @@ def simulate(plan: RunPlan, graph: ExecutionGraph, progress: Progress, walls: di
     directory = plan.path(files.SIMULATION_DIR)
     os.makedirs(directory, exist_ok=True)
     for rank, schedule in replay_schedules(result, plan.real_ranks).items():
-        schedule.save(os.path.join(directory, f"schedule-{rank}.json"))
+        schedule.save(files.schedule_path(directory, rank))
     walls["simulate"] = progress.end(f"predicted {result.iteration_time_ns / 1e6:.2f} ms per iteration")
     return result
 

@@ -28,7 +28,8 @@ import sys
 import time
 from collections.abc import Sequence
 
-from prism_megatron.emulation import files, processes, watchdog
+from prism_megatron import files
+from prism_megatron.emulation import processes, watchdog
 from prism_megatron.emulation.progress import Progress
 from prism_megatron.emulation.rank import read_progress
 
@@ -87,7 +88,7 @@ def run_launch(
     """
     log_dir = os.path.join(run_dir, files.LOGS_DIR, launch.name)
     os.makedirs(log_dir, exist_ok=True)
-    launcher_log = os.path.join(log_dir, "launcher.log")
+    launcher_log = os.path.join(log_dir, files.LAUNCHER_LOG)
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     with open(launcher_log, "w", encoding="utf-8") as log:
         process = processes.start(
@@ -138,7 +139,7 @@ def hung_failure(launch: Launch, hung: Sequence[watchdog.Verdict]) -> LaunchFail
         f"later, {v.stage}, last op: {v.last_op or 'none'}"
         for v in hung[1:]
     )
-    folder = os.path.join(launch.out_dir, watchdog.WATCHDOG_DIR)
+    folder = os.path.join(launch.out_dir, files.WATCHDOG_DIR)
     message = (
         f"virtual rank {virtual_rank(first)} (process {first.physical_rank}) made no progress for "
         f"{first.stalled_s:.0f} s (--prism-timeout) in the {launch.name} pass, {first.stage}, at {first.where}; "

@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import glob
 import json
 import os
 from typing import Any
 
-from prism_megatron.emulation import files
+from prism_megatron import files
 from prism_megatron.emulation.plan import RunPlan
 from prism_megatron.emulation.rank import NUM_WARMUP, read_progress
 from prism_megatron.report import (
@@ -39,7 +38,7 @@ from prism_megatron.report.model import CaptureSummary
 def rank_results(directory: str) -> dict[int, dict[str, Any]]:
     """The per-rank results files (`rank-<rank>.json`) in a folder, by virtual rank."""
     out = {}
-    for path in sorted(glob.glob(os.path.join(directory, "rank-*.json"))):
+    for path in files.results_paths(directory):
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
         out[int(data["virtual_rank"])] = data
@@ -72,10 +71,10 @@ def model_flops(plan: RunPlan) -> float | None:
     flags = plan.flags
     if None in (flags.num_layers, flags.hidden_size, flags.num_attention_heads, flags.seq_length):
         return None
-    vocab = padded_vocab_size(
-        flags.vocab_size or 32000, tp=plan.layout.tp, divisible_by=flags.make_vocab_size_divisible_by
+    vocab = flags.padded_vocab_size or padded_vocab_size(
+        32000, tp=plan.layout.tp, divisible_by=flags.make_vocab_size_divisible_by
     )
-    shape = ModelShape.from_args(argparse.Namespace(**vars(flags), padded_vocab_size=vocab))
+    shape = ModelShape.from_args(argparse.Namespace(**{**vars(flags), "padded_vocab_size": vocab}))
     return model_flops_per_iteration(shape, target_job(plan).global_batch_size)
 
 
@@ -170,12 +169,12 @@ def build_report(
 
 def write_running(plan: RunPlan) -> None:
     """report.json saying the run is under way (plain, without rendering: the run has just begun)."""
-    from prism_megatron.report import files, schema
+    from prism_megatron.report import schema
 
     doc = build_report(plan, status="running").to_json()
     schema.validate(doc)
     os.makedirs(plan.out_dir, exist_ok=True)
-    files.write_json(doc, plan.path("report.json"), indent=1)
+    files.write_json(doc, plan.path(files.REPORT_JSON), indent=1)
 
 
 def write_final(plan: RunPlan, report: RunReport, sim_result=None):

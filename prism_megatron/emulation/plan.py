@@ -14,86 +14,24 @@ from collections.abc import Sequence
 
 from prism_megatron.config import PrismConfig, parse_prism_flags
 from prism_megatron.emulation.capture_slice import with_slice
-from prism_megatron.topology import Layout, RoleClass, select_ranks, virtual_pipeline_size
+from prism_megatron.megatron.job import target
+from prism_megatron.topology import Layout, RoleClass
 
 BUILTIN = "builtin"
 
-_INT_FLAGS = {
-    "--tensor-model-parallel-size": 1,
-    "--pipeline-model-parallel-size": 1,
-    "--context-parallel-size": 1,
-    "--expert-model-parallel-size": 1,
-    "--expert-tensor-parallel-size": None,
-    "--num-layers": None,
-    "--num-layers-per-virtual-pipeline-stage": None,
-    "--virtual-pipeline-model-parallel-size": None,
-    "--hidden-size": None,
-    "--ffn-hidden-size": None,
-    "--num-attention-heads": None,
-    "--num-query-groups": None,
-    "--kv-channels": None,
-    "--seq-length": None,
-    "--vocab-size": None,
-    "--make-vocab-size-divisible-by": 128,
-    "--micro-batch-size": None,
-    "--global-batch-size": None,
-    "--train-iters": None,
-    "--num-experts": None,
-    "--moe-router-topk": 2,
-    "--moe-ffn-hidden-size": None,
-}
-_SWITCHES = (
-    "--use-tp-pp-dp-mapping",
-    "--untie-embeddings-and-output-weights",
-    "--swiglu",
-    "--group-query-attention",
-)
-
 
 def megatron_flags(megatron_args: Sequence[str]) -> argparse.Namespace:
-    """The flags the plan reads, as Megatron-LM names them (the script parses the rest)."""
+    """The target job's flags as Megatron-LM names them (`megatron.job.target`; the script parses the
+    rest), and `--train-iters`; not yet derived."""
     parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    for flag, default in _INT_FLAGS.items():
-        parser.add_argument(flag, type=int, default=default)
-    for flag in _SWITCHES:
-        parser.add_argument(flag, action="store_true")
+    target.add_job_arguments(parser)
+    parser.add_argument("--train-iters", type=int, default=None)
 
     def one_line(message: str):  # argparse would print its usage (25 lines) first
         raise ValueError(f"Megatron flags: {message}")
 
     parser.error = one_line  # type: ignore[method-assign]
     return parser.parse_known_args(list(megatron_args))[0]
-
-
-def target_layout(config: PrismConfig, flags: argparse.Namespace) -> Layout:
-    """The target job's layout from --prism-world-size and Megatron's parallel flags."""
-    vpp = virtual_pipeline_size(
-        pp=flags.pipeline_model_parallel_size,
-        num_layers=flags.num_layers,
-        num_layers_per_virtual_stage=flags.num_layers_per_virtual_pipeline_stage,
-        vpp=flags.virtual_pipeline_model_parallel_size,
-    )
-    return Layout(
-        world_size=config.emulation.world_size,
-        tp=flags.tensor_model_parallel_size,
-        pp=flags.pipeline_model_parallel_size,
-        cp=flags.context_parallel_size,
-        ep=flags.expert_model_parallel_size,
-        etp=flags.expert_tensor_parallel_size,
-        vpp=vpp,
-        order="tp-cp-ep-pp-dp" if flags.use_tp_pp_dp_mapping else "tp-cp-ep-dp-pp",
-        untie_embeddings=flags.untie_embeddings_and_output_weights,
-    )
-
-
-def real_ranks_of(config: PrismConfig, layout: Layout) -> tuple[int, ...]:
-    """The ranks --prism-ranks selects (default: one rank per role), sorted."""
-    spec = config.emulation.ranks
-    try:
-        ranks = layout.default_slice() if spec is None else select_ranks(layout, spec)
-    except ValueError as exc:
-        raise ValueError(f"--prism-ranks {spec}: {exc}") from None
-    return tuple(sorted(ranks))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,6 +43,7 @@ class RunPlan:
     """The user's flags after `--` (Megatron's and --prism-*), passed on to every launch."""
     script: str
     flags: argparse.Namespace
+    """The target job's flags after Megatron-LM's derivations (`megatron.job.target.derive`)."""
     layout: Layout
     real_ranks: tuple[int, ...]
     """Ranks the emulation runs for real (--prism-ranks), one process each."""
@@ -132,11 +71,12 @@ class RunPlan:
 
     @property
     def num_microbatches(self) -> int | None:
-        mbs, gbs = self.flags.micro_batch_size, self.flags.global_batch_size
-        if mbs is None:
-            return None
-        gbs = gbs if gbs is not None else mbs * self.layout.dp
-        return gbs // (mbs * self.layout.dp)
+        return self.flags.num_microbatches
+
+    @property
+    def job(self) -> target.TargetJob:
+        """The target job the flags describe (layout sizes, schedule, batch, model shape)."""
+        return target.target_job(self.flags, world_size=self.layout.world_size)
 
 
 def plan_run(
@@ -164,10 +104,9 @@ def plan_run(
             "prism-megatron emulate runs every pass itself"
         )
     flags = megatron_flags(megatron_args)
-    _check_batch(flags)
-    layout = target_layout(config, flags)
-    _check_global_batch(flags, layout)
-    real = real_ranks_of(config, layout)
+    _check_counts(flags)
+    layout = target.derive(flags, world_size=config.emulation.world_size).layout()
+    real = target.select_real_ranks(layout, config.emulation.ranks)
     nproc = len(real) if nproc is None else nproc
     if nproc < len(real):
         raise ValueError(
@@ -199,19 +138,11 @@ def plan_run(
     return plan
 
 
-def _check_batch(flags: argparse.Namespace) -> None:
+def _check_counts(flags: argparse.Namespace) -> None:
     for flag in ("micro_batch_size", "train_iters", "num_layers"):
         value = getattr(flags, flag)
         if value is not None and value < 1:
             raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {value}")
-
-
-def _check_global_batch(flags: argparse.Namespace, layout: Layout) -> None:
-    mbs, gbs = flags.micro_batch_size, flags.global_batch_size
-    if mbs is not None and gbs is not None and gbs % (mbs * layout.dp):
-        raise ValueError(
-            f"--global-batch-size {gbs} must be a multiple of --micro-batch-size x DP = {mbs} x {layout.dp}"
-        )
 
 
 def check_out_dir(out_dir: str, *, overwrite: bool) -> None:

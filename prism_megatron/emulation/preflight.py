@@ -12,7 +12,7 @@ import os
 import sys
 
 from prism_megatron.emulation.plan import BUILTIN, RunPlan
-from prism_megatron.report.files import check_output
+from prism_megatron.files import check_output
 
 MODEL_FACTS = ("num_layers", "hidden_size", "seq_length", "micro_batch_size", "num_microbatches")
 """Facts of the job a graph records (metadata.extra) that must match for it to be reused."""

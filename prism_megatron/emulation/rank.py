@@ -36,8 +36,9 @@ import time
 from typing import Any
 
 import prism_megatron.replay as replay
+from prism_megatron import files
 from prism_megatron.config import PrismConfig
-from prism_megatron.emulation import files, watchdog
+from prism_megatron.emulation import watchdog
 from prism_megatron.emulation.closed_loop import ClosedLoop, blocked_waits, load_or_build_graph, network_cost
 from prism_megatron.graph import LayoutWorld
 from prism_megatron.graph.capture import (
@@ -47,7 +48,6 @@ from prism_megatron.graph.capture import (
     compute_intervals,
     iteration_streams,
 )
-from prism_megatron.graph.io import write_json_atomically
 from prism_megatron.replay import timeline
 from prism_megatron.replay.timeline import Mark
 from prism_megatron.sim import WhatIf
@@ -139,7 +139,7 @@ class InstantPhase:
         data = {"pid": os.getpid(), "virtual_rank": self.virtual_rank, "phase": self.name, "state": state,
                 "iterations_done": len(self.ends_ns), "wall_time_s": time.time(),
                 "iteration_times_s": self._times_read_s()}  # fmt: skip
-        write_json_atomically(data, path)
+        files.write_json(data, path)
 
 
 class _RecordingPhase(InstantPhase):

@@ -5,9 +5,8 @@ from __future__ import annotations
 import os
 import statistics
 
-from prism_megatron.emulation import files
+from prism_megatron import files
 from prism_megatron.emulation.driver import RunOutcome
-from prism_megatron.graph.io import GRAPH_FILE
 
 _MIB = 2**20
 
@@ -58,11 +57,11 @@ def format_summary(outcome: RunOutcome) -> str:
             parts = ", ".join(f"{k} {v / _MIB:.1f}" for k, v in data.memory_by_category.items() if v)
             lines.append(f"{rank:>9} {data.role or '-':<14} {peak:>16}  {parts}")
     lines.append("")
-    for name in ("report.md", "report.json", "timeline.json"):
+    for name in (files.REPORT_MD, files.REPORT_JSON, files.TIMELINE_JSON):
         if name in outcome.written or name.removesuffix(".json") in outcome.written:
             lines.append(f"wrote {os.path.join(plan.out_dir, name)}")
     graph_dir = plan.path(files.GRAPH_DIR)
-    if os.path.isfile(os.path.join(graph_dir, GRAPH_FILE)):  # a run that failed first wrote none
+    if os.path.isfile(os.path.join(graph_dir, files.GRAPH_FILE)):  # a run that failed first wrote none
         lines.append(f"wrote {graph_dir}/ (reuse: --prism-graph, prism-megatron simulate)")
     return "\n".join(lines)
 

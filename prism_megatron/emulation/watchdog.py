@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import dataclasses
 import faulthandler
-import glob
 import json
 import os
 import re
@@ -44,9 +43,8 @@ import threading
 import time
 import traceback
 
-from prism_megatron.report.files import write_atomically, write_json
+from prism_megatron import files
 
-WATCHDOG_DIR = "watchdog"
 HUNG_EXIT_STATUS = 124
 """Exit status of a hung process that no orchestrator stopped (the status `timeout(1)` uses)."""
 GONE_EXIT_STATUS = 143
@@ -58,9 +56,6 @@ BACKSTOP_S = 30.0
 ORCHESTRATOR_ENV = "PRISM_ORCHESTRATOR_PID"
 """Set by `prism-megatron emulate` for the processes it starts: its own pid."""
 
-HUNG_SUFFIX = ".hung.json"
-STACKS_SUFFIX = ".stacks.txt"
-RECORDER_SUFFIX = ".flight-recorder.txt"
 _RECORDER_LINE = re.compile(r"^\s+#\d+ ")
 
 
@@ -95,15 +90,13 @@ class Verdict:
 
 def verdicts(out_dir: str) -> list[Verdict]:
     """The hung ranks' verdicts in a process folder (--prism-out), the first to stall first."""
-    found = (
-        Verdict.load(p) for p in sorted(glob.glob(os.path.join(out_dir, WATCHDOG_DIR, "*" + HUNG_SUFFIX)))
-    )
+    found = (Verdict.load(p) for p in files.watchdog_paths(out_dir, files.HUNG_SUFFIX))
     return sorted((v for v in found if v is not None), key=lambda v: v.stalled_since_unix_s)
 
 
 def num_dumped(out_dir: str) -> int:
     """How many processes have dumped their stacks into the folder's watchdog/."""
-    return len(glob.glob(os.path.join(out_dir, WATCHDOG_DIR, "*" + STACKS_SUFFIX)))
+    return len(files.watchdog_paths(out_dir, files.STACKS_SUFFIX))
 
 
 def last_op(flight_recorder: str) -> str | None:
@@ -148,12 +141,10 @@ class RankWatchdog:
 
     @property
     def label(self) -> str:
-        if self.virtual_rank is None:
-            return f"process-{self.physical_rank}"
-        return f"rank-{self.virtual_rank:05d}"
+        return files.process_label(self.virtual_rank, self.physical_rank)
 
     def path(self, suffix: str) -> str:
-        return os.path.join(self.out_dir, WATCHDOG_DIR, self.label + suffix)
+        return files.watchdog_path(self.out_dir, self.label, suffix)
 
     # ---- the thread --------------------------------------------------------------------------
 
@@ -192,7 +183,9 @@ class RankWatchdog:
         if self.hung_at_s is None and now_s - self._progress_s >= self.timeout_s - self.poll_s:
             self.hung_at_s = now_s
             verdict = dataclasses.asdict(self.verdict(now_s - self._progress_s))
-            write_json(verdict, self.path(HUNG_SUFFIX), indent=1)  # first: the peers dump on seeing it
+            files.write_json(
+                verdict, self.path(files.HUNG_SUFFIX), indent=1
+            )  # first: the peers dump on seeing it
             self.dump()
         elif not self.dumped and verdicts(self.out_dir):
             self.dump()  # a peer hung: leave where this rank was, too
@@ -223,13 +216,13 @@ class RankWatchdog:
     def dump(self) -> None:
         """This process's stacks and flight recorder, into watchdog/ (once)."""
         self.dumped = True
-        write_atomically(self.path(RECORDER_SUFFIX), _flight_recorder())
+        files.write_atomically(self.path(files.RECORDER_SUFFIX), _flight_recorder())
         with tempfile.TemporaryFile("w+", encoding="utf-8") as f:  # faulthandler writes to a descriptor
             faulthandler.dump_traceback(file=f, all_threads=True)
             f.seek(0)
             stacks = f.read()
         header = f"Python stacks of {self.label} (pid {os.getpid()}), {self.phase} pass\n"
-        write_atomically(self.path(STACKS_SUFFIX), header + stacks)
+        files.write_atomically(self.path(files.STACKS_SUFFIX), header + stacks)
 
     def verdict(self, stalled_s: float) -> Verdict:
         if self.iterations_begun == 0:

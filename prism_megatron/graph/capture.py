@@ -39,11 +39,10 @@ from __future__ import annotations
 import bisect
 import collections
 import dataclasses
-import json
 import statistics
 from collections.abc import Mapping, Sequence
 
-from prism_megatron.graph.io import write_json_atomically
+from prism_megatron import files
 from prism_megatron.graph.schema import (
     COMPUTE_STREAM,
     Dep,
@@ -132,17 +131,11 @@ class RankCapture:
             raise ValueError(f"{source}: damaged capture file ({exc})") from exc
 
     def save(self, path: str) -> str:
-        write_json_atomically(self.to_json(), path)
-        return path
+        return files.write_json(self.to_json(), path)
 
     @classmethod
     def load(cls, path: str) -> RankCapture:
-        try:
-            with open(path, encoding="utf-8") as f:
-                data = json.load(f)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{path}: damaged capture file (not JSON: {exc})") from exc
-        return cls.from_json(data, source=path)
+        return cls.from_json(files.read_json(path, "capture file"), source=path)
 
 
 def _event_row(e: OpEvent) -> list:

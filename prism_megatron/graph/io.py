@@ -3,8 +3,8 @@
 A graph directory is what `--prism-graph DIR` and `prism-megatron simulate DIR` take. `graph.json`
 holds the schema version, the metadata, every role's streams with each op in its printable form
 (`prism_megatron.graph.printable`), and a SHA-256 of the content so that a damaged file is refused
-instead of simulated. Writers go through a temporary file and `os.replace`, so a reader sees the old
-graph or the new one, never half of one.
+instead of simulated. The graph is written atomically (`prism_megatron.files`), so a reader sees the
+old graph or the new one, never half of one.
 """
 
 from __future__ import annotations
@@ -12,12 +12,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 
+from prism_megatron import files
 from prism_megatron.graph.printable import format_op, parse_op
 from prism_megatron.graph.schema import SCHEMA_VERSION, ExecutionGraph, GraphMetadata, RoleGraph
 
-GRAPH_FILE = "graph.json"
 FORMAT = "prism-megatron execution graph"
 
 
@@ -71,10 +70,7 @@ def graph_from_json(data: object, *, source: str = "execution graph") -> Executi
 
 def save_graph(graph: ExecutionGraph, directory: str) -> str:
     """Write `graph` to `directory/graph.json` atomically (creating the directory); return the path."""
-    os.makedirs(directory, exist_ok=True)
-    path = os.path.join(directory, GRAPH_FILE)
-    write_json_atomically(graph_to_json(graph), path)
-    return path
+    return files.write_json(graph_to_json(graph), os.path.join(directory, files.GRAPH_FILE))
 
 
 def load_graph(directory: str) -> ExecutionGraph:
@@ -83,38 +79,10 @@ def load_graph(directory: str) -> ExecutionGraph:
     Raises:
         ValueError: no graph there, or the file is damaged or of another schema version.
     """
-    path = directory if directory.endswith(".json") else os.path.join(directory, GRAPH_FILE)
+    path = directory if directory.endswith(".json") else os.path.join(directory, files.GRAPH_FILE)
     if not os.path.isfile(path):
-        raise ValueError(f"{path}: no execution graph here (expected a directory holding {GRAPH_FILE})")
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ValueError(f"{path}: damaged execution graph (not JSON: {exc})") from exc
-    return graph_from_json(data, source=path)
-
-
-def write_json_atomically(data: object, path: str) -> None:
-    """Write JSON through a temporary file in the same directory and `os.replace` it into place.
-
-    The file gets the permissions a plain `open` would give (mkstemp's are owner-only).
-    """
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".prism-", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(data, f, separators=(",", ":"))
-        os.chmod(tmp, 0o666 & ~_umask())
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
-
-
-def _umask() -> int:
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
+        raise ValueError(f"{path}: no execution graph here (expected a directory holding {files.GRAPH_FILE})")
+    return graph_from_json(files.read_json(path, "execution graph"), source=path)
 
 
 def _digest(content: dict) -> str:

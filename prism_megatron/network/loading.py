@@ -12,10 +12,10 @@ import dataclasses
 import json
 import os
 import sys
-import tempfile
 
 import yaml
 
+from prism_megatron import files
 from prism_megatron.network.cluster import ClusterSpec, IntraNodeFabric, NetworkFabric, Topology
 from prism_megatron.network.presets import PRESETS
 
@@ -156,11 +156,4 @@ def save_cluster(spec: ClusterSpec, path: str | os.PathLike, *, header: str = ""
     directory = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(directory):
         raise ValueError(f"cannot write cluster file {path}: directory {directory} does not exist")
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".cluster-", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    files.write_atomically(path, text, make_dirs=False)

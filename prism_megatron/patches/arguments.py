@@ -15,6 +15,7 @@ import argparse
 import os
 
 from prism_megatron.config import add_prism_arguments
+from prism_megatron.megatron.job import target
 from prism_megatron.megatron.run import runtime
 from prism_megatron.patches.registry import Patch, variants
 from prism_megatron.patches.versions import EVERY_VERIFIED, MEGATRON_CORE_0_16, MEGATRON_CORE_0_19
@@ -27,24 +28,11 @@ def megatron_lm_args() -> argparse.Namespace:
     return get_args()
 
 
-def parallel_sizes(args: argparse.Namespace) -> runtime.ParallelSizes:
-    """The target job's parallel sizes from Megatron-LM's args, before `validate_args` derives VPP."""
-    pp = args.pipeline_model_parallel_size
-    vpp = getattr(args, "virtual_pipeline_model_parallel_size", None)
-    if getattr(args, "num_virtual_stages_per_pipeline_rank", None):
-        vpp = args.num_virtual_stages_per_pipeline_rank
-    elif getattr(args, "num_layers_per_virtual_pipeline_stage", None) and args.num_layers:
-        vpp = args.num_layers // pp // args.num_layers_per_virtual_pipeline_stage
-    return runtime.ParallelSizes(
-        tp=args.tensor_model_parallel_size,
-        pp=pp,
-        vpp=vpp if vpp and vpp > 1 else None,
-        cp=args.context_parallel_size,
-        ep=args.expert_model_parallel_size,
-        etp=args.expert_tensor_parallel_size,
-        order="tp-cp-ep-pp-dp" if args.use_tp_pp_dp_mapping else "tp-cp-ep-dp-pp",
-        untie_embeddings=args.untie_embeddings_and_output_weights,
-    )
+def parallel_sizes(args: argparse.Namespace) -> target.ParallelSizes:
+    """The target job's parallel sizes from Megatron-LM's args, before `validate_args` runs: the
+    target job's derivation (`megatron.job.target`) on a copy of them, so `validate_args` still
+    derives everything itself on the args the script parsed."""
+    return target.derive(target.copy_of_job_flags(args)).sizes
 
 
 def _add_arguments(original):
@@ -56,11 +44,10 @@ def _add_arguments(original):
 
 def _set_target_world(rt: runtime.Runtime, args: argparse.Namespace) -> None:
     """args.world_size = W and args.rank = this process's virtual rank; remember the sizes."""
-    sizes = parallel_sizes(args)
-    rt.sizes = sizes
+    rt.sizes = parallel_sizes(args)
     if not rt.config.emulation.emulate:
         return
-    real_ranks = runtime.select_real_ranks(rt.config, runtime.target_layout(rt.config, sizes))
+    real_ranks = rt.real_ranks()
     physical_rank = int(os.environ.get("RANK", "0"))
     runtime.check_process_count(real_ranks)
     args.world_size = rt.config.emulation.world_size
@@ -80,42 +67,39 @@ def _keep_data_flags_real(rt: runtime.Runtime, args: argparse.Namespace) -> None
     args.do_valid = args.do_test = evaluating
 
 
-def _validate(rt: runtime.Runtime):
-    def make(original):
-        def validate_args(args, defaults={}):  # noqa: B006  (Megatron-LM's own signature)
-            _set_target_world(rt, args)
-            result = original(args, defaults)
-            _keep_data_flags_real(rt, args)
-            return result
+def _validate(original, *, run: runtime.Runtime):
+    def validate_args(args, defaults={}):  # noqa: B006  (Megatron-LM's own signature)
+        _set_target_world(run, args)
+        result = original(args, defaults)
+        _keep_data_flags_real(run, args)
+        return result
 
-        return validate_args
-
-    return make
+    return validate_args
 
 
-def argument_records(rt: runtime.Runtime) -> tuple[Patch, ...]:
-    """The argument hooks, bound to a run."""
-    return (
-        Patch(
-            name="megatron_lm.prism_arguments",
-            target="megatron.training.arguments:add_megatron_arguments",
-            make=_add_arguments,
-            verified_on=EVERY_VERIFIED,
-            reason="adds the --prism-* group to Megatron-LM's parser without editing the user's script; "
-            "parse_args looks this function up at call time",
-            signature="(parser: argparse.ArgumentParser)",
-        ),
-        *variants(
-            name="megatron_lm.validate_args",
-            target="megatron.training.arguments:validate_args",
-            make=_validate(rt),
-            reason="every derivation (DP, global batch, VPP) must see the target world size W and the "
-            "virtual rank, not torchrun's; and do_train/do_valid/do_test come from a virtual rank 0",
-            signature="(args, defaults={})",
-            by_release={
-                MEGATRON_CORE_0_16: {"importers": ("megatron.training.initialize",)},
-                # The script calls arguments.parse_and_validate_args, which looks it up in its module.
-                MEGATRON_CORE_0_19: {"importers": ()},
-            },
-        ),
-    )
+ARGUMENT_RECORDS: tuple[Patch, ...] = (
+    Patch(
+        name="megatron_lm.prism_arguments",
+        target="megatron.training.arguments:add_megatron_arguments",
+        make=_add_arguments,
+        verified_on=EVERY_VERIFIED,
+        reason="adds the --prism-* group to Megatron-LM's parser without editing the user's script; "
+        "parse_args looks this function up at call time",
+        signature="(parser: argparse.ArgumentParser)",
+    ),
+    *variants(
+        name="megatron_lm.validate_args",
+        target="megatron.training.arguments:validate_args",
+        make=_validate,
+        needs=("run",),
+        reason="every derivation (DP, global batch, VPP) must see the target world size W and the "
+        "virtual rank, not torchrun's; and do_train/do_valid/do_test come from a virtual rank 0",
+        signature="(args, defaults={})",
+        by_release={
+            MEGATRON_CORE_0_16: {"importers": ("megatron.training.initialize",)},
+            # The script calls arguments.parse_and_validate_args, which looks it up in its module.
+            MEGATRON_CORE_0_19: {"importers": ()},
+        },
+    ),
+)
+"""The argument hooks (validate_args bound to the run's `Runtime`)."""

@@ -35,35 +35,32 @@ def _needs_first_stage_values(module: Any, world: VirtualWorld) -> bool:
     return not world.is_real(embedding_ranks[0])
 
 
-def _tied_embedding_fix(world: VirtualWorld) -> Callable[[Any], Any]:
-    def make(original: Callable[..., Any]) -> Callable[..., Any]:
-        def setup_embeddings_and_output_layer(self) -> None:
-            original(self)
-            if not _needs_first_stage_values(self, world):
-                return
-            from megatron.core.tensor_parallel import get_cuda_rng_tracker
+def _tied_embedding_fix(original: Callable[..., Any], *, world: VirtualWorld) -> Callable[..., Any]:
+    def setup_embeddings_and_output_layer(self) -> None:
+        original(self)
+        if not _needs_first_stage_values(self, world):
+            return
+        from megatron.core.tensor_parallel import get_cuda_rng_tracker
 
-            init_method = self.config.embedding_init_method or self.config.init_method
-            weight = self.shared_embedding_or_output_weight()
-            with torch.no_grad(), get_cuda_rng_tracker().fork():
-                init_method(weight.data)
+        init_method = self.config.embedding_init_method or self.config.init_method
+        weight = self.shared_embedding_or_output_weight()
+        with torch.no_grad(), get_cuda_rng_tracker().fork():
+            init_method(weight.data)
 
-        return setup_embeddings_and_output_layer
-
-    return make
+    return setup_embeddings_and_output_layer
 
 
-def core_fixes(world: VirtualWorld) -> tuple[Patch, ...]:
-    """The megatron-core control-flow fixes for a run in `world`."""
-    return (
-        Patch(
-            name="megatron.tied_embedding_from_virtual_first_stage",
-            target="megatron.core.models.common.language_module.language_module:LanguageModule.setup_embeddings_and_output_layer",
-            make=_tied_embedding_fix(world),
-            verified_on=EVERY_VERIFIED,
-            reason="the last stage's tied output weight gets its initial values from the first stage by an "
-            "all-reduce of zeros; with a virtual first stage it would stay zero, so it is initialised as the "
-            "first stage initialises its embedding",
-            signature="(self) -> None",
-        ),
-    )
+CORE_FIXES: tuple[Patch, ...] = (
+    Patch(
+        name="megatron.tied_embedding_from_virtual_first_stage",
+        target="megatron.core.models.common.language_module.language_module:LanguageModule.setup_embeddings_and_output_layer",
+        make=_tied_embedding_fix,
+        needs=("world",),
+        verified_on=EVERY_VERIFIED,
+        reason="the last stage's tied output weight gets its initial values from the first stage by an "
+        "all-reduce of zeros; with a virtual first stage it would stay zero, so it is initialised as the "
+        "first stage initialises its embedding",
+        signature="(self) -> None",
+    ),
+)
+"""The megatron-core control-flow fixes (bound to the run's virtual world)."""

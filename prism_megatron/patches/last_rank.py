@@ -23,47 +23,42 @@ def last_real_rank(rt: runtime.Runtime) -> int | None:
     """The highest virtual rank a real process runs; None without emulation (Megatron's rule holds)."""
     if not rt.config.emulation.emulate or rt.sizes is None:
         return None
-    return max(runtime.select_real_ranks(rt.config, runtime.target_layout(rt.config, rt.sizes)))
+    return max(rt.real_ranks())
 
 
-def _is_last_rank(rt: runtime.Runtime):
-    def make(original):
-        def is_last_rank():
-            last = last_real_rank(rt)
-            return original() if last is None else rt.virtual_rank == last
+def _is_last_rank(original, *, run: runtime.Runtime):
+    def is_last_rank():
+        last = last_real_rank(run)
+        return original() if last is None else run.virtual_rank == last
 
-        return is_last_rank
-
-    return make
+    return is_last_rank
 
 
-def _writer_setter(rt: runtime.Runtime):
+def _writer_setter(original, *, run: runtime.Runtime):
     """Run Megatron's setter as if this were rank W-1 on the last real rank, as no rank elsewhere."""
 
-    def make(original):
-        def set_writer(args):
-            last = last_real_rank(rt)
-            if last is None:
-                return original(args)
-            saved = args.rank
-            in_capture = rt.config.emulation.phase == "capture"
-            args.rank = args.world_size - 1 if saved == last and not in_capture else -1
-            try:
-                return original(args)
-            finally:
-                args.rank = saved
+    def set_writer(args):
+        last = last_real_rank(run)
+        if last is None:
+            return original(args)
+        saved = args.rank
+        in_capture = run.config.emulation.phase == "capture"
+        args.rank = args.world_size - 1 if saved == last and not in_capture else -1
+        try:
+            return original(args)
+        finally:
+            args.rank = saved
 
-        return set_writer
-
-    return make
+    return set_writer
 
 
-def writer_records(rt: runtime.Runtime) -> tuple[Patch, ...]:
-    """The records, bound to a run."""
+def writer_records() -> tuple[Patch, ...]:
+    """The records (bound to a run by its `Runtime`, as `run`)."""
     return (
         *variants(
             name="megatron_lm.last_rank_is_last_real_rank",
-            make=_is_last_rank(rt),
+            make=_is_last_rank,
+            needs=("run",),
             reason="print_rank_last (the iteration line) and the last-rank duties of training.py run on "
             "rank W-1, usually virtual under emulation; the last real rank takes them",
             signature="()",
@@ -92,7 +87,8 @@ def writer_records(rt: runtime.Runtime) -> tuple[Patch, ...]:
         Patch(
             name="megatron_lm.tensorboard_writer_on_last_real_rank",
             target="megatron.training.global_vars:_set_tensorboard_writer",
-            make=_writer_setter(rt),
+            make=_writer_setter,
+            needs=("run",),
             verified_on=EVERY_VERIFIED,
             reason="the TensorBoard writer is made where args.rank == world_size - 1, usually a virtual rank",
             signature="(args)",
@@ -100,7 +96,8 @@ def writer_records(rt: runtime.Runtime) -> tuple[Patch, ...]:
         Patch(
             name="megatron_lm.wandb_writer_on_last_real_rank",
             target="megatron.training.global_vars:_set_wandb_writer",
-            make=_writer_setter(rt),
+            make=_writer_setter,
+            needs=("run",),
             verified_on=EVERY_VERIFIED,
             reason="the W&B run is made where args.rank == world_size - 1, usually a virtual rank",
             signature="(args)",

@@ -51,44 +51,46 @@ class GroupLog:
         return [r for r in self.records if r.desc == desc]
 
 
-def _make_create_group(virtual_backend: str | None, log: GroupLog) -> Callable[[Any], Any]:
-    def make(original: Callable[..., Any]) -> Callable[..., Any]:
-        def create_group(
-            ranks=None,
-            timeout=None,
-            backend=None,
-            pg_options=None,
-            use_local_synchronization=False,
-            group_desc=None,
-        ):
-            requested = backend
-            if virtual_backend is not None and backend is not None:
-                backend, pg_options = virtual_backend, None
-            group = original(
-                ranks=ranks,
-                timeout=timeout,
-                backend=backend,
-                pg_options=pg_options,
-                use_local_synchronization=use_local_synchronization,
-                group_desc=group_desc,
-            )
-            members = tuple(ranks) if ranks is not None else tuple(range(dist.get_world_size()))
-            log.records.append(GroupRecord(group_desc or "", members, requested, dist.get_rank() in members))
-            return group
+def _create_group(
+    original: Callable[..., Any], *, virtual_backend: str | None, group_log: GroupLog
+) -> Callable[..., Any]:
+    def create_group(
+        ranks=None,
+        timeout=None,
+        backend=None,
+        pg_options=None,
+        use_local_synchronization=False,
+        group_desc=None,
+    ):
+        requested = backend
+        if virtual_backend is not None and backend is not None:
+            backend, pg_options = virtual_backend, None
+        group = original(
+            ranks=ranks,
+            timeout=timeout,
+            backend=backend,
+            pg_options=pg_options,
+            use_local_synchronization=use_local_synchronization,
+            group_desc=group_desc,
+        )
+        members = tuple(ranks) if ranks is not None else tuple(range(dist.get_world_size()))
+        group_log.records.append(
+            GroupRecord(group_desc or "", members, requested, dist.get_rank() in members)
+        )
+        return group
 
-        return create_group
-
-    return make
+    return create_group
 
 
-def create_group_patch(*, virtual_backend: str | None, log: GroupLog) -> Patch:
-    """The record; `virtual_backend` None keeps requested backends (a real run that only records)."""
-    return Patch(
-        name="megatron.create_group",
-        target="megatron.core.parallel_state:create_group",
-        make=_make_create_group(virtual_backend, log),
-        verified_on=EVERY_VERIFIED,
-        reason="routes explicitly requested gloo/nccl groups to the virtual world's backend and records "
-        "every group; create_group is the one place initialize_model_parallel makes groups, and no hook exists",
-        signature="(ranks=None, timeout=None, backend=None, pg_options=None, use_local_synchronization=False, group_desc=None)",
-    )
+CREATE_GROUP = Patch(
+    name="megatron.create_group",
+    target="megatron.core.parallel_state:create_group",
+    make=_create_group,
+    needs=("virtual_backend", "group_log"),
+    verified_on=EVERY_VERIFIED,
+    reason="routes explicitly requested gloo/nccl groups to the virtual world's backend and records "
+    "every group; create_group is the one place initialize_model_parallel makes groups, and no hook exists",
+    signature="(ranks=None, timeout=None, backend=None, pg_options=None, use_local_synchronization=False, group_desc=None)",
+)
+"""Bound to a run by the virtual world's backend (None keeps requested backends: a real run that only
+records) and the `GroupLog` the groups are recorded in."""

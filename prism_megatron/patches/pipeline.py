@@ -185,16 +185,20 @@ class PrismP2PCommunicator(P2PCommunicator):
         return self.forward_shapes[-1] if self.forward_shapes else None
 
 
-def p2p_patch(world: VirtualWorld) -> Patch:
-    """The record installing a communicator bound to `world` where the schedules look it up."""
-    return Patch(
-        name="megatron.p2p_communicator",
-        target="megatron.core.pipeline_parallel.schedules:P2PCommunicator",
-        make=lambda original: PrismP2PCommunicator.bind(world),
-        verified_on=EVERY_VERIFIED,
-        reason="pipeline sends/receives with virtual stages must return plausible tensors at replayed times; "
-        "the schedules build P2PCommunicator through this module global when no communicator is passed "
-        "(Megatron-LM's train_step never passes one)",
-        count_calls=False,
-        signature="(pp_group: torch.distributed.distributed_c10d.ProcessGroup, config: megatron.core.model_parallel_config.ModelParallelConfig)",
-    )
+def _communicator(original: Any, *, world: VirtualWorld) -> type[PrismP2PCommunicator]:
+    return PrismP2PCommunicator.bind(world)
+
+
+P2P_COMMUNICATOR = Patch(
+    name="megatron.p2p_communicator",
+    target="megatron.core.pipeline_parallel.schedules:P2PCommunicator",
+    make=_communicator,
+    needs=("world",),
+    verified_on=EVERY_VERIFIED,
+    reason="pipeline sends/receives with virtual stages must return plausible tensors at replayed times; "
+    "the schedules build P2PCommunicator through this module global when no communicator is passed "
+    "(Megatron-LM's train_step never passes one)",
+    count_calls=False,
+    signature="(pp_group: torch.distributed.distributed_c10d.ProcessGroup, config: megatron.core.model_parallel_config.ModelParallelConfig)",
+)
+"""Installs a communicator bound to the run's virtual world where the schedules look it up."""

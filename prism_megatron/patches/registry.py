@@ -8,10 +8,17 @@ unless the user opts in, refuses to stack on a target someone else already repla
 calls so a report can say which patches a run actually used. Reverting unwinds in reverse order and
 is safe to call twice. A drift test per record compares the target's signature with the recorded one.
 
-Two kinds of record:
+Three kinds of record:
 - `Patch`: replaces one attribute (`"module:attr"` or `"module:Class.attr"`).
 - `ModePatch`: pushes a `torch.overrides.TorchFunctionMode` for the lifetime of the application
   (the only way to reach hard-coded literals such as `device="cuda"` inside Megatron functions).
+- `PrivateCall`: a private megatron-core function prism calls as it is. Nothing is replaced, but it is
+  the same bet on internals, so it is versioned and drift-tested like a patch (`private_call`).
+
+A record describes a change; binding it to a run is a separate step. A record whose replacement
+depends on the run (its virtual world, its runtime, the device of a build) names what it `needs`,
+and `bind` supplies it; so the catalog lists every record without a run, and `apply` refuses a
+record that was not bound.
 """
 
 from __future__ import annotations
@@ -54,8 +61,9 @@ class Patch:
     """Unique short name, as `--prism-list-patches` prints it."""
     target: str
     """`"module.path:attr"` or `"module.path:Class.attr"`; the module is imported when applied."""
-    make: Callable[[Any], Any]
-    """Builds the replacement from the original object (`ABSENT` when the attribute does not exist)."""
+    make: Callable[..., Any]
+    """Builds the replacement from the original object (`ABSENT` when the attribute does not exist)
+    and, as keyword arguments, what the record `needs` of a run."""
     verified_on: tuple[str, ...]
     """megatron-core releases this variant was verified on (exact versions; see `versions`). Variants
     of one record share its name and split the releases between them."""
@@ -70,6 +78,9 @@ class Patch:
     """Wrap the replacement so each call is counted (only for plain functions)."""
     must_exist: bool = True
     """Whether the target exists on every verified install (False: added when absent, like a missing global)."""
+    needs: tuple[str, ...] = ()
+    """What binding the record to a run supplies (`bind`): the keyword arguments `make` takes after
+    the original, e.g. `("world",)`. Empty: the record is the same in every run."""
 
     def __post_init__(self) -> None:
         module, _, qualname = self.target.partition(":")
@@ -97,7 +108,27 @@ class ModePatch:
     """What it hooks (for the table)."""
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PrivateCall:
+    """A private megatron-core function prism calls as it is (nothing is replaced)."""
+
+    name: str
+    """Unique short name, as `--prism-list-patches` prints it."""
+    target: str
+    """`"module.path:attr"` or `"module.path:Class.attr"`."""
+    verified_on: tuple[str, ...]
+    """megatron-core releases this variant was verified on (exact versions)."""
+    reason: str
+    """Why prism calls it and why no public function sufficed."""
+    signature: str | None = None
+    """The target's signature as verified; the drift test checks it."""
+    importers: tuple[str, ...] = ()
+    """Always empty (nothing is rebound); kept so drift tests read every record alike."""
+    must_exist: bool = True
+
+
 AnyPatch = Patch | ModePatch
+AnyRecord = Patch | ModePatch | PrivateCall
 
 
 def variants(*, by_release: Mapping[tuple[str, ...], Mapping[str, Any]], **common: Any) -> tuple[Patch, ...]:
@@ -106,6 +137,47 @@ def variants(*, by_release: Mapping[tuple[str, ...], Mapping[str, Any]], **commo
     return tuple(
         Patch(**{**common, **differs}, verified_on=releases) for releases, differs in by_release.items()
     )
+
+
+def bind(records: Iterable[AnyPatch], **context: Any) -> tuple[AnyPatch, ...]:
+    """The records ready to apply in a run: each one's `needs` taken from `context`.
+
+    Records that need nothing pass unchanged; context a record does not need is ignored.
+
+    Raises:
+        ValueError: a record needs something `context` does not give.
+    """
+    bound = []
+    for record in records:
+        needs = getattr(record, "needs", ())
+        if needs:
+            missing = [n for n in needs if n not in context]
+            if missing:
+                raise ValueError(f"patch {record.name}: binding it to a run needs {', '.join(missing)}")
+            given = {n: context[n] for n in needs}
+            record = dataclasses.replace(record, make=functools.partial(record.make, **given), needs=())
+        bound.append(record)
+    return tuple(bound)
+
+
+def private_call(record: PrivateCall | Iterable[PrivateCall], *, allow_untested: bool = False) -> Any:
+    """The private function a record names, after the version check every patch gets.
+
+    Args:
+        record: the record, or its variants (one per group of releases).
+
+    Raises:
+        UntestedMegatronError: no variant was verified on the installed megatron-core (unless
+            `allow_untested`: then the nearest variant below, with a warning).
+    """
+    candidates = (record,) if isinstance(record, PrivateCall) else tuple(record)
+    (chosen,) = select(candidates, allow_untested=allow_untested)
+    _, _, target = resolve(chosen.target)
+    if target is ABSENT:
+        raise RuntimeError(
+            f"prism record {chosen.name}: {chosen.target} does not exist in this megatron-core"
+        )
+    return target
 
 
 def resolve(target: str) -> tuple[Any, str, Any]:
@@ -199,6 +271,12 @@ def _set(owner: Any, attr: str, value: Any, name: str, applied: AppliedPatches) 
 
 
 def _apply_one(patch: AnyPatch, applied: AppliedPatches) -> None:
+    if isinstance(patch, PrivateCall):
+        raise TypeError(f"prism record {patch.name} replaces nothing; call it through private_call")
+    if getattr(patch, "needs", ()):
+        raise RuntimeError(
+            f"prism patch {patch.name}: bind it to a run first (it needs {', '.join(patch.needs)})"
+        )
     if isinstance(patch, ModePatch):
         mode = patch.make_mode(functools.partial(applied.count, patch.name))
         mode.__enter__()
@@ -228,7 +306,7 @@ def apply(patches: Iterable[AnyPatch], *, allow_untested: bool = False) -> Appli
         UntestedMegatronError: a record has no variant verified on the installed release (unless
             `allow_untested`: then it takes its nearest variant below, with a warning).
         ValueError: two records of one name claim the same release.
-        RuntimeError: a target was already replaced by someone else.
+        RuntimeError: a target was already replaced by someone else, or a record was not bound.
     """
     patches = select(patches, allow_untested=allow_untested)
     applied = AppliedPatches()
@@ -252,7 +330,7 @@ def patched(patches: Iterable[AnyPatch], *, allow_untested: bool = False) -> Ite
         applied.revert()
 
 
-def current_signature(patch: Patch) -> str | None:
+def current_signature(patch: Patch | PrivateCall) -> str | None:
     """The target's signature as installed now (for drift tests); None when not introspectable.
 
     Annotations written as strings (a module with `from __future__ import annotations`) are evaluated
@@ -270,7 +348,7 @@ def current_signature(patch: Patch) -> str | None:
     return None
 
 
-def table(patches: Iterable[AnyPatch]) -> str:
+def table(patches: Iterable[AnyRecord]) -> str:
     """A plain-text table of the patches (what `--prism-list-patches` prints)."""
     rows = [("name", "target", "verified on", "reason")]
     for p in patches:

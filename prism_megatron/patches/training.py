@@ -36,20 +36,15 @@ def _record(name: str, target: str, make, reason: str, **kw: Any) -> Patch:
     return Patch(name=name, target=target, make=make, verified_on=EVERY_VERIFIED, reason=reason, **kw)
 
 
-def _initialize_distributed(rt: runtime.Runtime):
-    def make(original):
-        # 0.19 added skip_model_parallel_init (passed through untouched).
-        def _initialize_distributed(
-            get_embedding_ranks, get_position_embedding_ranks, store, *args, **kwargs
-        ):
-            if not torch.distributed.is_initialized() and (rt.device == "cpu" or rt.config.emulation.emulate):
-                runtime.bring_up(rt)
-            original(get_embedding_ranks, get_position_embedding_ranks, store, *args, **kwargs)
-            runtime.before_model(rt)
+def _initialize_distributed(original, *, run: runtime.Runtime):
+    # 0.19 added skip_model_parallel_init (passed through untouched).
+    def _initialize_distributed(get_embedding_ranks, get_position_embedding_ranks, store, *args, **kwargs):
+        if not torch.distributed.is_initialized() and (run.device == "cpu" or run.config.emulation.emulate):
+            runtime.bring_up(run)
+        original(get_embedding_ranks, get_position_embedding_ranks, store, *args, **kwargs)
+        runtime.before_model(run)
 
-        return _initialize_distributed
-
-    return make
+    return _initialize_distributed
 
 
 class TrainingRecord:
@@ -92,17 +87,14 @@ class TrainingRecord:
         return None
 
 
-def _train_step(record: TrainingRecord):
-    def make(original):
-        def train_step(forward_step_func, data_iterator, model, optimizer, *args, **kwargs):
-            record.before_step(model, optimizer)
-            returned = original(forward_step_func, data_iterator, model, optimizer, *args, **kwargs)
-            record.after_step(returned)
-            return returned
+def _train_step(original, *, training_record: TrainingRecord):
+    def train_step(forward_step_func, data_iterator, model, optimizer, *args, **kwargs):
+        training_record.before_step(model, optimizer)
+        returned = original(forward_step_func, data_iterator, model, optimizer, *args, **kwargs)
+        training_record.after_step(returned)
+        return returned
 
-        return train_step
-
-    return make
+    return train_step
 
 
 def _plausible_batch(batch: dict, vocab_size: int, seed: int) -> None:
@@ -130,39 +122,32 @@ def _fill_if_source_is_virtual(rt: runtime.Runtime, batch: dict, source: int, tp
         _plausible_batch(batch, arguments.megatron_lm_args().padded_vocab_size, seed=rt.virtual_rank)
 
 
-def _tp_batch_from_iterator(rt: runtime.Runtime):
+def _tp_batch_from_iterator(original, *, run: runtime.Runtime):
     """Up to 0.16: `get_batch_on_this_tp_rank(data_iterator, mtp_on_this_rank)` reads and broadcasts."""
 
-    def make(original):
-        def get_batch_on_this_tp_rank(data_iterator, mtp_on_this_rank: bool = False):
-            from megatron.core import parallel_state
+    def get_batch_on_this_tp_rank(data_iterator, mtp_on_this_rank: bool = False):
+        from megatron.core import parallel_state
 
-            batch = original(data_iterator, mtp_on_this_rank=mtp_on_this_rank)
-            source = parallel_state.get_tensor_model_parallel_src_rank()
-            _fill_if_source_is_virtual(rt, batch, source, parallel_state.get_tensor_model_parallel_rank())
-            return batch
+        batch = original(data_iterator, mtp_on_this_rank=mtp_on_this_rank)
+        source = parallel_state.get_tensor_model_parallel_src_rank()
+        _fill_if_source_is_virtual(run, batch, source, parallel_state.get_tensor_model_parallel_rank())
+        return batch
 
-        return get_batch_on_this_tp_rank
-
-    return make
+    return get_batch_on_this_tp_rank
 
 
-def _tp_batch_from_dict(rt: runtime.Runtime):
+def _tp_batch_from_dict(original, *, run: runtime.Runtime):
     """From 0.19: the script fetches the batch on TP rank 0 and passes the dict, the source rank and
     this rank's TP rank (with a dozen layout flags) to `megatron.core.utils.get_batch_on_this_tp_rank`."""
+    signature = inspect.signature(original)
 
-    def make(original):
-        signature = inspect.signature(original)
+    def get_batch_on_this_tp_rank(*args, **kwargs):
+        batch = original(*args, **kwargs)
+        bound = signature.bind(*args, **kwargs).arguments
+        _fill_if_source_is_virtual(run, batch, bound["broadcast_src_rank"], bound["tp_rank"])
+        return batch
 
-        def get_batch_on_this_tp_rank(*args, **kwargs):
-            batch = original(*args, **kwargs)
-            bound = signature.bind(*args, **kwargs).arguments
-            _fill_if_source_is_virtual(rt, batch, bound["broadcast_src_rank"], bound["tp_rank"])
-            return batch
-
-        return get_batch_on_this_tp_rank
-
-    return make
+    return get_batch_on_this_tp_rank
 
 
 def _allow_no_cuda(original):
@@ -266,15 +251,17 @@ _TP_BATCH_0_19 = (
 )
 
 
-def emulation_records(rt: runtime.Runtime, record: TrainingRecord) -> tuple[Patch, ...]:
-    """Megatron-LM hooks bound to a run (both devices)."""
+def emulation_records() -> tuple[Patch, ...]:
+    """Megatron-LM hooks (both devices); a run binds them with its `Runtime` (`run`) and its
+    `TrainingRecord` (`training_record`)."""
     return (
-        *arguments.argument_records(rt),
-        *last_rank.writer_records(rt),
+        *arguments.ARGUMENT_RECORDS,
+        *last_rank.writer_records(),
         *variants(
             name="megatron_lm.initialize_distributed",
             target="megatron.training.initialize:_initialize_distributed",
-            make=_initialize_distributed(rt),
+            make=_initialize_distributed,
+            needs=("run",),
             reason="brings up the virtual world before Megatron builds its groups in it, and installs the "
             "p2p communicator and control-flow fixes before the model is built",
             by_release={
@@ -290,7 +277,8 @@ def emulation_records(rt: runtime.Runtime, record: TrainingRecord) -> tuple[Patc
         *variants(
             name="megatron_lm.train_step",
             target="megatron.training.training:train_step",
-            make=_train_step(record),
+            make=_train_step,
+            needs=("training_record",),
             reason="marks each iteration's start for the replay engine and records grad norm and loss",
             by_release={
                 MEGATRON_CORE_0_16: {"signature": _TRAIN_STEP_0_16},
@@ -302,17 +290,18 @@ def emulation_records(rt: runtime.Runtime, record: TrainingRecord) -> tuple[Patc
             reason="TP ranks other than 0 receive the batch from TP rank 0; when it is virtual they get "
             "plausible tokens, so a rank that is not a data source trains",
             importers=("megatron.training.training",),
+            needs=("run",),
             by_release={
                 MEGATRON_CORE_0_16: {
                     "target": "megatron.training.utils:get_batch_on_this_tp_rank",
-                    "make": _tp_batch_from_iterator(rt),
+                    "make": _tp_batch_from_iterator,
                     "signature": "(data_iterator, mtp_on_this_rank: bool = False)",
                 },
                 # Moved into megatron-core; pretrain_gpt.py imports it by name when it runs, after
                 # the patch, so only the training module binds the original.
                 MEGATRON_CORE_0_19: {
                     "target": "megatron.core.utils:get_batch_on_this_tp_rank",
-                    "make": _tp_batch_from_dict(rt),
+                    "make": _tp_batch_from_dict,
                     "signature": _TP_BATCH_0_19,
                 },
             },
@@ -321,12 +310,9 @@ def emulation_records(rt: runtime.Runtime, record: TrainingRecord) -> tuple[Patc
 
 
 def all_records() -> tuple[Patch, ...]:
-    """Every Megatron-LM record, bound to a placeholder run (for the table and the drift tests)."""
-    from prism_megatron.config import PrismConfig
-
-    placeholder = runtime.Runtime(config=PrismConfig(), device="cpu")
+    """Every Megatron-LM record (for the catalog)."""
     return (
-        *emulation_records(placeholder, TrainingRecord(placeholder)),
+        *emulation_records(),
         *cpu_records(),
         *local_layers.records(),
     )

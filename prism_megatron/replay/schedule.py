@@ -19,11 +19,10 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import json
 import math
-import os
-import tempfile
 from collections.abc import Mapping, Sequence
+
+from prism_megatron import files
 
 SCHEMA_VERSION = 1
 
@@ -141,21 +140,8 @@ class ReplaySchedule:
 
     def save(self, path: str) -> None:
         """Write atomically: a reader never sees half a file."""
-        directory = os.path.dirname(os.path.abspath(path))
-        fd, tmp = tempfile.mkstemp(dir=directory, prefix=".schedule-", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                json.dump(self.to_json(), f)
-            os.replace(tmp, path)
-        except BaseException:
-            os.unlink(tmp)
-            raise
+        files.write_json(self.to_json(), path)
 
     @classmethod
     def load(cls, path: str) -> ReplaySchedule:
-        try:
-            with open(path, encoding="utf-8") as f:
-                data = json.load(f)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{path}: damaged replay schedule (not JSON: {exc})") from exc
-        return cls.from_json(data, source=path)
+        return cls.from_json(files.read_json(path, "replay schedule"), source=path)

@@ -16,13 +16,12 @@ import dataclasses
 import os
 from collections.abc import Mapping, Sequence
 
+from prism_megatron import files
 from prism_megatron.replay.events import OpEvent
 from prism_megatron.replay.schedule import OpKind
-from prism_megatron.report import files
 from prism_megatron.sim.timeline import Span
 from prism_megatron.topology import format_ranks
 
-OPS_DIR = "ops"
 OPLOG_SCHEMA_VERSION = 1
 COMPUTE_THREAD = "compute"
 COMM_THREAD = "comm"
@@ -77,10 +76,6 @@ def as_op_log(virtual_rank: int, ops: OpLog | Sequence[OpEvent]) -> OpLog:
     return OpLog(virtual_rank=virtual_rank, events=tuple(ops))
 
 
-def path_for(run_dir: str, virtual_rank: int) -> str:
-    return os.path.join(run_dir, OPS_DIR, f"rank-{virtual_rank:05d}.json")
-
-
 def op_log_to_json(log: OpLog) -> dict:
     events = []
     for event in log.events:
@@ -122,12 +117,12 @@ def op_log_from_json(doc: dict, source: str) -> OpLog:
 
 def load_op_logs(run_dir: str) -> dict[int, OpLog]:
     """Every real rank's log in `run_dir/ops/`, by virtual rank ({} when there is none)."""
-    directory = os.path.join(run_dir, OPS_DIR)
+    directory = files.op_log_dir(run_dir)
     if not os.path.isdir(directory):
         return {}
     logs = {}
     for name in sorted(os.listdir(directory)):
-        if name.startswith("rank-") and name.endswith(".json"):
+        if files.is_rank_file(name):
             path = os.path.join(directory, name)
             log = op_log_from_json(files.read_json(path, "measured op log"), path)
             logs[log.virtual_rank] = log
@@ -191,7 +186,7 @@ def _args(event: OpEvent, done: bool) -> dict:
 
 def save_op_log(run_dir: str, log: OpLog) -> str:
     """Write one real rank's log to `run_dir/ops/` atomically (a real rank may call it itself)."""
-    return files.write_json(op_log_to_json(log), path_for(run_dir, log.virtual_rank))
+    return files.write_json(op_log_to_json(log), files.op_log_path(run_dir, log.virtual_rank))
 
 
 def as_op_logs(measured_ops: Mapping[int, OpLog | Sequence[OpEvent]] | None) -> dict[int, OpLog]:

@@ -15,7 +15,7 @@ virtual peer it waited for. Which virtual ranks: by default each real rank's pip
 tensor-parallel peers and data-, context- and expert-parallel neighbours, then one representative
 per role, at most `DEFAULT_MAX_VIRTUAL_TRACKS` (a trace of thousands of ranks helps nobody).
 
-The simulated spans are saved in the run folder (`SIMULATED_FILE`) when the report is written, so
+The simulated spans are saved in the run folder (`files.SIMULATED_SPANS_FILE`) when the report is written, so
 `prism-megatron report RUN_DIR` redraws the same virtual tracks without simulating again.
 """
 
@@ -25,8 +25,8 @@ import dataclasses
 import os
 from collections.abc import Iterable, Mapping
 
+from prism_megatron import files
 from prism_megatron.graph.world import LayoutWorld
-from prism_megatron.report import files
 from prism_megatron.report.links import flows
 from prism_megatron.report.oplog import OpLog, measured_spans
 from prism_megatron.report.trace import Counter, chrome_trace
@@ -37,7 +37,6 @@ from prism_megatron.topology import Layout
 DEFAULT_MAX_VIRTUAL_TRACKS = 64
 ITERATIONS_THREAD = "iterations"
 MEMORY_COUNTER = "memory (MiB)"
-SIMULATED_FILE = os.path.join("spans", "simulated.json")
 SIMULATED_SCHEMA_VERSION = 1
 _NEIGHBOUR_KINDS = ("dp", "cp", "ep")
 
@@ -77,12 +76,12 @@ class SimulatedTracks:
             raise ValueError(f"{source}: not a simulated timeline ({exc})") from exc
 
     def save(self, run_dir: str) -> str:
-        return files.write_json(self.to_json(), os.path.join(run_dir, SIMULATED_FILE))
+        return files.write_json(self.to_json(), os.path.join(run_dir, files.SIMULATED_SPANS_FILE))
 
     @classmethod
     def load(cls, run_dir: str) -> SimulatedTracks | None:
         """The saved tracks of a run folder; None when it has none."""
-        path = os.path.join(run_dir, SIMULATED_FILE)
+        path = os.path.join(run_dir, files.SIMULATED_SPANS_FILE)
         if not os.path.isfile(path):
             return None
         return cls.from_json(files.read_json(path, "simulated timeline"), path)

@@ -10,10 +10,9 @@ ns kept as decimals.
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
-import tempfile
 from collections.abc import Iterable, Mapping
+
+from prism_megatron import files
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,21 +110,8 @@ def chrome_trace(
 
 
 def write_chrome_trace(path: str, spans: Iterable, process_names: Mapping[int, str] | None = None) -> str:
-    """Write the trace atomically (temporary file, then rename); return the path."""
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".trace-", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(chrome_trace(spans, process_names), f, separators=(",", ":"))
-        mask = os.umask(0o022)
-        os.umask(mask)
-        os.chmod(tmp, 0o666 & ~mask)  # what a plain open would give; mkstemp's are owner-only
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
-    return path
+    """Write the trace atomically; return the path."""
+    return files.write_json(chrome_trace(spans, process_names), path)
 
 
 def _meta(kind: str, process: int, thread: int, name: str) -> dict:

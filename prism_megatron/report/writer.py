@@ -17,8 +17,9 @@ import dataclasses
 import os
 from collections.abc import Iterable, Mapping, Sequence
 
+from prism_megatron import files
 from prism_megatron.replay.events import OpEvent
-from prism_megatron.report import files, schema
+from prism_megatron.report import schema
 from prism_megatron.report.markdown import render_markdown
 from prism_megatron.report.model import RunReport
 from prism_megatron.report.oplog import OpLog, as_op_logs, load_op_logs, save_op_log
@@ -32,10 +33,6 @@ from prism_megatron.report.timeline import (
 from prism_megatron.sim import SimResult
 from prism_megatron.topology import Layout
 
-REPORT_JSON = "report.json"
-REPORT_MD = "report.md"
-TIMELINE_JSON = "timeline.json"
-PLOTS_DIR = "plots"
 OP_LOGS = "op logs"
 
 
@@ -72,7 +69,7 @@ def write_report(
     doc = report.to_json()
     schema.validate(doc)
     os.makedirs(out_dir, exist_ok=True)
-    files.write_json(doc, os.path.join(out_dir, REPORT_JSON), indent=1)
+    files.write_json(doc, os.path.join(out_dir, files.REPORT_JSON), indent=1)
     logs = as_op_logs(measured_ops)
     for log in logs.values():
         save_op_log(out_dir, log)
@@ -92,7 +89,7 @@ def write_report(
 
 def load_report(run_dir: str) -> RunReport:
     """The run folder's report.json, validated (ValueError naming the file when it is not one)."""
-    path = os.path.join(run_dir, REPORT_JSON)
+    path = os.path.join(run_dir, files.REPORT_JSON)
     return RunReport.from_json(files.read_json(path, "run report"), path)
 
 
@@ -119,11 +116,11 @@ def render(
     layout: Layout | None,
 ) -> WrittenReport:
     """Write the plots, the timeline and report.md (report.json is already there)."""
-    paths: dict[str, str] = {os.path.basename(REPORT_JSON): os.path.join(out_dir, REPORT_JSON)}
+    paths: dict[str, str] = {os.path.basename(files.REPORT_JSON): os.path.join(out_dir, files.REPORT_JSON)}
     relative: dict[str, str] = {}
     skipped: dict[str, str] = {}
     for name, plot in PLOTS.items():
-        path = os.path.join(out_dir, PLOTS_DIR, name)
+        path = os.path.join(out_dir, files.PLOTS_DIR, name)
         try:
             files.write_atomically(path, plot(report))
         except NothingToPlot as exc:
@@ -131,15 +128,15 @@ def render(
         except Exception as exc:  # a plot must never cost the report (see the module docstring)
             skipped[name] = f"could not be drawn ({type(exc).__name__}: {exc})"
         else:
-            relative[name] = f"{PLOTS_DIR}/{name}"
+            relative[name] = f"{files.PLOTS_DIR}/{name}"
             continue
         _remove_stale(path)
-    path = os.path.join(out_dir, TIMELINE_JSON)
+    path = os.path.join(out_dir, files.TIMELINE_JSON)
     if logs or simulated is not None:
         try:
             trace = timeline_trace(report.real_ranks, logs, simulated, layout or _layout_of(report))
             files.write_json(trace, path)
-            relative["timeline"] = TIMELINE_JSON
+            relative["timeline"] = files.TIMELINE_JSON
         except Exception as exc:  # as for plots
             skipped["timeline"] = f"could not be written ({type(exc).__name__}: {exc})"
     else:
@@ -152,10 +149,10 @@ def render(
             f"no op log from real rank(s) {', '.join(map(str, without_log))}: their tracks are empty"
         )
     md_path = files.write_atomically(
-        os.path.join(out_dir, REPORT_MD), render_markdown(report, relative, skipped)
+        os.path.join(out_dir, files.REPORT_MD), render_markdown(report, relative, skipped)
     )
     paths.update({name: os.path.join(out_dir, rel) for name, rel in relative.items()})
-    paths[REPORT_MD] = md_path
+    paths[files.REPORT_MD] = md_path
     return WrittenReport(paths=paths, skipped=skipped)
 
 

@@ -15,7 +15,6 @@ from prism_megatron.topology.layout import (
     ORDERS,
     Coords,
     Layout,
-    virtual_pipeline_size,
 )
 from prism_megatron.topology.notation import format_ranks, parse_ranks
 from prism_megatron.topology.placement import Placement, place
@@ -37,5 +36,4 @@ __all__ = [
     "place",
     "role_classes",
     "select_ranks",
-    "virtual_pipeline_size",
 ]

@@ -31,11 +31,10 @@ import pytest
 pytest.importorskip("megatron.core")
 
 from benchmarks.fidelity import passes, workload
-from prism_megatron.emulation import files
+from prism_megatron import files
 from prism_megatron.emulation.closed_loop import network_cost
 from prism_megatron.graph import LayoutWorld, NodeType
 from prism_megatron.graph.capture import RankCapture, compute_intervals, first_difference
-from prism_megatron.graph.io import write_json_atomically
 from prism_megatron.sim import simulate
 from prism_megatron.topology import Layout
 
@@ -71,7 +70,7 @@ def plan(directory, cost_file: str):
 
 def flat_costs(directory) -> str:
     path = str(directory / "costs.json")
-    write_json_atomically(
+    files.write_json(
         {
             "schema_version": 1,
             "kind": "measured",

@@ -46,6 +46,7 @@ from megatron.core.transformer.identity_op import IdentityOp
 
 from prism_megatron.megatron.entry import arguments as pretrain_args
 from prism_megatron.megatron.entry import model, pretrain
+from prism_megatron.megatron.job import target
 from prism_megatron.megatron.job.configs import read_config
 from prism_megatron.megatron.plan.shrink import shrink
 from prism_megatron.patches import cpu_shim, registry
@@ -99,7 +100,7 @@ def test_deepseek_flags_become_megatron_lms_values():
         64,
     )
     assert args.moe_router_score_function == "sigmoid" and args.moe_router_enable_expert_bias
-    assert model.padded_vocab_size(args) == 129280  # 129279 + the NullTokenizer's EOD, a multiple of 128
+    assert target.padded_vocab_size(args) == 129280  # 129279 + the NullTokenizer's EOD, a multiple of 128
     config = model.transformer_config(args)
     assert isinstance(config, MLATransformerConfig) and config.rotary_scaling_factor == 40
     assert config.moe_shared_expert_intermediate_size == 2048 and config.mtp_num_layers == 1

@@ -26,7 +26,7 @@ CHECKED_AS = os.environ.get("PRISM_DRIFT_AS_MEGATRON_CORE") or INSTALLED
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")  # an untested release is the last test's failure, not an import error
     SELECTED = versions.select(catalog.all_patches(), installed=CHECKED_AS, allow_untested=True)
-RECORDS = [p for p in SELECTED if isinstance(p, registry.Patch)]
+RECORDS = [p for p in SELECTED if isinstance(p, registry.Patch | registry.PrivateCall)]
 MEGATRON_LM_DIR = os.environ.get("MEGATRON_LM_DIR")
 
 
@@ -41,7 +41,7 @@ def undo_megatron_lm_imports():
             del sys.modules[name]
 
 
-def needs_target_module(record: registry.Patch) -> None:
+def needs_target_module(record: registry.Patch | registry.PrivateCall) -> None:
     """Megatron-LM's modules are importable only from a checkout (MEGATRON_LM_DIR)."""
     modules = (record.target, *record.importers)
     if not any(m.startswith("megatron.training") for m in modules):

@@ -15,10 +15,10 @@ from prism_megatron.cli import main
 from prism_megatron.compare import Thresholds, compare_runs
 from prism_megatron.compare.metrics import measured_breakdown
 from prism_megatron.compare.stats import _u_counts, mann_whitney, smallest_p
+from prism_megatron.files import write_json
 from prism_megatron.replay.events import OpEvent
 from prism_megatron.replay.schedule import OpKind
 from prism_megatron.report import Failure, RankReport, RoleReport, RunReport, TargetJob, iterations_from_times
-from prism_megatron.report.files import write_json
 from prism_megatron.report.oplog import ComputeSpan, OpLog, save_op_log
 from prism_megatron.topology import Layout
 

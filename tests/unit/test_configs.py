@@ -3,12 +3,14 @@ says what its source says, and reads the same in the shell wrapper as in Python.
 
 from __future__ import annotations
 
+import argparse
 import os
 import subprocess
 from pathlib import Path
 
 import pytest
 
+from prism_megatron.megatron.job import target
 from prism_megatron.megatron.job.configs import flag_value, header, read_config, world_size_of
 from prism_megatron.topology import Layout
 
@@ -22,19 +24,11 @@ def _int(argv: list[str], flag: str, default: int | None = 1) -> int | None:
 
 
 def layout_of(argv: list[str]) -> Layout:
-    pp = _int(argv, "--pipeline-model-parallel-size")
-    layers_per_chunk = _int(argv, "--num-layers-per-virtual-pipeline-stage", None)
-    vpp = _int(argv, "--num-layers") // pp // layers_per_chunk if layers_per_chunk else None
-    return Layout(
-        world_size=world_size_of(argv),
-        tp=_int(argv, "--tensor-model-parallel-size"),
-        pp=pp,
-        cp=_int(argv, "--context-parallel-size"),
-        ep=_int(argv, "--expert-model-parallel-size"),
-        etp=_int(argv, "--expert-tensor-parallel-size", None),
-        vpp=vpp,
-        untie_embeddings="--untie-embeddings-and-output-weights" in argv,
-    )
+    """The configuration's layout, read by the parser every command uses (no torch, no Megatron)."""
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    target.add_job_arguments(parser)
+    flags, _ = parser.parse_known_args(argv)
+    return target.derive(flags, world_size=world_size_of(argv)).layout()
 
 
 def test_the_issue_s_configurations_are_all_shipped():

@@ -16,8 +16,9 @@ import pytest
 
 from benchmarks.fidelity import passes
 from benchmarks.fidelity.cases import real_compute_cases, sleep_cases
+from prism_megatron import files
 from prism_megatron.config import parse_prism_flags
-from prism_megatron.emulation import driver, files
+from prism_megatron.emulation import driver
 
 SUITE = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "fidelity"
 PRODUCT_ONLY = {

@@ -228,3 +228,39 @@ def test_duplicate_names_and_malformed_targets_are_rejected():
 def test_table_lists_every_patch_with_its_versions():
     text = registry.table([record(), record(name="test.other", verified_on=("0.16.1", "0.17.0"))])
     assert "test.add" in text and "prism_test_target:add" in text and "0.16.1/0.17.0" in text
+
+
+def scaling(original, *, factor):
+    return lambda a, b: factor * original(a, b)
+
+
+def test_a_record_that_needs_a_run_is_applied_only_once_bound_and_binding_changes_no_record(fake_modules):
+    target, _ = fake_modules
+    needing = record(make=scaling, needs=("factor",))
+    with pytest.raises(RuntimeError, match=r"test\.add: bind it to a run first \(it needs factor\)"):
+        registry.apply([needing])
+    assert target.add is original_add
+    with pytest.raises(ValueError, match=r"test\.add: binding it to a run needs factor"):
+        registry.bind([needing], world=object())
+    (bound,) = registry.bind([needing], factor=10, unused="ignored")
+    assert needing.needs == ("factor",) and bound.needs == ()
+    with registry.patched([bound]):
+        assert target.add(1, 2) == 30
+    assert target.add is original_add
+    assert registry.bind([record()]) == (record(),)  # a record needing nothing passes unchanged
+
+
+def test_a_private_call_is_version_gated_and_never_applied(fake_modules):
+    private = registry.PrivateCall(
+        name="test.private", target="prism_test_target:add", verified_on=(INSTALLED,), reason="test"
+    )
+    assert registry.private_call(private) is original_add
+    untested = registry.PrivateCall(
+        name="test.private", target="prism_test_target:add", verified_on=("0.1.0",), reason="test"
+    )
+    with pytest.raises(registry.UntestedMegatronError, match="--prism-allow-untested-megatron"):
+        registry.private_call(untested)
+    with pytest.warns(UserWarning, match="not a release"):
+        assert registry.private_call([untested], allow_untested=True) is original_add
+    with pytest.raises(TypeError, match="replaces nothing"):
+        registry.apply([private])

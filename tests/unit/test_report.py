@@ -10,6 +10,7 @@ import os
 
 import pytest
 
+from prism_megatron import files
 from prism_megatron.graph.world import LayoutWorld
 from prism_megatron.replay.events import OpEvent
 from prism_megatron.replay.schedule import OpKind
@@ -29,7 +30,7 @@ from prism_megatron.report import (
     validate,
     write_report,
 )
-from prism_megatron.report.timeline import SIMULATED_FILE, represented_ranks
+from prism_megatron.report.timeline import represented_ranks
 from prism_megatron.sim import (
     AlphaBetaCost,
     PipelineSpec,
@@ -317,7 +318,7 @@ def test_an_invalid_report_is_refused_before_anything_is_written(tmp_path, sim_r
 def test_rerender_draws_the_same_outputs_from_the_run_folder_alone(tmp_path, sim_result):
     out, _ = _write(tmp_path, sim_result)
     first = _trace(out)
-    assert os.path.isfile(os.path.join(out, SIMULATED_FILE))
+    assert os.path.isfile(os.path.join(out, files.SIMULATED_SPANS_FILE))
     assert sorted(os.listdir(os.path.join(out, "ops"))) == ["rank-00000.json", "rank-00033.json"]
     for name in ("timeline.json", "report.md", "plots/memory.png"):
         os.unlink(os.path.join(out, name))

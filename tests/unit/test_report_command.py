@@ -5,11 +5,11 @@ import os
 
 import pytest
 
+from prism_megatron import files
 from prism_megatron.cli import main
 from prism_megatron.graph import save_graph
 from prism_megatron.graph.world import LayoutWorld
 from prism_megatron.report import RankReport, RunReport, TargetJob, iterations_from_times, write_report
-from prism_megatron.report.timeline import SIMULATED_FILE
 from prism_megatron.sim import AlphaBetaCost, PipelineSpec, layout_pipeline_graph, simulate
 from prism_megatron.topology import Layout
 
@@ -78,7 +78,7 @@ def test_report_renders_the_markdown_plots_and_timeline_again(capsys, tmp_path):
 
 def test_without_saved_virtual_tracks_the_graph_of_the_run_is_simulated(capsys, tmp_path):
     out = _run_dir(tmp_path)
-    os.unlink(os.path.join(out, SIMULATED_FILE))
+    os.unlink(os.path.join(out, files.SIMULATED_SPANS_FILE))
     status, text, _ = _cli(capsys, ["report", out])
     assert status == 0
     assert "virtual tracks: simulated" in text

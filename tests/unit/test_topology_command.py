@@ -7,6 +7,7 @@ import sys
 import pytest
 
 from prism_megatron.cli import main
+from prism_megatron.megatron.job import target
 from prism_megatron.topology import GROUP_KINDS, Layout
 
 BASE = [
@@ -103,7 +104,8 @@ def test_listing_every_rank_builds_each_group_once_and_prints_what_rank_by_rank_
             "--pipeline-model-parallel-size", "4", "--ranks", "all"]  # fmt: skip
     layout = Layout(world_size=512, tp=4, pp=4)
     rank_by_rank = "\n".join(topology.render_lines(layout, list(range(512)), topology.GroupLookup(layout, 1)))
-    described = topology.describe(layout, list(range(512)))
+    no_model = target.Schedule(vpp=None, layers_per_stage=None, overlap_p2p_comm=False, num_microbatches=None)
+    described = topology.describe(layout, list(range(512)), no_model)
     calls = []
     monkeypatch.setattr(Layout, "group", lambda *a: calls.append(a) or ())
     status, out, _ = _run(capsys, argv)

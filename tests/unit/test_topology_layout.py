@@ -7,7 +7,7 @@ these tests pin hand-checked facts and the properties any correct group table ha
 import numpy as np
 import pytest
 
-from prism_megatron.topology import GROUP_KINDS, Coords, Layout, virtual_pipeline_size
+from prism_megatron.topology import GROUP_KINDS, Coords, Layout
 
 # Small jobs that exercise every dimension, both orders, and expert sizes unlike the dense ones.
 PROPERTY_LAYOUTS = [
@@ -170,20 +170,6 @@ def test_ranks_and_kinds_outside_the_job_are_refused():
 def test_expert_tp_defaults_to_tp():
     assert Layout(world_size=16, tp=2, pp=4).etp == 2
     assert Layout(world_size=16, tp=2, pp=4) == Layout(world_size=16, tp=2, pp=4, etp=2)
-
-
-def test_virtual_pipeline_size_follows_megatron_lm_flags():
-    assert virtual_pipeline_size(pp=8, num_layers=32, num_layers_per_virtual_stage=2, vpp=None) == 2
-    assert virtual_pipeline_size(pp=8, num_layers=32, num_layers_per_virtual_stage=4, vpp=None) is None
-    assert virtual_pipeline_size(pp=8, num_layers=None, num_layers_per_virtual_stage=None, vpp=3) == 3
-    with pytest.raises(ValueError, match="needs --num-layers"):
-        virtual_pipeline_size(pp=8, num_layers=None, num_layers_per_virtual_stage=2, vpp=None)
-    with pytest.raises(ValueError, match="must divide the 4 layers of each pipeline stage"):
-        virtual_pipeline_size(pp=8, num_layers=32, num_layers_per_virtual_stage=3, vpp=None)
-    with pytest.raises(ValueError, match="--num-layers 30 is not divisible"):
-        virtual_pipeline_size(pp=8, num_layers=30, num_layers_per_virtual_stage=2, vpp=None)
-    with pytest.raises(ValueError, match="not both"):
-        virtual_pipeline_size(pp=8, num_layers=32, num_layers_per_virtual_stage=2, vpp=2)
 
 
 def test_integer_ranks_of_any_type_give_python_ints():

@@ -30,10 +30,10 @@ import dataclasses
 import os
 from collections.abc import Iterable
 
+from prism_megatron import files
 from prism_megatron.graph.chakra import et_def_pb2 as et
 from prism_megatron.graph.chakra.stream import framed
 from prism_megatron.graph.expand import ExpandedGraph, ResolvedOp
-from prism_megatron.graph.io import write_json_atomically
 from prism_megatron.graph.schema import SCHEMA_VERSION, NodeType
 from prism_megatron.replay.schedule import OpKind
 from prism_megatron.topology import format_ranks
@@ -209,11 +209,11 @@ def export_chakra(
     for rank in ranks:
         data = trace_bytes(*rank_trace(expanded, rank, groups))
         path = os.path.join(directory, f"{prefix}.{rank}.et")
-        _write_bytes(path, data)
+        files.write_atomically(path, data)
         paths.append(path)
         total += len(data)
     groups_path = os.path.join(directory, COMM_GROUPS_FILE)
-    write_json_atomically(groups.to_json(), groups_path)
+    files.write_json(groups.to_json(), groups_path)
     paths.append(groups_path)
     if not all_ranks:
         paths.append(_write_roles(expanded, directory, prefix, ranks))
@@ -236,21 +236,8 @@ def _write_roles(expanded: ExpandedGraph, directory: str, prefix: str, written: 
         }
     doc = {"world_size": expanded.world_size, "prefix": prefix, "roles": roles}
     path = os.path.join(directory, ROLES_FILE)
-    write_json_atomically(doc, path)
+    files.write_json(doc, path)
     return path
-
-
-def _write_bytes(path: str, data: bytes) -> None:
-    """Atomically, like every other writer of the project (temporary file, then rename)."""
-    tmp = f"{path}.tmp-{os.getpid()}"
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def _gib(num_bytes: int) -> str:

@@ -3,6 +3,8 @@
 A user moving between this entry and Megatron-LM's `pretrain_gpt.py` keeps their flags: every flag of
 the shipped production configurations (`launch/configs/*.args`) is accepted, with Megatron-LM's
 defaults (`megatron/training/arguments.py`, tag core_v0.16.1) and its `validate_args` derivations.
+The target job's flags (layout, schedule, batch, model shape) and their derivations are the ones
+every command shares (`prism_megatron.megatron.job.target`); this module adds the entry's own.
 Flags that only matter to a real training run's bookkeeping (checkpoints, evaluation, LR schedule,
 kernel fusions that need Transformer Engine or apex) are accepted and ignored, so a production
 command line parses; any other flag is an error that names it and points at `--script`.
@@ -20,6 +22,19 @@ import math
 
 from prism_megatron.config import add_prism_arguments
 from prism_megatron.megatron.entry import training_log
+from prism_megatron.megatron.job import target
+
+REQUIRED = (
+    "num_layers",
+    "hidden_size",
+    "num_attention_heads",
+    "seq_length",
+    "micro_batch_size",
+    "train_iters",
+)
+MOCK_VOCAB_SIZE = 32000
+"""The mock data's vocabulary before padding when --vocab-size is not given (Megatron-LM needs a
+tokenizer there; the entry has only mock data)."""
 
 # Accepted for command-line compatibility; they do not change what the emulated step computes.
 IGNORED_SWITCHES = (
@@ -54,36 +69,13 @@ IGNORED_VALUED = (
 
 def _model_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("model")
-    g.add_argument("--num-layers", type=int, required=True)
-    g.add_argument("--hidden-size", type=int, required=True)
-    g.add_argument(
-        "--ffn-hidden-size",
-        type=int,
-        default=None,
-        help="default: 4 * hidden (SwiGLU: 8/3 * hidden, rounded)",
-    )
-    g.add_argument("--num-attention-heads", type=int, required=True)
-    g.add_argument("--kv-channels", type=int, default=None, help="default: hidden / heads")
-    g.add_argument("--group-query-attention", action="store_true")
-    g.add_argument("--num-query-groups", type=int, default=1)
     g.add_argument("--qk-layernorm", action="store_true")
-    g.add_argument("--seq-length", type=int, required=True)
-    g.add_argument("--max-position-embeddings", type=int, default=None, help="default: --seq-length")
-    g.add_argument("--vocab-size", type=int, default=32000, help="mock-data vocabulary before padding")
-    g.add_argument(
-        "--tokenizer-type",
-        default=None,
-        help="NullTokenizer adds one EOD token to --vocab-size; others: none",
-    )
-    g.add_argument("--make-vocab-size-divisible-by", type=int, default=128)
     g.add_argument(
         "--position-embedding-type", choices=("learned_absolute", "rope"), default="learned_absolute"
     )
     g.add_argument("--rotary-base", type=int, default=10000)
     g.add_argument("--normalization", choices=("LayerNorm", "RMSNorm"), default="LayerNorm")
-    g.add_argument("--swiglu", action="store_true")
     g.add_argument("--disable-bias-linear", action="store_true")
-    g.add_argument("--untie-embeddings-and-output-weights", action="store_true")
     g.add_argument("--hidden-dropout", type=float, default=0.1)
     g.add_argument("--attention-dropout", type=float, default=0.1)
     g.add_argument("--init-method-std", type=float, default=0.02)
@@ -111,13 +103,6 @@ def _mla_args(parser: argparse.ArgumentParser) -> None:
 
 def _parallel_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("parallelism")
-    g.add_argument("--tensor-model-parallel-size", type=int, default=1)
-    g.add_argument("--pipeline-model-parallel-size", type=int, default=1)
-    g.add_argument("--decoder-first-pipeline-num-layers", type=int, default=None, help="default: even split")
-    g.add_argument("--decoder-last-pipeline-num-layers", type=int, default=None, help="default: even split")
-    g.add_argument("--virtual-pipeline-model-parallel-size", type=int, default=None)
-    g.add_argument("--num-layers-per-virtual-pipeline-stage", type=int, default=None)
-    g.add_argument("--context-parallel-size", type=int, default=1)
     g.add_argument(
         "--cp-comm-type",
         nargs="+",
@@ -126,12 +111,6 @@ def _parallel_args(parser: argparse.ArgumentParser) -> None:
         help="one for every layer, or one per layer",
     )
     g.add_argument("--hierarchical-context-parallel-sizes", nargs="+", type=int, default=None)
-    g.add_argument("--expert-model-parallel-size", type=int, default=1)
-    g.add_argument("--expert-tensor-parallel-size", type=int, default=None)
-    g.add_argument("--sequence-parallel", action="store_true")
-    g.add_argument("--use-tp-pp-dp-mapping", action="store_true")
-    g.add_argument("--no-overlap-p2p-communication", action="store_false", dest="overlap_p2p_communication")
-    g.add_argument("--microbatch-group-size-per-virtual-pipeline-stage", type=int, default=None)
     g.add_argument(
         "--variable-seq-lengths", action="store_true", help="pipeline stages exchange shapes first"
     )
@@ -139,8 +118,6 @@ def _parallel_args(parser: argparse.ArgumentParser) -> None:
 
 def _training_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("training")
-    g.add_argument("--micro-batch-size", type=int, required=True)
-    g.add_argument("--global-batch-size", type=int, default=None, help="default: micro batch * DP")
     g.add_argument("--train-iters", type=int, required=True)
     g.add_argument(
         "--mock-data", action="store_true", help="the only data this entry has; accepted for compatibility"
@@ -180,18 +157,15 @@ def _layer_frequency(text: str) -> int | list[int]:
 
 def _moe_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("mixture of experts")
-    g.add_argument("--num-experts", type=int, default=None)
     g.add_argument(
         "--moe-layer-freq",
         type=_layer_frequency,
         default=1,
         help="N (every N-th layer) or e.g. ([0]*3+[1]*58)",
     )
-    g.add_argument("--moe-ffn-hidden-size", type=int, default=None, help="default: --ffn-hidden-size")
     g.add_argument("--moe-shared-expert-intermediate-size", type=int, default=None)
     g.add_argument("--moe-grouped-gemm", action="store_true", help="built as per-expert GEMMs (see model.py)")
     g.add_argument("--moe-token-dispatcher-type", choices=("allgather", "alltoall"), default="allgather")
-    g.add_argument("--moe-router-topk", type=int, default=2)
     g.add_argument("--moe-router-score-function", choices=("softmax", "sigmoid"), default="softmax")
     g.add_argument("--moe-router-dtype", choices=("fp32", "fp64"), default=None)
     g.add_argument("--moe-router-enable-expert-bias", action="store_true")
@@ -212,6 +186,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Built-in megatron-core GPT pretraining entry (mock data) with Megatron-LM flag names.",
         allow_abbrev=False,
     )
+    target.add_job_arguments(parser, required=REQUIRED)
+    parser.set_defaults(vocab_size=MOCK_VOCAB_SIZE)
     _model_args(parser)
     _mla_args(parser)
     _parallel_args(parser)
@@ -242,32 +218,12 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 def derive(args: argparse.Namespace) -> None:
     """Megatron-LM's `validate_args` for these flags, where it needs only the flags (ValueError names
-    the flag)."""
+    the flag): the target job's (`target.derive`), then the entry's own."""
     if args.bf16 and args.fp16:
         raise ValueError("--bf16 and --fp16 are exclusive; pass one")
-    _derive_model(args)
-    _derive_pipeline(args)
-    _derive_moe(args)
-
-
-def _derive_model(args: argparse.Namespace) -> None:
-    if args.max_position_embeddings is None:
-        args.max_position_embeddings = args.seq_length
-    if args.ffn_hidden_size is None:
-        args.ffn_hidden_size = (
-            int(args.hidden_size * 4 * 2 / 3 / 64) * 64 if args.swiglu else 4 * args.hidden_size
-        )
-    if args.kv_channels is None:
-        if args.hidden_size % args.num_attention_heads:
-            raise ValueError(
-                f"--hidden-size {args.hidden_size} is not divisible by --num-attention-heads "
-                f"{args.num_attention_heads}; pass --kv-channels"
-            )
-        args.kv_channels = args.hidden_size // args.num_attention_heads
-    if args.tensor_model_parallel_size == 1:
-        args.sequence_parallel = False  # Megatron-LM: "Disabling sequence parallelism because TP is 1"
-    if args.expert_tensor_parallel_size is None:
-        args.expert_tensor_parallel_size = args.tensor_model_parallel_size
+    target.derive(args)
+    if args.virtual_pipeline_model_parallel_size is None:
+        args.align_param_gather = False  # arguments.py: not without the interleaved schedule
     _derive_context_parallel(args)
     if args.multi_latent_attention and args.group_query_attention:
         raise ValueError("--multi-latent-attention and --group-query-attention are exclusive; pass one")
@@ -275,6 +231,7 @@ def _derive_model(args: argparse.Namespace) -> None:
         raise ValueError(
             f"--mtp-num-layers needs --position-embedding-type rope, got {args.position_embedding_type}"
         )
+    _derive_moe(args)
 
 
 def _derive_context_parallel(args: argparse.Namespace) -> None:
@@ -293,91 +250,9 @@ def _derive_context_parallel(args: argparse.Namespace) -> None:
         )
 
 
-def _derive_pipeline(args: argparse.Namespace) -> None:
-    pp = args.pipeline_model_parallel_size
-    uneven = (
-        args.decoder_first_pipeline_num_layers is not None
-        or args.decoder_last_pipeline_num_layers is not None
-    )
-    if args.num_layers_per_virtual_pipeline_stage is not None:
-        if uneven:
-            raise ValueError(
-                "--num-layers-per-virtual-pipeline-stage cannot be combined with "
-                "--decoder-first/last-pipeline-num-layers; pass --virtual-pipeline-model-parallel-size"
-            )
-        if args.num_layers % pp:
-            raise ValueError(
-                f"--num-layers {args.num_layers} must be divisible by --pipeline-model-parallel-size {pp}"
-            )
-        per_stage = args.num_layers // pp
-        if per_stage % args.num_layers_per_virtual_pipeline_stage:
-            raise ValueError(
-                f"layers per pipeline stage ({per_stage}) must be divisible by "
-                f"--num-layers-per-virtual-pipeline-stage {args.num_layers_per_virtual_pipeline_stage}"
-            )
-        args.virtual_pipeline_model_parallel_size = per_stage // args.num_layers_per_virtual_pipeline_stage
-    if args.virtual_pipeline_model_parallel_size == 1:
-        args.virtual_pipeline_model_parallel_size = None
-    if uneven:
-        _check_uneven_stages(args)
-    elif args.num_layers % pp:
-        raise ValueError(
-            f"--num-layers {args.num_layers} must be divisible by --pipeline-model-parallel-size {pp}"
-        )
-    if args.virtual_pipeline_model_parallel_size is None:
-        args.overlap_p2p_communication = False
-        args.align_param_gather = False
-    elif pp < 2 or (pp < 3 and not args.overlap_p2p_communication):
-        raise ValueError(
-            "the interleaved schedule needs --pipeline-model-parallel-size >= 2 (>= 3 with --no-overlap-p2p-communication)"
-        )
-
-
-def _check_uneven_stages(args: argparse.Namespace) -> None:
-    """megatron-core's rule for uneven first and last stages (`TransformerConfig.__post_init__`): the
-    layers left between them split evenly over the middle stages, and every count over the chunks."""
-    vpp = args.virtual_pipeline_model_parallel_size or 1
-    middle_layers, middle_stages = args.num_layers, args.pipeline_model_parallel_size
-    for flag, layers in (
-        ("--decoder-first-pipeline-num-layers", args.decoder_first_pipeline_num_layers),
-        ("--decoder-last-pipeline-num-layers", args.decoder_last_pipeline_num_layers),
-    ):
-        if layers is None:
-            continue
-        if layers <= 0 or layers % vpp:
-            raise ValueError(
-                f"{flag} {layers} must be a positive multiple of the {vpp} model chunks per stage"
-            )
-        middle_layers -= layers
-        middle_stages -= 1
-    per_middle_stage = middle_layers // middle_stages if middle_stages > 0 else 0
-    if (
-        middle_stages < 0
-        or middle_layers < 0
-        or bool(middle_layers) != bool(middle_stages)
-        or (middle_stages and (middle_layers % middle_stages or per_middle_stage % vpp))
-    ):
-        raise ValueError(
-            f"--num-layers {args.num_layers} minus --decoder-first/last-pipeline-num-layers leaves "
-            f"{middle_layers} layers for {middle_stages} middle stages of --pipeline-model-parallel-size "
-            f"{args.pipeline_model_parallel_size}; they must split evenly (into whole model chunks)"
-        )
-
-
 def _derive_moe(args: argparse.Namespace) -> None:
-    if args.num_experts == 0:
-        args.num_experts = None
-    ep = args.expert_model_parallel_size
     if args.num_experts is None:
-        if ep > 1:
-            raise ValueError(f"--expert-model-parallel-size {ep} needs --num-experts")
         return
-    if args.num_experts % ep:
-        raise ValueError(
-            f"--num-experts {args.num_experts} must be divisible by --expert-model-parallel-size {ep}"
-        )
-    if args.moe_ffn_hidden_size is None:
-        args.moe_ffn_hidden_size = args.ffn_hidden_size
     if isinstance(args.moe_layer_freq, list) and len(args.moe_layer_freq) != args.num_layers:
         raise ValueError(
             f"--moe-layer-freq lists {len(args.moe_layer_freq)} layers; --num-layers is {args.num_layers}"
@@ -403,17 +278,5 @@ def check_local_spec(args: argparse.Namespace) -> None:
 
 
 def derive_world(args: argparse.Namespace, world_size: int) -> None:
-    """What depends on the world size: DP and the global batch (Megatron-LM's rules)."""
-    model_parallel = (
-        args.tensor_model_parallel_size * args.pipeline_model_parallel_size * args.context_parallel_size
-    )
-    if world_size % model_parallel:
-        raise ValueError(f"world size {world_size} is not divisible by TP*PP*CP = {model_parallel}")
-    args.data_parallel_size = world_size // model_parallel
-    if args.global_batch_size is None:
-        args.global_batch_size = args.micro_batch_size * args.data_parallel_size
-    if args.global_batch_size % (args.micro_batch_size * args.data_parallel_size):
-        raise ValueError(
-            f"--global-batch-size {args.global_batch_size} must be a multiple of --micro-batch-size * DP "
-            f"= {args.micro_batch_size} * {args.data_parallel_size}"
-        )
+    """What depends on the world size: DP and the global batch (Megatron-LM's rules, `target`)."""
+    target.derive_world(args, world_size)

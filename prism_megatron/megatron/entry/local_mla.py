@@ -10,18 +10,15 @@ multi_latent_attention=True)`) but cannot build or run it there, for two reasons
   The kernel has no parameters, so the model's parameters are exactly those of the TE spec.
 * `multi_latent_attention.py` sets `HAVE_TE = True` whenever megatron's own TE extension module
   imports, which it does without TE (its classes are then placeholders that are not types), and the
-  constructor's `isinstance(..., TELinear)` fails. `constructible()` sets the flag to the truth for
-  the duration of a build.
+  constructor's `isinstance(..., TELinear)` fails. The patch record `build.mla_have_te`
+  (`prism_megatron.patches.model_build.mla_constructible`) sets the flag to the truth for the
+  duration of a build.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-from collections.abc import Iterator
 
-from megatron.core.extensions import transformer_engine as _te_extension
-from megatron.core.transformer import multi_latent_attention as _mla
 from megatron.core.transformer.dot_product_attention import DotProductAttention
 
 
@@ -50,22 +47,3 @@ def with_mla_core_attention(spec):
         changes = {f.name: with_mla_core_attention(getattr(spec, f.name)) for f in dataclasses.fields(spec)}
         return dataclasses.replace(spec, **changes)
     return spec
-
-
-@contextlib.contextmanager
-def constructible() -> Iterator[None]:
-    """While building a model, tell `multi_latent_attention.py` whether Transformer Engine is present.
-
-    In megatron-core 0.16.1 it sets `HAVE_TE = True` as soon as megatron's own TE extension module
-    imports, which it does without TE (its classes are then placeholders that are not types), and
-    MLASelfAttention's `isinstance(..., TELinear)` then fails. When the extension module itself
-    reports no TE, `HAVE_TE` is False (the truth) for the block and restored afterwards."""
-    if _te_extension.HAVE_TE:
-        yield
-        return
-    original = _mla.HAVE_TE
-    _mla.HAVE_TE = False
-    try:
-        yield
-    finally:
-        _mla.HAVE_TE = original

@@ -34,6 +34,8 @@ from megatron.core.tensor_parallel import set_defaults_if_not_set_tensor_model_p
 from megatron.core.transformer import MLATransformerConfig, TransformerConfig
 
 from prism_megatron.megatron.entry import local_mla, parallel_spec
+from prism_megatron.megatron.job import target
+from prism_megatron.patches import model_build
 
 # Megatron-LM's default bucket size floor (training.py get_model: max(4e7, 1e6 * dp_cp)).
 _MIN_BUCKET_SIZE_PARAMS = 40_000_000
@@ -46,14 +48,6 @@ def params_dtype(args: argparse.Namespace) -> torch.dtype:
     if args.fp16:
         return torch.float16
     return torch.float32
-
-
-def padded_vocab_size(args: argparse.Namespace) -> int:
-    """Megatron-LM's embedding rows: the tokenizer's vocabulary (the NullTokenizer adds one EOD token
-    to --vocab-size) padded up to a multiple of make_vocab_size_divisible_by * TP."""
-    tokenizer_size = args.vocab_size + 1 if args.tokenizer_type == "NullTokenizer" else args.vocab_size
-    multiple = args.make_vocab_size_divisible_by * args.tensor_model_parallel_size
-    return -(-tokenizer_size // multiple) * multiple
 
 
 def transformer_config(args: argparse.Namespace) -> TransformerConfig:
@@ -77,6 +71,8 @@ def transformer_config(args: argparse.Namespace) -> TransformerConfig:
         virtual_pipeline_model_parallel_size=args.virtual_pipeline_model_parallel_size,
         num_layers_in_first_pipeline_stage=args.decoder_first_pipeline_num_layers,
         num_layers_in_last_pipeline_stage=args.decoder_last_pipeline_num_layers,
+        account_for_embedding_in_pipeline_split=args.account_for_embedding_in_pipeline_split,
+        account_for_loss_in_pipeline_split=args.account_for_loss_in_pipeline_split,
         context_parallel_size=args.context_parallel_size,
         cp_comm_type=args.cp_comm_type[0] if len(args.cp_comm_type) == 1 else args.cp_comm_type,
         expert_model_parallel_size=args.expert_model_parallel_size,
@@ -161,9 +157,9 @@ def _schedule_fields(args: argparse.Namespace) -> dict:
         persist_layer_norm=False,
         apply_rope_fusion=False,
         deallocate_pipeline_outputs=True,
-        batch_p2p_comm=not args.overlap_p2p_communication,
-        overlap_p2p_comm=args.overlap_p2p_communication,
-        microbatch_group_size_per_vp_stage=args.microbatch_group_size_per_virtual_pipeline_stage,
+        batch_p2p_comm=not args.overlap_p2p_comm,
+        overlap_p2p_comm=args.overlap_p2p_comm,
+        microbatch_group_size_per_vp_stage=args.microbatch_group_size_per_vp_stage,
         variable_seq_lengths=args.variable_seq_lengths,
     )
 
@@ -244,11 +240,11 @@ def _gpt_model(
     layer_spec = _layer_spec(args, config, vp_stage)
     mtp_spec = parallel_spec.mtp_spec(_mtp_spec(args, config, layer_spec, vp_stage), config)
     layer_spec = parallel_spec.decoder_spec(layer_spec, config, vp_stage)
-    with local_mla.constructible():
+    with model_build.mla_constructible(allow_untested=args.prism_allow_untested_megatron):
         return GPTModel(
             config=config,
             transformer_layer_spec=layer_spec,
-            vocab_size=padded_vocab_size(args),
+            vocab_size=target.padded_vocab_size(args),
             max_sequence_length=args.max_position_embeddings,
             pre_process=pre_process,
             post_process=post_process,

@@ -29,36 +29,16 @@ from megatron.core.utils import get_attr_wrapped_model, get_batch_on_this_cp_ran
 from prism_megatron.config import PrismConfig
 from prism_megatron.megatron.entry import arguments as pretrain_args
 from prism_megatron.megatron.entry import data, model, training_log
-from prism_megatron.megatron.run import collectives, memory, results, runtime
+from prism_megatron.megatron.job import target
+from prism_megatron.megatron.run import collectives, memory, results, runtime, world
 from prism_megatron.patches import catalog
 from prism_megatron.replay import timeline
 
 
-def sizes_from_args(args: argparse.Namespace) -> runtime.ParallelSizes:
-    return runtime.ParallelSizes(
-        tp=args.tensor_model_parallel_size,
-        pp=args.pipeline_model_parallel_size,
-        vpp=args.virtual_pipeline_model_parallel_size,
-        cp=args.context_parallel_size,
-        ep=args.expert_model_parallel_size,
-        etp=args.expert_tensor_parallel_size,
-        order="tp-cp-ep-pp-dp" if args.use_tp_pp_dp_mapping else "tp-cp-ep-dp-pp",
-        untie_embeddings=args.untie_embeddings_and_output_weights,
-    )
-
-
 def initialize_model_parallel(args: argparse.Namespace, sizes: runtime.ParallelSizes) -> None:
     """Megatron's own topology builder, then Megatron-LM's seeding rule (seed + 100 * PP rank)."""
-    parallel_state.initialize_model_parallel(
-        tensor_model_parallel_size=sizes.tp,
-        pipeline_model_parallel_size=sizes.pp,
-        virtual_pipeline_model_parallel_size=sizes.vpp,
-        context_parallel_size=sizes.cp,
-        hierarchical_context_parallel_sizes=args.hierarchical_context_parallel_sizes,
-        expert_model_parallel_size=sizes.ep,
-        expert_tensor_parallel_size=sizes.etp,
-        order=sizes.order,
-        create_gloo_process_groups=False,
+    world.initialize_groups(
+        sizes, hierarchical_context_parallel_sizes=args.hierarchical_context_parallel_sizes
     )
     model_parallel_cuda_manual_seed(args.seed + 100 * parallel_state.get_pipeline_model_parallel_rank())
 
@@ -193,9 +173,7 @@ def _logger(args: argparse.Namespace, rt: runtime.Runtime) -> training_log.Train
 
     world_size = dist.get_world_size()
     last_real = max(rt.world.real_ranks) if rt.world else world_size - 1
-    shape = ModelShape.from_args(
-        argparse.Namespace(**vars(args), padded_vocab_size=model.padded_vocab_size(args))
-    )
+    shape = ModelShape.from_args(args)  # args.padded_vocab_size: derived by target.derive
     return training_log.TrainingLogger(
         args,
         world_size=world_size,
@@ -220,7 +198,7 @@ def run(argv: list[str]) -> dict[str, Any]:
         print(catalog.table())
         return {}
     rt = runtime.start(config)
-    rt.sizes = sizes_from_args(args)
+    rt.sizes = target.parallel_sizes(args)
     try:
         runtime.bring_up(rt)
         pretrain_args.derive_world(args, dist.get_world_size())

@@ -4,7 +4,9 @@ Megatron-LM (the training scripts, not megatron-core) is not a dependency, so it
 available; yet `prism-megatron plan` must read a production flag list exactly as Megatron-LM would. This
 parser does so for the flags that shape memory, with Megatron-LM's names, destinations and defaults:
 
-* every field of megatron-core's `TransformerConfig` becomes a flag the way Megatron-LM's
+* the target job's flags (layout, schedule, batch, model shape), declared once for every command
+  (`prism_megatron.megatron.job.target`);
+* every other field of megatron-core's `TransformerConfig` becomes a flag the way Megatron-LM's
   `ArgumentGroupFactory` makes it (Megatron-LM `megatron/training/argument_utils.py`): `--field-name`,
   a boolean whose default is False is a switch, one whose default is True is switched off by
   `--no-field-name` / `--disable-field-name`, and a field's `argparse_meta` metadata (alternative
@@ -12,9 +14,10 @@ parser does so for the flags that shape memory, with Megatron-LM's names, destin
 * the flags Megatron-LM defines by hand (`_add_hand_written_flags`, with the defaults of
   `megatron/training/arguments.py` at tag core_v0.16.1).
 
-Flags outside both sets are returned, not rejected: `NO_MEMORY_EFFECT_FLAGS` names the common ones
-(learning rate, data, logging ...) that cannot change what a rank allocates; any other is reported
-as unrecognised so that a misspelt flag is seen.
+`NO_MEMORY_EFFECT_FLAGS` names the common flags outside these sets (learning rate, data, logging ...)
+that cannot change what a rank allocates; they are accepted and listed. Any other flag is refused,
+naming it (and the known flag it is closest to), as `emulate` refuses a flag its entry does not
+take: a misspelt `--tensor-model-parallel-sise 4` must not plan another job.
 """
 
 from __future__ import annotations
@@ -22,11 +25,14 @@ from __future__ import annotations
 import argparse
 import ast
 import dataclasses
+import difflib
 import enum
 import typing
 from typing import Any
 
 from megatron.core.transformer import TransformerConfig
+
+from prism_megatron.megatron.job import target
 
 _EXCLUDED_FIELDS = frozenset(
     {
@@ -228,19 +234,14 @@ def _add_hand_written_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_model_and_data_flags(add) -> None:
-    for name in ("--seq-length", "--max-position-embeddings", "--vocab-size", "--padded-vocab-size",
-                 "--micro-batch-size", "--global-batch-size", "--num-experts", "--q-lora-rank"):  # fmt: skip
-        add(name, type=int, default=None)
-    add("--tokenizer-type", type=str, default=None)
-    add("--make-vocab-size-divisible-by", type=int, default=128)
+    add("--q-lora-rank", type=int, default=None)
     add("--position-embedding-type", default="learned_absolute",
         choices=["learned_absolute", "rope", "mrope", "relative", "none"])  # fmt: skip
     add("--rotary-base", type=int, default=10000)
     add("--rotary-percent", type=float, default=1.0)
     add("--use-rope-scaling", action="store_true")
     add("--no-position-embedding", action="store_false", dest="add_position_embedding")
-    for switch in ("--swiglu", "--squared-relu", "--quick-geglu", "--untie-embeddings-and-output-weights",
-                   "--group-query-attention"):  # fmt: skip
+    for switch in ("--squared-relu", "--quick-geglu"):
         add(switch, action="store_true")
     add("--moe-layer-freq", type=layer_frequency, default=1)
     add("--moe-router-load-balancing-type", nargs="+", default="aux_loss")
@@ -256,31 +257,35 @@ def _add_training_flags(add) -> None:
     for switch in ("--recompute-activations", "--use-distributed-optimizer", "--overlap-grad-reduce",
                    "--overlap-param-gather", "--overlap-param-gather-with-optimizer-step",
                    "--ddp-pad-buckets-for-high-nccl-busbw", "--ddp-average-in-collective",
-                   "--accumulate-allreduce-grads-in-fp32", "--grad-reduce-in-bf16", "--use-tp-pp-dp-mapping",
+                   "--accumulate-allreduce-grads-in-fp32", "--grad-reduce-in-bf16",
                    "--use-precision-aware-optimizer", "--no-persist-layer-norm", "--fp8-param-gather"):  # fmt: skip
         add(switch, action="store_true")
-    add("--no-overlap-p2p-communication", action="store_false", dest="overlap_p2p_comm")
     add("--cp-comm-type", nargs="+", default=["p2p"])
-    for name in ("--num-layers-per-virtual-pipeline-stage", "--num-virtual-stages-per-pipeline-rank",
-                 "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers",
-                 "--ddp-bucket-size", "--ddp-num-buckets"):  # fmt: skip
+    for name in ("--ddp-bucket-size", "--ddp-num-buckets"):
         add(name, type=int, default=None)
     add("--num-distributed-optimizer-instances", type=int, default=1)
     add("--optimizer", default="adam", choices=["adam", "sgd", "muon", "dist_muon"])
     add("--prism-world-size", type=int, default=None, dest="world_size")
+    add("--prism-allow-untested-megatron", action="store_true", dest="allow_untested_megatron")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The parser of memory-relevant Megatron-LM flags (plus `--prism-world-size`)."""
+    """The parser of memory-relevant Megatron-LM flags (plus `--prism-world-size`): the target job's
+    flags, then the TransformerConfig fields they do not already name, then the hand-written rest."""
     parser = _RaisingParser(prog="megatron-flags", add_help=False, allow_abbrev=False)
+    target.add_job_arguments(parser)
+    declared_dests = {action.dest for action in parser._actions}
     group = parser.add_argument_group("transformer configuration")
     for field in dataclasses.fields(TransformerConfig):
         if field.name in _EXCLUDED_FIELDS or not field.init:
             continue
         argument = _field_argument(field)
-        if argument is not None:
-            names, kwargs = argument
-            group.add_argument(*names, **kwargs)
+        if argument is None:
+            continue
+        names, kwargs = argument
+        if kwargs["dest"] in declared_dests or any(n in parser._option_string_actions for n in names):
+            continue
+        group.add_argument(*names, **kwargs)
     _add_hand_written_flags(parser)
     return parser
 
@@ -292,18 +297,29 @@ class ParsedFlags:
     namespace: argparse.Namespace
     ignored: tuple[str, ...]
     """Flags known to have no effect on memory (`NO_MEMORY_EFFECT_FLAGS`) that were given."""
-    unrecognised: tuple[str, ...]
-    """Flags neither modelled nor known to be harmless: misspelt, or not modelled by the plan."""
 
 
 def parse_flags(argv: list[str]) -> ParsedFlags:
-    """Parse a Megatron-LM flag list; values of flags outside the modelled set are skipped.
+    """Parse a Megatron-LM flag list; values of the flags in `NO_MEMORY_EFFECT_FLAGS` are skipped.
 
     Raises:
-        ValueError: a modelled flag has a value of the wrong type or outside its choices.
+        ValueError: a flag the plan does not know (named, with the known flag closest to it), or a
+            modelled flag with a value of the wrong type or outside its choices.
     """
-    namespace, rest = build_parser().parse_known_args(argv)
+    parser = build_parser()
+    namespace, rest = parser.parse_known_args(argv)
     flags = [word.split("=", 1)[0] for word in rest if word.startswith("--")]
-    ignored = tuple(f for f in flags if f in NO_MEMORY_EFFECT_FLAGS)
-    unrecognised = tuple(f for f in flags if f not in NO_MEMORY_EFFECT_FLAGS)
-    return ParsedFlags(namespace=namespace, ignored=ignored, unrecognised=unrecognised)
+    unknown = [f for f in flags if f not in NO_MEMORY_EFFECT_FLAGS]
+    if unknown:
+        raise ValueError(_unknown_message(unknown, parser))
+    return ParsedFlags(namespace=namespace, ignored=tuple(flags))
+
+
+def _unknown_message(unknown: list[str], parser: argparse.ArgumentParser) -> str:
+    known = [*parser._option_string_actions, *NO_MEMORY_EFFECT_FLAGS]
+    closest = difflib.get_close_matches(unknown[0], known, n=1)
+    hint = f" (did you mean {closest[0]}?)" if closest else ""
+    return (
+        f"{' '.join(unknown)}: not a Megatron-LM flag the plan knows{hint}; it is misspelt, or a flag that "
+        "the plan does not model (run the job with prism-megatron emulate --script to use it)"
+    )

@@ -2,11 +2,13 @@
 
 `job_from_flags` does for the memory-relevant flags what Megatron-LM's `validate_args` and tokenizer
 setup do (`megatron/training/arguments.py`, `megatron/training/tokenizer/tokenizer.py` at tag
-core_v0.16.1): data-parallel size from the world, defaults of the FFN size, KV channels, expert TP and
-global batch, the virtual-pipeline size, the gradient dtype of bf16 training, the padded vocabulary.
-`transformer_config` and `ddp_config` then build megatron-core's own config objects the way
-Megatron-LM's `core_transformer_config_from_args` and `get_model` do, so megatron-core's checks
-(`TransformerConfig.__post_init__`) run on the production configuration.
+core_v0.16.1): the target job's derivations every command shares (`megatron.job.target`: data-parallel
+size, virtual-pipeline size, global batch, FFN size, KV channels, expert TP, padded vocabulary), then
+the plan's own (recompute, the gradient dtype of bf16 training, MoE settings). `transformer_config`
+and `ddp_config` then build megatron-core's own config objects the way Megatron-LM's
+`core_transformer_config_from_args` and `get_model` do, so megatron-core's checks
+(`TransformerConfig.__post_init__`) run on the production configuration; `job_from_flags` runs them
+before anything is planned.
 
 What the plan cannot model is refused here with a ValueError naming the flag: FP8 parameters, the
 precision-aware optimizer, more than one distributed-optimizer instance.
@@ -16,13 +18,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import math
 
 import torch
 import torch.nn.functional as F
 from megatron.core.distributed import DistributedDataParallelConfig
 from megatron.core.transformer import MLATransformerConfig, TransformerConfig
 
+from prism_megatron.megatron.job import target
 from prism_megatron.megatron.job.flags import ParsedFlags, parse_flags
 
 
@@ -34,6 +36,8 @@ class Job:
     """Megatron-LM's `args`, for the modelled flags, after `validate_args`' derivations."""
     flags: ParsedFlags
     argv: tuple[str, ...]
+    target: target.TargetJob
+    """The target job (layout, schedule, batch, model shape), as every command derives it."""
 
     @property
     def world_size(self) -> int:
@@ -50,65 +54,18 @@ def _require(condition: bool, message: str) -> None:
         raise ValueError(message)
 
 
-def _derive_parallelism(a: argparse.Namespace) -> None:
-    tp, pp, cp = a.tensor_model_parallel_size, a.pipeline_model_parallel_size, a.context_parallel_size
+def _require_world_and_model(a: argparse.Namespace) -> None:
     _require(
         a.world_size is not None and a.world_size > 0,
         "--prism-world-size is required: the number of GPUs of the target job (e.g. --prism-world-size 8192)",
     )
-    _require(
-        a.world_size % (tp * pp * cp) == 0,
-        f"--prism-world-size {a.world_size} is not divisible by TP*PP*CP = {tp}*{pp}*{cp}",
-    )
-    a.data_parallel_size = a.world_size // (tp * pp * cp)
-    if tp == 1:
-        a.sequence_parallel = False  # arguments.py: "Disabling sequence parallelism because TP is 1"
-    if a.expert_tensor_parallel_size is None:
-        a.expert_tensor_parallel_size = tp
-    if a.num_experts is not None:
-        _require(
-            a.num_experts % a.expert_model_parallel_size == 0,
-            f"--num-experts {a.num_experts} must be divisible by --expert-model-parallel-size "
-            f"{a.expert_model_parallel_size}",
-        )
-    if a.recompute_activations:
-        a.recompute_granularity = "selective"
-    vpp = None
-    if a.num_virtual_stages_per_pipeline_rank is not None:
-        vpp = a.num_virtual_stages_per_pipeline_rank
-    elif a.num_layers_per_virtual_pipeline_stage is not None:
-        _require(
-            a.decoder_first_pipeline_num_layers is None and a.decoder_last_pipeline_num_layers is None,
-            "with --decoder-first/last-pipeline-num-layers use --num-virtual-stages-per-pipeline-rank",
-        )
-        per_stage = a.num_layers // pp
-        _require(
-            a.num_layers % pp == 0 and per_stage % a.num_layers_per_virtual_pipeline_stage == 0,
-            f"--num-layers {a.num_layers} must split evenly into --pipeline-model-parallel-size {pp} stages "
-            f"of whole --num-layers-per-virtual-pipeline-stage {a.num_layers_per_virtual_pipeline_stage} chunks",
-        )
-        vpp = per_stage // a.num_layers_per_virtual_pipeline_stage
-    elif a.decoder_first_pipeline_num_layers is None and a.decoder_last_pipeline_num_layers is None:
-        _require(
-            a.num_layers % pp == 0,
-            f"--num-layers {a.num_layers} is not divisible by --pipeline-model-parallel-size {pp}",
-        )
-    a.virtual_pipeline_model_parallel_size = vpp if vpp != 1 else None
-    if a.virtual_pipeline_model_parallel_size is None:
-        a.overlap_p2p_comm = False
-
-
-def _derive_batch(a: argparse.Namespace) -> None:
+    for flag in ("num_layers", "hidden_size", "num_attention_heads", "seq_length"):
+        _require(getattr(a, flag), f"--{flag.replace('_', '-')} is required")
     _require(a.micro_batch_size is not None and a.micro_batch_size > 0, "--micro-batch-size is required")
-    if a.global_batch_size is None:
-        a.global_batch_size = a.micro_batch_size * a.data_parallel_size
-    per_step = a.micro_batch_size * a.data_parallel_size
     _require(
-        a.global_batch_size % per_step == 0,
-        f"--global-batch-size {a.global_batch_size} must be a multiple of --micro-batch-size "
-        f"{a.micro_batch_size} x data-parallel size {a.data_parallel_size}",
+        a.vocab_size is not None or a.padded_vocab_size is not None,
+        "--vocab-size (or --padded-vocab-size) is required",
     )
-    a.num_microbatches = a.global_batch_size // per_step
 
 
 def _derive_precision(a: argparse.Namespace) -> None:
@@ -133,64 +90,36 @@ def _derive_precision(a: argparse.Namespace) -> None:
 
 
 def _derive_model(a: argparse.Namespace) -> None:
-    for flag in ("num_layers", "hidden_size", "num_attention_heads", "seq_length"):
-        _require(getattr(a, flag), f"--{flag.replace('_', '-')} is required")
-    if a.max_position_embeddings is None:
-        a.max_position_embeddings = a.seq_length
-    if a.ffn_hidden_size is None:
-        a.ffn_hidden_size = int((4 * a.hidden_size * 2 / 3) / 64) * 64 if a.swiglu else 4 * a.hidden_size
-    if a.kv_channels is None:
-        _require(
-            a.hidden_size % a.num_attention_heads == 0,
-            f"--hidden-size {a.hidden_size} is not divisible by --num-attention-heads {a.num_attention_heads}",
-        )
-        a.kv_channels = a.hidden_size // a.num_attention_heads
-    if a.context_parallel_size > 1:
-        _require(
-            a.seq_length % (2 * a.context_parallel_size) == 0,
-            f"--seq-length {a.seq_length} must be a multiple of 2 x --context-parallel-size",
-        )
-    if a.num_experts is not None and a.moe_ffn_hidden_size is None:
-        a.moe_ffn_hidden_size = a.ffn_hidden_size
+    """The plan's own model settings (the shape is the target job's)."""
+    if a.recompute_activations:
+        a.recompute_granularity = "selective"
     for name in ("moe_router_load_balancing_type", "moe_aux_loss_coeff"):
         value = getattr(a, name)
         if isinstance(value, list) and len(value) == 1:
             setattr(a, name, value[0])
     if a.add_bias_linear:
         a.add_qkv_bias = True  # arguments.py keeps the two bias switches in sync
-    a.padded_vocab_size = padded_vocab_size(a)
-
-
-def padded_vocab_size(a: argparse.Namespace) -> int:
-    """The embedding rows Megatron-LM builds (tokenizer.py `_vocab_size_with_padding`).
-
-    The tokenizer's size is padded up to a multiple of `make_vocab_size_divisible_by * TP`. The
-    `NullTokenizer` (mock data) counts one EOD token beyond `--vocab-size`; for other tokenizers,
-    which the plan cannot load, `--vocab-size` is taken as the tokenizer's size.
-    """
-    if a.padded_vocab_size is not None:
-        return a.padded_vocab_size
-    _require(a.vocab_size is not None, "--vocab-size (or --padded-vocab-size) is required")
-    tokenizer_size = a.vocab_size + 1 if a.tokenizer_type == "NullTokenizer" else a.vocab_size
-    multiple = a.make_vocab_size_divisible_by * a.tensor_model_parallel_size
-    return int(math.ceil(tokenizer_size / multiple) * multiple)
 
 
 def job_from_flags(argv: list[str], world_size: int | None = None) -> Job:
-    """Parse and derive a job from Megatron-LM flags (`world_size` overrides `--prism-world-size`).
+    """Parse and derive a job from Megatron-LM flags (`world_size` overrides `--prism-world-size`),
+    then run megatron-core's own checks of the model (`transformer_config`), before anything is built.
 
     Raises:
-        ValueError: a required flag is missing, a size does not divide, or a feature is not modelled.
+        ValueError: an unknown flag, a required flag missing, a size that does not divide, a model
+            megatron-core refuses, or a feature that is not modelled.
     """
     flags = parse_flags(list(argv))
     a = argparse.Namespace(**vars(flags.namespace))
     if world_size is not None:
         a.world_size = world_size
-    _derive_parallelism(a)
-    _derive_batch(a)
+    _require_world_and_model(a)
+    job = target.derive(a, world_size=a.world_size)
     _derive_precision(a)
     _derive_model(a)
-    return Job(args=a, flags=flags, argv=tuple(argv))
+    planned = Job(args=a, flags=flags, argv=tuple(argv), target=job)
+    transformer_config(planned)  # megatron-core's checks of the model, before anything is planned
+    return planned
 
 
 def transformer_config(job: Job) -> TransformerConfig:

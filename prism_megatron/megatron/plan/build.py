@@ -34,30 +34,20 @@ from megatron.core.models.gpt.gpt_layer_specs import (
     get_gpt_layer_local_spec,
     get_gpt_mtp_block_spec,
 )
-from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
 from megatron.core.pipeline_parallel.utils import is_vp_first_stage, is_vp_last_stage
 from megatron.core.transformer import TransformerConfig
 from megatron.core.transformer.dot_product_attention import DotProductAttention
 from megatron.core.transformer.module import Float16Module, MegatronModule
 
-from prism_megatron.megatron.entry import local_mla
 from prism_megatron.megatron.job.job import Job, ddp_config
+from prism_megatron.megatron.run import world
+from prism_megatron.patches import model_build, registry
 
 
 def initialize_groups(job: Job) -> None:
     """megatron-core's `initialize_model_parallel` for the job, over the current default process group
-    (Megatron-LM's arguments; no gloo groups, which the plan never uses and a fake store cannot hold)."""
-    a = job.args
-    parallel_state.initialize_model_parallel(
-        tensor_model_parallel_size=a.tensor_model_parallel_size,
-        pipeline_model_parallel_size=a.pipeline_model_parallel_size,
-        virtual_pipeline_model_parallel_size=a.virtual_pipeline_model_parallel_size,
-        context_parallel_size=a.context_parallel_size,
-        expert_model_parallel_size=a.expert_model_parallel_size,
-        expert_tensor_parallel_size=a.expert_tensor_parallel_size,
-        order=job.order,
-        create_gloo_process_groups=False,
-    )
+    (no gloo groups, which the plan never uses and a fake store cannot hold)."""
+    world.initialize_groups(job.target.sizes)
 
 
 @contextlib.contextmanager
@@ -84,25 +74,6 @@ def virtual_world(job: Job, virtual_rank: int) -> Iterator[None]:
         parallel_state.destroy_model_parallel()
         dist.destroy_process_group()
         sys.excepthook = excepthook
-
-
-@contextlib.contextmanager
-def cuda_means(device: str) -> Iterator[None]:
-    """Where megatron-core reaches for CUDA while building, use `device` (meta for the plan, cpu for
-    a CPU run) for the duration of the block; the originals are restored afterwards.
-
-    Reached while building a model and its DDP wrapper (megatron-core 0.16.1), with no extension
-    point to choose the device: `torch.cuda.current_device()` as the device of the DDP buffers
-    (param_and_grad_buffer.py) and of MLA's YaRN rotary table, and `Tensor.cuda()` in the initial
-    sync of a tied or MTP embedding on the last stage (language_module.py).
-    """
-    original_current_device, original_cuda = torch.cuda.current_device, torch.Tensor.cuda
-    torch.cuda.current_device = lambda: device
-    torch.Tensor.cuda = lambda tensor, *args, **kwargs: tensor.to(device)
-    try:
-        yield
-    finally:
-        torch.cuda.current_device, torch.Tensor.cuda = original_current_device, original_cuda
 
 
 def build_config(config: TransformerConfig) -> TransformerConfig:
@@ -218,9 +189,14 @@ def build_model_chunks(job: Job, config: TransformerConfig, device: str) -> list
     vpp = a.virtual_pipeline_model_parallel_size
     pp_group = parallel_state.get_pipeline_model_parallel_group()
     first_stage, last_stage = pp_group.rank() == 0, pp_group.rank() == pp_group.size() - 1
+    untested = a.allow_untested_megatron
     chunks = []
     for vp_stage in range(vpp) if vpp else [None]:
-        with torch.device(device), cuda_means(device), local_mla.constructible():
+        with (
+            torch.device(device),
+            model_build.building_on(device, allow_untested=untested),
+            model_build.mla_constructible(allow_untested=untested),
+        ):
             model = GPTModel(
                 config=config,
                 transformer_layer_spec=_layer_spec(job, config, vp_stage),
@@ -246,7 +222,7 @@ def wrap_in_ddp(job: Job, config: TransformerConfig, chunks: list[torch.nn.Modul
     (bucketing only for the first chunk; training.py `get_model`)."""
     dp_cp_size = parallel_state.get_data_parallel_world_size(with_context_parallel=True)
     wrapped = []
-    with cuda_means(device):
+    with model_build.building_on(device, allow_untested=job.args.allow_untested_megatron):
         for index, chunk in enumerate(chunks):
             wrapped.append(
                 DistributedDataParallel(
@@ -295,19 +271,28 @@ class _GroupPosition:
         return self._size
 
 
-def owned_numel(buffer, data_parallel_rank: int) -> int:
+class _BufferAt:
+    """A DDP buffer as a rank at another data-parallel position sees it: every attribute the buffer's,
+    but its data-parallel group answers that position (the buffer itself is left untouched)."""
+
+    def __init__(self, buffer, data_parallel_rank: int) -> None:
+        self._buffer = buffer
+        self.data_parallel_group = _GroupPosition(data_parallel_rank, buffer.data_parallel_group.size())
+
+    def __getattr__(self, name: str):
+        return getattr(self._buffer, name)
+
+
+def owned_numel(buffer, data_parallel_rank: int, *, allow_untested: bool = False) -> int:
     """Parameter elements of `buffer` whose optimizer state data-parallel rank `data_parallel_rank` owns.
 
-    Asks megatron-core's own `DistributedOptimizer._build_gbuf_range_map`, which reads only the
-    buffer's buckets, its parameter index map and its group's rank and size; the group is replaced
-    for the call by one that answers `data_parallel_rank`, so one build serves every rank of a stage.
+    Asks megatron-core's own `DistributedOptimizer._build_gbuf_range_map` (a private function: the
+    record `plan.gbuf_range_map` gates it by version), which reads only the buffer's buckets, its
+    parameter index map and its group's rank and size; it reads them through a view whose group
+    answers `data_parallel_rank`, so one build serves every rank of a stage.
     """
-    original = buffer.data_parallel_group
-    buffer.data_parallel_group = _GroupPosition(data_parallel_rank, original.size())
-    try:
-        ranges = DistributedOptimizer._build_gbuf_range_map(buffer)
-    finally:
-        buffer.data_parallel_group = original
+    build_range_map = registry.private_call(model_build.GBUF_RANGE_MAP, allow_untested=allow_untested)
+    ranges = build_range_map(_BufferAt(buffer, data_parallel_rank))
     return sum(
         item["param"].size
         for per_bucket in ranges.values()
@@ -321,6 +306,8 @@ def buffer_plans(
     use_distributed_optimizer: bool,
     data_parallel_rank: int,
     expert_data_parallel_rank: int,
+    *,
+    allow_untested: bool = False,
 ) -> list[BufferPlan]:
     """Describe every DDP buffer of a stage as seen by a rank at the given data-parallel positions
     (its rank in the DP x CP group, which shards dense buffers, and in the expert-DP group)."""
@@ -329,7 +316,11 @@ def buffer_plans(
         for expert, buffers in ((False, ddp.buffers), (True, ddp.expert_parallel_buffers)):
             for buffer in buffers:
                 position = expert_data_parallel_rank if expert else data_parallel_rank
-                owned = owned_numel(buffer, position) if use_distributed_optimizer else buffer.numel_unpadded
+                owned = (
+                    owned_numel(buffer, position, allow_untested=allow_untested)
+                    if use_distributed_optimizer
+                    else buffer.numel_unpadded
+                )
                 plans.append(
                     BufferPlan(
                         chunk=index,

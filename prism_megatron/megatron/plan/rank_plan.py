@@ -78,22 +78,6 @@ class RankPlan:
         return self.static_bytes + self.activations.bytes
 
 
-def layout_of(job: Job) -> Layout:
-    """The topology `Layout` of the job (validates the parallel sizes like megatron-core does)."""
-    a = job.args
-    return Layout(
-        world_size=job.world_size,
-        tp=a.tensor_model_parallel_size,
-        pp=a.pipeline_model_parallel_size,
-        cp=a.context_parallel_size,
-        ep=a.expert_model_parallel_size,
-        etp=a.expert_tensor_parallel_size,
-        vpp=a.virtual_pipeline_model_parallel_size,
-        order=job.order,
-        untie_embeddings=a.untie_embeddings_and_output_weights,
-    )
-
-
 def _chunk_shape(chunk: torch.nn.Module) -> activations.ChunkShape:
     model = chunk.module if hasattr(chunk, "module") else chunk
     layers = list(model.decoder.layers)
@@ -182,6 +166,7 @@ def rank_plan(job: Job, layout: Layout, stage: StageBuild, virtual_rank: int) ->
         job.args.use_distributed_optimizer,
         data_parallel_rank=layout.rank_in_group("dp_cp", virtual_rank),
         expert_data_parallel_rank=layout.rank_in_group("expt_dp", virtual_rank),
+        allow_untested=job.args.allow_untested_megatron,
     )
     activation = activations.estimate(job, stage.pipeline_rank, stage.chunks)
     has_output = any(shape.has_output_layer for shape in stage.chunks)
@@ -211,7 +196,7 @@ def rank_plan(job: Job, layout: Layout, stage: StageBuild, virtual_rank: int) ->
 def plan_ranks(job: Job, virtual_ranks: list[int]) -> list[RankPlan]:
     """Plan every rank of `virtual_ranks`, building each pipeline stage once (as its first selected rank)."""
     transformer_config(job)  # megatron-core's checks, once, before any world is built
-    layout = layout_of(job)
+    layout = job.target.layout()
     stages: dict[int, StageBuild] = {}
     plans = []
     for rank in virtual_ranks:

@@ -41,8 +41,8 @@ def job_summary(job: Job) -> dict[str, Any]:
         "params_dtype": str(a.params_dtype).removeprefix("torch."),
         "distributed_optimizer": a.use_distributed_optimizer,
         "recompute": a.recompute_granularity or "none",
+        "layers_per_stage": list(job.target.schedule.layers_per_stage or ()),
         "ignored_flags": list(job.flags.ignored),
-        "unrecognised_flags": list(job.flags.unrecognised),
     }
 
 
@@ -95,10 +95,6 @@ def format_text(job: Job, plans: list[RankPlan]) -> str:
         f"{s['params_dtype']}, distributed optimizer {'on' if s['distributed_optimizer'] else 'off'}, "
         f"recompute {s['recompute']}"
     ]
-    if s["unrecognised_flags"]:
-        lines.append(
-            f"warning: flags not recognised (misspelt, or not modelled): {' '.join(s['unrecognised_flags'])}"
-        )
     alike: dict[tuple, list[RankPlan]] = {}
     for plan in plans:
         alike.setdefault(_numbers(plan), []).append(plan)

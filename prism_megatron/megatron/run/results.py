@@ -9,16 +9,15 @@ of the target job allocates), the patches used, pipeline p2p counts, and version
 from __future__ import annotations
 
 import importlib.metadata
-import json
 import os
 import platform
-import tempfile
 from typing import Any
 
 import torch
 from megatron.core import parallel_state
 
 import prism_megatron
+from prism_megatron import files
 from prism_megatron.config import PrismConfig
 from prism_megatron.megatron.run import memory
 
@@ -125,7 +124,7 @@ def collect_megatron_lm(*, rt, record, memory_report) -> dict[str, Any]:
 
 
 def path_for(config: PrismConfig, virtual_rank: int) -> str:
-    return os.path.join(config.output.out, f"rank-{virtual_rank:05d}.json")
+    return files.results_path(config.output.out, virtual_rank)
 
 
 def check_writable(config: PrismConfig, virtual_rank: int) -> None:
@@ -138,11 +137,5 @@ def check_writable(config: PrismConfig, virtual_rank: int) -> None:
 
 
 def write(config: PrismConfig, virtual_rank: int, out: dict[str, Any]) -> str:
-    """Write atomically (temp file + rename) and return the path."""
-    os.makedirs(config.output.out, exist_ok=True)
-    path = path_for(config, virtual_rank)
-    fd, tmp = tempfile.mkstemp(dir=config.output.out, prefix=".rank-", suffix=".json")
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        json.dump(out, f, indent=1, default=str)
-    os.replace(tmp, path)
-    return path
+    """Write atomically and return the path."""
+    return files.write_json(out, path_for(config, virtual_rank), indent=1, default=str)

@@ -20,47 +20,11 @@ import prism_megatron.topology as topology
 from prism_megatron.config import PrismConfig
 from prism_megatron.emulation import rank as rank_phase
 from prism_megatron.emulation import watchdog
+from prism_megatron.megatron.job import target
+from prism_megatron.megatron.job.target import ParallelSizes
 from prism_megatron.megatron.run import cpu_share, world
 from prism_megatron.patches import control_flow, cpu_shim, parallel_state, pipeline, registry
 from prism_megatron.replay import timeline
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class ParallelSizes:
-    """The target job's parallel sizes as Megatron's flags give them."""
-
-    tp: int = 1
-    pp: int = 1
-    vpp: int | None = None
-    cp: int = 1
-    ep: int = 1
-    etp: int | None = None
-    order: str = "tp-cp-ep-dp-pp"
-    untie_embeddings: bool = False
-
-
-def target_layout(config: PrismConfig, sizes: ParallelSizes) -> topology.Layout:
-    """The target job's topology (raises ValueError for a job Megatron would refuse)."""
-    return topology.Layout(
-        world_size=config.emulation.world_size,
-        tp=sizes.tp,
-        pp=sizes.pp,
-        cp=sizes.cp,
-        ep=sizes.ep,
-        etp=sizes.etp or sizes.tp,
-        vpp=sizes.vpp,
-        order=sizes.order,
-        untie_embeddings=sizes.untie_embeddings,
-    )
-
-
-def select_real_ranks(config: PrismConfig, layout: topology.Layout) -> tuple[int, ...]:
-    """Virtual ranks run by real processes, from --prism-ranks (default: one rank per role)."""
-    spec = config.emulation.ranks
-    try:
-        return tuple(layout.default_slice() if spec is None else topology.select_ranks(layout, spec))
-    except ValueError as exc:
-        raise ValueError(f"--prism-ranks: {exc}") from None
 
 
 def num_real_processes() -> int:
@@ -97,16 +61,27 @@ class Runtime:
     def virtual_rank(self) -> int:
         return self.world.virtual_rank if self.world else dist.get_rank()
 
+    def target_layout(self) -> topology.Layout:
+        """The target job's topology: the entry's parallel sizes in --prism-world-size ranks."""
+        assert self.sizes is not None, "the parallel sizes are set before asking about the layout"
+        return target.layout_of(self.sizes, self.config.emulation.world_size)
+
+    def real_ranks(self) -> tuple[int, ...]:
+        """The virtual ranks real processes run (--prism-ranks; default: one rank per role)."""
+        return target.select_real_ranks(self.target_layout(), self.config.emulation.ranks)
+
     def world_is_real(self, virtual_rank: int) -> bool:
         """Whether a virtual rank is run by a real process (every rank is, without emulation)."""
         if not self.config.emulation.emulate:
             return True
-        assert self.sizes is not None, "the parallel sizes are set before asking about ranks"
-        return virtual_rank in select_real_ranks(self.config, target_layout(self.config, self.sizes))
+        return virtual_rank in self.real_ranks()
 
-    def apply(self, records: tuple) -> None:
+    def apply(self, records: tuple, **context: Any) -> None:
+        """Bind the records to this run (`context`: what they need, see `registry.bind`) and apply them."""
         self.applied.append(
-            registry.apply(records, allow_untested=self.config.patches.allow_untested_megatron)
+            registry.apply(
+                registry.bind(records, **context), allow_untested=self.config.patches.allow_untested_megatron
+            )
         )
 
     def patch_calls(self) -> dict[str, int]:
@@ -162,8 +137,8 @@ def bring_up(runtime: Runtime) -> None:
     if runtime.device == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     if config.emulation.emulate:
-        layout = target_layout(config, runtime.sizes)
-        real_ranks = select_real_ranks(config, layout)
+        layout = runtime.target_layout()
+        real_ranks = runtime.real_ranks()
         check_process_count(real_ranks)
         store, physical_rank, _ = world.rendezvous_store(config.emulation.timeout_s)
         runtime.world = world.init_virtual_world(
@@ -188,7 +163,7 @@ def bring_up(runtime: Runtime) -> None:
             config, virtual_rank=dist.get_rank(), layout=None, real_ranks=()
         )
     runtime.apply(
-        (parallel_state.create_group_patch(virtual_backend=virtual_backend, log=runtime.group_log),)
+        (parallel_state.CREATE_GROUP,), virtual_backend=virtual_backend, group_log=runtime.group_log
     )
 
 
@@ -215,10 +190,10 @@ def before_model(runtime: Runtime) -> None:
     """After `initialize_model_parallel`: pipeline p2p and control-flow fixes for virtual peers."""
     if runtime.world is None:
         return
-    p2p_record = pipeline.p2p_patch(runtime.world)
+    (p2p_record,) = registry.bind((pipeline.P2P_COMMUNICATOR,), world=runtime.world)
     if runtime.phase is not None and runtime.phase.records_p2p_calls:
         p2p_record = dataclasses.replace(p2p_record, make=_reporting_calls(p2p_record.make, runtime.phase))
-    runtime.apply((p2p_record, *control_flow.core_fixes(runtime.world)))
+    runtime.apply((p2p_record, *control_flow.CORE_FIXES), world=runtime.world)
     runtime.p2p_class = _installed_p2p_class()
 
 

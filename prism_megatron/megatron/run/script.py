@@ -39,7 +39,7 @@ def run_script(script: str, script_args: list[str], rt: runtime.Runtime) -> Trai
         os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "1")  # validate_args asserts it for TP/CP > 1
         rt.apply(cpu_records())
         rt.apply(local_layers.records())
-    rt.apply(emulation_records(rt, record))
+    rt.apply(emulation_records(), run=rt, training_record=record)
     saved_argv = sys.argv
     sys.argv = [script, *script_args]
     try:

@@ -21,6 +21,7 @@ from typing import Any
 import torch.distributed as dist
 
 import prism_megatron.backend as prism_backend
+from prism_megatron.megatron.job.target import ParallelSizes
 
 REAL_GROUP_PREFIX = "prism-megatron/real"
 
@@ -139,3 +140,24 @@ def init_real_world(*, backend: str = "gloo", timeout_s: float = 300.0) -> None:
         dist.init_process_group(backend, timeout=timeout)
     else:  # one process started by hand
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
+
+
+def initialize_groups(
+    sizes: ParallelSizes, *, hierarchical_context_parallel_sizes: list[int] | None = None
+) -> None:
+    """megatron-core's own `initialize_model_parallel` for the target job's sizes, over the current
+    default process group (the virtual world, a fake one, or a real one). No gloo groups: the entry and
+    the plan never use them, and a fake store cannot hold them."""
+    from megatron.core import parallel_state
+
+    parallel_state.initialize_model_parallel(
+        tensor_model_parallel_size=sizes.tp,
+        pipeline_model_parallel_size=sizes.pp,
+        virtual_pipeline_model_parallel_size=sizes.vpp,
+        context_parallel_size=sizes.cp,
+        hierarchical_context_parallel_sizes=hierarchical_context_parallel_sizes,
+        expert_model_parallel_size=sizes.ep,
+        expert_tensor_parallel_size=sizes.etp,
+        order=sizes.order,
+        create_gloo_process_groups=False,
+    )

@@ -1,0 +1,340 @@
+"""Megatron-LM's flags read into the target job: its layout, schedule, batch and model shape, once.
+
+Every command that takes a job's flags reads them here, with Megatron-LM's names, destinations and
+defaults (`megatron/training/arguments.py` at tag core_v0.16.1): `prism-megatron topology`, `plan`,
+`emulate` (its run plan, before any process starts) and the built-in training entry. Each declares
+these flags with `add_job_arguments` on its own parser (beside the flags only it reads) and derives
+the job with `derive`, which does what Megatron-LM's `validate_args` does for them, on the namespace
+as Megatron-LM leaves it, and returns the `TargetJob`. So a flag is spelt, defaulted and derived the
+same everywhere:
+
+* the virtual-pipeline size from `--num-layers-per-virtual-pipeline-stage` (with the embedding and
+  loss counted as layers under `--account-for-embedding/loss-in-pipeline-split`) or
+  `--num-virtual-stages-per-pipeline-rank` (prism also takes `--virtual-pipeline-model-parallel-size`
+  for it, which Megatron-LM's own parser does not), derived in `stages.derive_schedule` only;
+* uneven first and last stages (`--decoder-first/last-pipeline-num-layers`) under megatron-core's
+  rule for them; `--pipeline-model-parallel-layout` is refused (not modelled);
+* the data-parallel size, the global batch and the microbatches; the FFN size, KV channels, query
+  groups (heads divisible by them, as megatron-core's attention requires), position embeddings and
+  padded vocabulary of the model.
+
+`layout_of` is the one place a `Layout` is built from the job's sizes and `select_real_ranks` the one
+place `--prism-ranks` is read against it. Pure: imports neither torch nor Megatron, so `topology`
+answers at once for any world size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+from collections.abc import Collection
+
+from prism_megatron.megatron.job import stages
+from prism_megatron.topology import Layout, select_ranks
+
+ORDER_TP_PP_DP = "tp-cp-ep-pp-dp"
+ORDER_DEFAULT = "tp-cp-ep-dp-pp"
+_NULL_TOKENIZER = "NullTokenizer"
+
+
+def add_job_arguments(parser: argparse.ArgumentParser, *, required: Collection[str] = ()) -> None:
+    """Declare the target job's flags on `parser` (Megatron-LM's names, destinations, defaults).
+
+    Args:
+        required: destinations the caller needs (e.g. "num_layers"); argparse then refuses their absence.
+    """
+    group = parser.add_argument_group("target job (Megatron-LM flags)")
+
+    def add(*names: str, **kwargs) -> None:
+        dest = kwargs.get("dest") or names[0].removeprefix("--").replace("-", "_")
+        if dest in required:
+            kwargs["required"] = True
+        group.add_argument(*names, **kwargs)
+
+    for flag in ("--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--context-parallel-size",
+                 "--expert-model-parallel-size"):  # fmt: skip
+        add(flag, type=int, default=1)
+    add("--expert-tensor-parallel-size", type=int, default=None, help="default: --tensor-model-parallel-size")
+    add(
+        "--use-tp-pp-dp-mapping",
+        action="store_true",
+        help=f"rank order {ORDER_TP_PP_DP} instead of {ORDER_DEFAULT}",
+    )
+    add("--sequence-parallel", action="store_true")
+    add("--num-layers-per-virtual-pipeline-stage", type=int, default=None)
+    add("--num-virtual-stages-per-pipeline-rank", "--virtual-pipeline-model-parallel-size", type=int,
+        default=None, dest="num_virtual_stages_per_pipeline_rank",
+        help="model chunks per pipeline rank (interleaved schedule)")  # fmt: skip
+    add("--pipeline-model-parallel-layout", default=None, help="not modelled by prism: refused")
+    for flag in ("--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers"):
+        add(flag, type=int, default=None, help="default: an even split")
+    add("--account-for-embedding-in-pipeline-split", action="store_true")
+    add("--account-for-loss-in-pipeline-split", action="store_true")
+    add("--no-overlap-p2p-communication", action="store_false", dest="overlap_p2p_comm")
+    add("--microbatch-group-size-per-virtual-pipeline-stage", type=int, default=None,
+        dest="microbatch_group_size_per_vp_stage")  # fmt: skip
+    for flag in ("--micro-batch-size", "--global-batch-size", "--num-layers", "--hidden-size",
+                 "--ffn-hidden-size", "--num-attention-heads", "--kv-channels", "--seq-length",
+                 "--max-position-embeddings", "--vocab-size", "--padded-vocab-size", "--num-experts",
+                 "--moe-ffn-hidden-size"):  # fmt: skip
+        add(flag, type=int, default=None)
+    add("--group-query-attention", action="store_true")
+    add("--num-query-groups", type=int, default=1)
+    add("--make-vocab-size-divisible-by", type=int, default=128)
+    add("--tokenizer-type", default=None, help=f"{_NULL_TOKENIZER} counts one EOD token beyond --vocab-size")
+    add("--swiglu", action="store_true")
+    add("--untie-embeddings-and-output-weights", action="store_true")
+    add("--moe-router-topk", type=int, default=2)
+
+
+def copy_of_job_flags(args: argparse.Namespace) -> argparse.Namespace:
+    """The target job's flags copied out of another parser's namespace (Megatron-LM's own, before its
+    `validate_args`), with this module's defaults for any that parser does not have."""
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    add_job_arguments(parser)
+    defaults = vars(parser.parse_args([]))
+    return argparse.Namespace(**{dest: getattr(args, dest, default) for dest, default in defaults.items()})
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ParallelSizes:
+    """The target job's parallel sizes as Megatron's flags give them (the world size apart)."""
+
+    tp: int = 1
+    pp: int = 1
+    vpp: int | None = None
+    """Model chunks per pipeline rank; None when not interleaved."""
+    cp: int = 1
+    ep: int = 1
+    etp: int | None = None
+    """None: the same as tp."""
+    order: str = ORDER_DEFAULT
+    untie_embeddings: bool = False
+
+
+def layout_of(sizes: ParallelSizes, world_size: int) -> Layout:
+    """The target job's topology (raises ValueError naming the flag for a job Megatron would refuse)."""
+    return Layout(
+        world_size=world_size,
+        tp=sizes.tp,
+        pp=sizes.pp,
+        cp=sizes.cp,
+        ep=sizes.ep,
+        etp=sizes.etp or sizes.tp,
+        vpp=sizes.vpp,
+        order=sizes.order,
+        untie_embeddings=sizes.untie_embeddings,
+    )
+
+
+def select_real_ranks(layout: Layout, spec: str | None) -> tuple[int, ...]:
+    """The virtual ranks real processes run, sorted: `--prism-ranks` (default: one rank per role)."""
+    try:
+        ranks = layout.default_slice() if spec is None else select_ranks(layout, spec)
+    except ValueError as exc:
+        raise ValueError(f"--prism-ranks {spec}: {exc}") from None
+    return tuple(sorted(ranks))
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Schedule:
+    """How the pipeline schedule cuts the model: chunks per rank, layers per stage, microbatches."""
+
+    vpp: int | None
+    """Model chunks per pipeline rank (interleaved schedule); None when not interleaved."""
+    layers_per_stage: tuple[int, ...] | None
+    """Transformer layers of each pipeline stage, first to last (None without --num-layers)."""
+    overlap_p2p_comm: bool
+    """Whether the interleaved schedule overlaps its p2p communication (always False without it)."""
+    num_microbatches: int | None
+    """Microbatches per iteration and data-parallel rank (None without --micro-batch-size or a world)."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ModelShape:
+    """What the model's size is made of, after Megatron-LM's defaults (None where not given)."""
+
+    num_layers: int | None
+    hidden_size: int | None
+    ffn_hidden_size: int | None
+    num_attention_heads: int | None
+    num_query_groups: int | None
+    """Key/value heads: --num-query-groups with --group-query-attention, else the attention heads."""
+    kv_channels: int | None
+    seq_length: int | None
+    max_position_embeddings: int | None
+    padded_vocab_size: int | None
+    swiglu: bool
+    num_experts: int | None
+    moe_ffn_hidden_size: int | None
+    moe_router_topk: int
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TargetJob:
+    """The job a flag list describes, as Megatron-LM would configure it."""
+
+    world_size: int | None
+    sizes: ParallelSizes
+    schedule: Schedule
+    micro_batch_size: int | None
+    global_batch_size: int | None
+    data_parallel_size: int | None
+    model: ModelShape
+
+    def layout(self) -> Layout:
+        if self.world_size is None:
+            raise ValueError("the target job's world size is not known (--prism-world-size)")
+        return layout_of(self.sizes, self.world_size)
+
+
+def derive(args: argparse.Namespace, *, world_size: int | None = None) -> TargetJob:
+    """Megatron-LM's `validate_args` for the job's flags, in place on `args`, and the job they give.
+
+    Sets what Megatron-LM sets (expert TP, sequence parallelism off at TP 1, the virtual-pipeline size
+    as `virtual_pipeline_model_parallel_size`, the FFN size, KV channels, position embeddings, MoE FFN
+    size; with a world size also `data_parallel_size`, the global batch and `num_microbatches`).
+
+    Raises:
+        ValueError: a combination Megatron-LM or megatron-core refuses; the message names the flags.
+    """
+    if args.pipeline_model_parallel_layout is not None:
+        raise ValueError(
+            "--pipeline-model-parallel-layout is not modelled by prism; lay the stages out with "
+            "--decoder-first/last-pipeline-num-layers and --num-virtual-stages-per-pipeline-rank"
+        )
+    if args.expert_tensor_parallel_size is None:
+        args.expert_tensor_parallel_size = args.tensor_model_parallel_size
+    if args.tensor_model_parallel_size == 1:
+        args.sequence_parallel = False  # arguments.py: "Disabling sequence parallelism because TP is 1"
+    stages.derive_schedule(args)
+    _derive_model(args)
+    args.padded_vocab_size = padded_vocab_size(args)
+    if world_size is not None:
+        derive_world(args, world_size)
+    return target_job(args, world_size=world_size)
+
+
+def derive_world(args: argparse.Namespace, world_size: int) -> None:
+    """What depends on the world size: the data-parallel size, the global batch, the microbatches."""
+    layout = layout_of(parallel_sizes(args), world_size)  # refuses sizes that do not divide W
+    args.data_parallel_size = layout.dp
+    mbs = args.micro_batch_size
+    if mbs is None:
+        args.num_microbatches = None
+        return
+    if mbs < 1:
+        raise ValueError(f"--micro-batch-size must be >= 1, got {mbs}")
+    if args.global_batch_size is None:
+        args.global_batch_size = mbs * layout.dp
+    if args.global_batch_size < 1 or args.global_batch_size % (mbs * layout.dp):
+        raise ValueError(
+            f"--global-batch-size {args.global_batch_size} must be a multiple of --micro-batch-size x DP "
+            f"= {mbs} x {layout.dp}"
+        )
+    args.num_microbatches = args.global_batch_size // (mbs * layout.dp)
+
+
+def parallel_sizes(args: argparse.Namespace) -> ParallelSizes:
+    """The parallel sizes of flags `derive` has derived."""
+    return ParallelSizes(
+        tp=args.tensor_model_parallel_size,
+        pp=args.pipeline_model_parallel_size,
+        vpp=args.virtual_pipeline_model_parallel_size,
+        cp=args.context_parallel_size,
+        ep=args.expert_model_parallel_size,
+        etp=args.expert_tensor_parallel_size,
+        order=ORDER_TP_PP_DP if args.use_tp_pp_dp_mapping else ORDER_DEFAULT,
+        untie_embeddings=args.untie_embeddings_and_output_weights,
+    )
+
+
+def target_job(args: argparse.Namespace, *, world_size: int | None) -> TargetJob:
+    """The job of flags `derive` has derived (read only)."""
+    heads = args.num_attention_heads
+    return TargetJob(
+        world_size=world_size,
+        sizes=parallel_sizes(args),
+        schedule=Schedule(
+            vpp=args.virtual_pipeline_model_parallel_size,
+            layers_per_stage=stages.layers_per_stage(args),
+            overlap_p2p_comm=args.overlap_p2p_comm,
+            num_microbatches=getattr(args, "num_microbatches", None),
+        ),
+        micro_batch_size=args.micro_batch_size,
+        global_batch_size=args.global_batch_size,
+        data_parallel_size=getattr(args, "data_parallel_size", None),
+        model=ModelShape(
+            num_layers=args.num_layers,
+            hidden_size=args.hidden_size,
+            ffn_hidden_size=args.ffn_hidden_size,
+            num_attention_heads=heads,
+            num_query_groups=args.num_query_groups if args.group_query_attention else heads,
+            kv_channels=args.kv_channels,
+            seq_length=args.seq_length,
+            max_position_embeddings=args.max_position_embeddings,
+            padded_vocab_size=padded_vocab_size(args),
+            swiglu=args.swiglu,
+            num_experts=args.num_experts,
+            moe_ffn_hidden_size=args.moe_ffn_hidden_size,
+            moe_router_topk=args.moe_router_topk,
+        ),
+    )
+
+
+def padded_vocab_size(args: argparse.Namespace) -> int | None:
+    """The embedding rows Megatron-LM builds (tokenizer.py `_vocab_size_with_padding`): --padded-vocab-size
+    when given, else the tokenizer's size (the NullTokenizer counts one EOD token beyond --vocab-size)
+    padded up to a multiple of --make-vocab-size-divisible-by x TP; None without either flag."""
+    if args.padded_vocab_size is not None:
+        return args.padded_vocab_size
+    if args.vocab_size is None:
+        return None
+    tokenizer_size = args.vocab_size + 1 if args.tokenizer_type == _NULL_TOKENIZER else args.vocab_size
+    multiple = args.make_vocab_size_divisible_by * args.tensor_model_parallel_size
+    return math.ceil(tokenizer_size / multiple) * multiple
+
+
+def _derive_model(args: argparse.Namespace) -> None:
+    """Megatron-LM's model defaults, and the divisibility its attention and experts need."""
+    h, heads = args.hidden_size, args.num_attention_heads
+    if args.max_position_embeddings is None:
+        args.max_position_embeddings = args.seq_length
+    if args.ffn_hidden_size is None and h is not None:
+        args.ffn_hidden_size = int((4 * h * 2 / 3) / 64) * 64 if args.swiglu else 4 * h
+    if args.kv_channels is None and h is not None and heads:
+        if h % heads:
+            raise ValueError(
+                f"--hidden-size {h} is not divisible by --num-attention-heads {heads}; pass --kv-channels"
+            )
+        args.kv_channels = h // heads
+    if args.group_query_attention and heads is not None:
+        groups = args.num_query_groups
+        if groups is None or groups < 1 or heads % groups:
+            raise ValueError(
+                f"--num-attention-heads {heads} must be divisible by --num-query-groups {groups} "
+                "(each key/value head serves a whole number of query heads)"
+            )
+    if (
+        args.seq_length is not None
+        and args.context_parallel_size > 1
+        and args.seq_length % (2 * args.context_parallel_size)
+    ):
+        raise ValueError(
+            f"--seq-length {args.seq_length} must be a multiple of 2 x --context-parallel-size "
+            f"{args.context_parallel_size} (each rank holds two chunks of the sequence)"
+        )
+    if args.num_experts == 0:
+        args.num_experts = None
+    ep = args.expert_model_parallel_size
+    # Only where a model is described: `topology` lays out expert parallelism without one.
+    if ep > 1 and args.num_experts is None and h is not None:
+        raise ValueError(f"--expert-model-parallel-size {ep} needs --num-experts")
+    if args.num_experts is not None:
+        if args.num_experts % ep:
+            raise ValueError(
+                f"--num-experts {args.num_experts} must be divisible by --expert-model-parallel-size {ep}"
+            )
+        if args.moe_ffn_hidden_size is None:
+            args.moe_ffn_hidden_size = args.ffn_hidden_size
