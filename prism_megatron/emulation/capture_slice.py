@@ -40,12 +40,8 @@ def capture_ranks(layout: Layout, classes: Sequence[RoleClass], nproc: int) -> t
 
 
 def with_slice(plan):
-    """The plan with its role classes and the capture's ranks (`RunPlan.role_classes`, `slice_ranks`).
-
-    Raises:
-        ValueError: a flag that shapes the stages has a value that is not a number.
-    """
-    model = job_model(plan.megatron_args, num_microbatches=plan.num_microbatches)
+    """The plan with its role classes and the capture's ranks (`RunPlan.role_classes`, `slice_ranks`)."""
+    model = job_model(plan.flags, plan.megatron_args)
     classes = role_classes(plan.layout, model, capture_all=plan.config.capture.capture_all_roles)
     return dataclasses.replace(
         plan, role_classes=classes, slice_ranks=capture_ranks(plan.layout, classes, plan.nproc)

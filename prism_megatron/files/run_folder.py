@@ -115,6 +115,11 @@ def capture_paths(directory: str) -> list[str]:
     return sorted(glob.glob(os.path.join(directory, "capture-*.json")))
 
 
+def role_classes_path(directory: str) -> str:
+    """Beside a folder of capture files: the role classes the capture was planned with."""
+    return os.path.join(directory, "role-classes.json")
+
+
 def schedule_path(directory: str, virtual_rank: int) -> str:
     """A real rank's replay schedule, in a simulation folder (the run's simulation/, or simulate --out)."""
     return os.path.join(directory, f"schedule-{virtual_rank}.json")

@@ -25,13 +25,12 @@ pooled over the captured members: the median of each canonical span.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import statistics
 from collections.abc import Mapping, Sequence
 
+from prism_megatron import files
 from prism_megatron.graph.capture import COMPUTE_NAME, compute_durations, first_difference, structure
-from prism_megatron.graph.io import write_json_atomically
 from prism_megatron.graph.printable import format_op
 from prism_megatron.graph.schedule import IDLE, StageOrder, Step, one_f_one_b
 from prism_megatron.graph.schema import COMPUTE_STREAM, P2P, Dep, ExecutionGraph, NodeType, Op, RoleGraph
@@ -372,16 +371,11 @@ def spread(
     return out
 
 
-CLASSES_FILE = "role-classes.json"
-"""Beside a folder of capture files: the role classes the capture was planned with."""
-
-
 def save_classes(classes: Sequence[RoleClass], directory: str) -> str:
     """Write the role classes into a capture folder (atomically), so the folder builds the same graph."""
-    path = os.path.join(directory, CLASSES_FILE)
-    os.makedirs(directory, exist_ok=True)
-    write_json_atomically({"role_classes": [c.to_json() for c in classes]}, path)
-    return path
+    return files.write_json(
+        {"role_classes": [c.to_json() for c in classes]}, files.role_classes_path(directory)
+    )
 
 
 def load_classes(directory: str) -> tuple[RoleClass, ...] | None:
@@ -390,11 +384,11 @@ def load_classes(directory: str) -> tuple[RoleClass, ...] | None:
     Raises:
         ValueError: the file is there but is not a list of role classes.
     """
-    path = os.path.join(directory, CLASSES_FILE)
+    path = files.role_classes_path(directory)
     if not os.path.isfile(path):
         return None
+    doc = files.read_json(path, "role classes")
     try:
-        with open(path, encoding="utf-8") as f:
-            return tuple(RoleClass.from_json(data) for data in json.load(f)["role_classes"])
-    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+        return tuple(RoleClass.from_json(data) for data in doc["role_classes"])
+    except (KeyError, TypeError, ValueError) as exc:
         raise ValueError(f"{path}: damaged role classes ({exc})") from None

@@ -170,3 +170,30 @@ def test_plan_refuses_unknown_flags_and_inconsistent_models_in_one_line_before_p
     out, err = capsys.readouterr()
     assert out == "" and "planning" not in err
     assert err.count("\n") == 1 and message in err
+
+
+PATTERN = "([1]*2+[0]*4+[1]*4+[0]*4+[1]*2)"  # stage 1 holds layers 2-7, stage 2 layers 8-13
+ROLE_CLASS_SPELLINGS = [
+    (("--num-layers", "16", "--pipeline-model-parallel-size", "4", "--mtp-num-layers", "1",
+      "--decoder-first-pipeline-num-layers", "2", "--decoder-last-pipeline-num-layers", "2"), "dense"),
+    (("--num-layers=16", "--pipeline-model-parallel-size=4", "--mtp-num-layers=1",
+      "--decoder-first-pipeline-num-layers=2", "--decoder-last-pipeline-num-layers=2"), "dense"),
+    (("--num-layers", "16", "--pipeline-model-parallel-size", "4", "--decoder-first-pipeline-num-layers", "2",
+      "--decoder-last-pipeline-num-layers", "2", "--num-experts", "4", "--moe-layer-freq", PATTERN), "moe"),
+    (("--num-layers=16", "--pipeline-model-parallel-size=4", "--decoder-first-pipeline-num-layers=2",
+      "--decoder-last-pipeline-num-layers=2", "--num-experts=4", f"--moe-layer-freq={PATTERN}"), "moe"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "flags, kind", ROLE_CLASS_SPELLINGS, ids=["dense", "dense-equals", "moe", "moe-equals"]
+)
+def test_the_captures_role_classes_read_the_job_as_every_command_does(flags, kind, tmp_path):
+    """The slice's classes come from the one reader's job, whichever spelling: the uneven first and the
+    MTP last stage stay apart; the middle stages (6 layers each) share a capture when dense, and not
+    when --moe-layer-freq puts their MoE layers in other places."""
+    emulation = ("--prism-emulate", "--prism-world-size", str(WORLD), "--prism-out", str(tmp_path / "run"))
+    plan = plan_run([*flags, *MODEL, *RUN, *emulation])
+    members = sorted(tuple(sorted(c.members)) for c in plan.role_classes)
+    middle = [("pp1", "pp2")] if kind == "dense" else [("pp1",), ("pp2",)]
+    assert members == sorted([("pp0-tp0src",), *middle, ("pp3-tp0src",)]), members

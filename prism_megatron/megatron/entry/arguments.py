@@ -79,7 +79,6 @@ def _model_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--hidden-dropout", type=float, default=0.1)
     g.add_argument("--attention-dropout", type=float, default=0.1)
     g.add_argument("--init-method-std", type=float, default=0.02)
-    g.add_argument("--mtp-num-layers", type=int, default=None, help="multi-token prediction depth")
     g.add_argument("--mtp-loss-scaling-factor", type=float, default=0.1)
     g.add_argument(
         "--transformer-impl", choices=("local",), default="local", help="only the local spec runs without TE"
@@ -147,22 +146,8 @@ def _training_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--log-interval", type=int, default=1)
 
 
-def _layer_frequency(text: str) -> int | list[int]:
-    """`--moe-layer-freq`, read by the plan's parser of the same flag (imported only when given,
-    since it loads megatron-core)."""
-    from prism_megatron.megatron.job.flags import layer_frequency
-
-    return layer_frequency(text)
-
-
 def _moe_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("mixture of experts")
-    g.add_argument(
-        "--moe-layer-freq",
-        type=_layer_frequency,
-        default=1,
-        help="N (every N-th layer) or e.g. ([0]*3+[1]*58)",
-    )
     g.add_argument("--moe-shared-expert-intermediate-size", type=int, default=None)
     g.add_argument("--moe-grouped-gemm", action="store_true", help="built as per-expert GEMMs (see model.py)")
     g.add_argument("--moe-token-dispatcher-type", choices=("allgather", "alltoall"), default="allgather")

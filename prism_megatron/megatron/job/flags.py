@@ -23,7 +23,6 @@ take: a misspelt `--tensor-model-parallel-sise 4` must not plan another job.
 from __future__ import annotations
 
 import argparse
-import ast
 import dataclasses
 import difflib
 import enum
@@ -201,32 +200,6 @@ def _field_argument(field: dataclasses.Field) -> tuple[list[str], dict[str, Any]
     return names, kwargs
 
 
-def layer_frequency(text: str) -> int | list[int]:
-    """Megatron-LM's `--moe-layer-freq`: an int N (every N-th layer is MoE) or a list expression.
-
-    Megatron-LM evaluates the expression with `eval`; this accepts only what such patterns need
-    (integer lists, `+` and `*`), e.g. `([0]*3+[1]*58)`.
-    """
-    text = text.strip()
-    if text.lstrip("-").isdigit():
-        return int(text)
-
-    def value(node: ast.AST) -> Any:
-        if isinstance(node, ast.Constant) and isinstance(node.value, int):
-            return node.value
-        if isinstance(node, ast.List):
-            return [value(item) for item in node.elts]
-        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add | ast.Mult):
-            left, right = value(node.left), value(node.right)
-            return left + right if isinstance(node.op, ast.Add) else left * right
-        raise ValueError(f"--moe-layer-freq: {text!r} is not an int or a list expression like ([0]*3+[1]*58)")
-
-    result = value(ast.parse(text, mode="eval").body)
-    if not isinstance(result, list) or not all(isinstance(x, int) for x in result):
-        raise ValueError(f"--moe-layer-freq: {text!r} must give a list of 0/1 integers")
-    return result
-
-
 def _add_hand_written_flags(parser: argparse.ArgumentParser) -> None:
     """Megatron-LM flags that are not TransformerConfig fields (defaults from arguments.py)."""
     _add_model_and_data_flags(parser.add_argument_group("Megatron-LM model and data flags").add_argument)
@@ -243,7 +216,6 @@ def _add_model_and_data_flags(add) -> None:
     add("--no-position-embedding", action="store_false", dest="add_position_embedding")
     for switch in ("--squared-relu", "--quick-geglu"):
         add(switch, action="store_true")
-    add("--moe-layer-freq", type=layer_frequency, default=1)
     add("--moe-router-load-balancing-type", nargs="+", default="aux_loss")
     add("--moe-aux-loss-coeff", type=float, nargs="+", default=0.0)
     for name, default in (("--kv-lora-rank", 32), ("--qk-head-dim", 128), ("--qk-pos-emb-head-dim", 64),

@@ -1,21 +1,19 @@
-"""What each pipeline stage of a job computes, read from Megatron-LM's flags for role equivalence.
+"""What each pipeline stage of a job computes, from the target job's flags, for role equivalence.
 
 `topology.equivalence.role_classes` decides which roles run one program from a `JobModel`; this
-module fills it from the flag list a run was given, with Megatron-LM's names and defaults, reading
-the flags directly (`configs.flag_value`: the last value wins, as in argparse) so that it needs no
-full parse and imports neither torch nor Megatron (only a `--moe-layer-freq` list expression is
-evaluated by the job parser's own `layer_frequency`).
+module fills it from the namespace the one reader of Megatron-LM's flags (`megatron.job.target`)
+left, so layers, uneven stages, MoE layers and MTP are read as every other command reads them.
 
 Flags that make a stage's layers or schedule depend on the stage in ways `JobModel` does not
-describe are reported by name (`UNMODELLED_FLAGS`); with any of them every stage keeps its own
-capture.
+describe are reported by name when the flag list holds them (`UNMODELLED_FLAGS`); with any of them
+every stage keeps its own capture.
 """
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Sequence
 
-from prism_megatron.megatron.job.configs import flag_value
 from prism_megatron.topology.equivalence import JobModel
 
 UNMODELLED_FLAGS = (
@@ -38,45 +36,25 @@ def _given(argv: Sequence[str], flag: str) -> bool:
     return any(word == flag or word.startswith(flag + "=") for word in argv)
 
 
-def _int(argv: Sequence[str], flag: str) -> int | None:
-    text = flag_value(list(argv), flag)
-    if text is None:
+def _moe_layers(flags: argparse.Namespace) -> int | tuple[int, ...] | None:
+    """None for a dense model; else --moe-layer-freq (every N-th layer, or a 0/1 pattern)."""
+    if flags.num_experts is None:
         return None
-    try:
-        return int(text)
-    except ValueError:
-        raise ValueError(f"{flag} must be an integer, got {text!r}") from None
-
-
-def _moe_layers(argv: Sequence[str]) -> int | tuple[int, ...] | None:
-    """None for a dense model; else --moe-layer-freq (default 1: every layer), an int or a pattern."""
-    if _int(argv, "--num-experts") is None:
-        return None
-    text = flag_value(list(argv), "--moe-layer-freq")
-    if text is None:
-        return 1
-    if text.strip().lstrip("-").isdigit():
-        return int(text)
-    from prism_megatron.megatron.job.flags import layer_frequency
-
-    frequency = layer_frequency(text)
+    frequency = flags.moe_layer_freq
     return tuple(frequency) if isinstance(frequency, list) else frequency
 
 
-def job_model(argv: Sequence[str], *, num_microbatches: int | None) -> JobModel:
-    """The `JobModel` of Megatron-LM flags `argv` (M, the microbatches per replica, computed by the caller).
-
-    Raises:
-        ValueError: an integer flag that is not an integer, or a --moe-layer-freq that is no pattern.
-    """
+def job_model(flags: argparse.Namespace, argv: Sequence[str]) -> JobModel:
+    """The `JobModel` of a target job: `flags` as `megatron.job.target` parsed and derived them (its
+    `num_microbatches` included), `argv` the flag list they came from (for the unmodelled flags)."""
     return JobModel(
-        num_layers=_int(argv, "--num-layers"),
-        first_stage_layers=_int(argv, "--decoder-first-pipeline-num-layers"),
-        last_stage_layers=_int(argv, "--decoder-last-pipeline-num-layers"),
-        embedding_in_split=_given(argv, "--account-for-embedding-in-pipeline-split"),
-        loss_in_split=_given(argv, "--account-for-loss-in-pipeline-split"),
-        moe_layers=_moe_layers(argv),
-        mtp_num_layers=_int(argv, "--mtp-num-layers") or 0,
-        num_microbatches=num_microbatches,
+        num_layers=flags.num_layers,
+        first_stage_layers=flags.decoder_first_pipeline_num_layers,
+        last_stage_layers=flags.decoder_last_pipeline_num_layers,
+        embedding_in_split=flags.account_for_embedding_in_pipeline_split,
+        loss_in_split=flags.account_for_loss_in_pipeline_split,
+        moe_layers=_moe_layers(flags),
+        mtp_num_layers=flags.mtp_num_layers or 0,
+        num_microbatches=flags.num_microbatches,
         unmodelled=tuple(flag for flag in UNMODELLED_FLAGS if _given(argv, flag)),
     )

@@ -26,9 +26,11 @@ answers at once for any world size.
 from __future__ import annotations
 
 import argparse
+import ast
 import dataclasses
 import math
 from collections.abc import Collection
+from typing import Any
 
 from prism_megatron.megatron.job import stages
 from prism_megatron.topology import Layout, select_ranks
@@ -86,6 +88,39 @@ def add_job_arguments(parser: argparse.ArgumentParser, *, required: Collection[s
     add("--swiglu", action="store_true")
     add("--untie-embeddings-and-output-weights", action="store_true")
     add("--moe-router-topk", type=int, default=2)
+    add(
+        "--moe-layer-freq",
+        type=layer_frequency,
+        default=1,
+        help="N (every N-th layer) or e.g. ([0]*3+[1]*58)",
+    )
+    add("--mtp-num-layers", type=int, default=None, help="multi-token prediction depth (on the last stage)")
+
+
+def layer_frequency(text: str) -> int | list[int]:
+    """Megatron-LM's `--moe-layer-freq`: an int N (every N-th layer is MoE) or a list expression.
+
+    Megatron-LM evaluates the expression with `eval`; this accepts only what such patterns need
+    (integer lists, `+` and `*`), e.g. `([0]*3+[1]*58)`.
+    """
+    text = text.strip()
+    if text.lstrip("-").isdigit():
+        return int(text)
+
+    def value(node: ast.AST) -> Any:
+        if isinstance(node, ast.Constant) and isinstance(node.value, int):
+            return node.value
+        if isinstance(node, ast.List):
+            return [value(item) for item in node.elts]
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add | ast.Mult):
+            left, right = value(node.left), value(node.right)
+            return left + right if isinstance(node.op, ast.Add) else left * right
+        raise ValueError(f"--moe-layer-freq: {text!r} is not an int or a list expression like ([0]*3+[1]*58)")
+
+    result = value(ast.parse(text, mode="eval").body)
+    if not isinstance(result, list) or not all(isinstance(x, int) for x in result):
+        raise ValueError(f"--moe-layer-freq: {text!r} must give a list of 0/1 integers")
+    return result
 
 
 def copy_of_job_flags(args: argparse.Namespace) -> argparse.Namespace:
