@@ -111,6 +111,11 @@ CASES = [
     ("plan-json-is-a-folder", ("plan", CONFIG, "--json", "{d}"), 2, ["--json", "is a directory"]),
     ("plan-rank-outside", ("plan", CONFIG, "--ranks", "999999"), 2, ["999999"]),
     ("plan-not-a-number", ("plan", CONFIG, "--num-layers", "abc"), 2, ["--num-layers", "invalid int value"]),
+    ("plan-unknown-flag-typo", ("plan", CONFIG, "--tensor-model-parallel-sise", "4"), 2,
+     ["--tensor-model-parallel-sise", "did you mean --tensor-model-parallel-size"]),
+    ("plan-unknown-flag", ("plan", CONFIG, "--no-such-flag", "3"), 2, ["--no-such-flag"]),
+    ("plan-query-groups", ("plan", CONFIG, "--num-attention-heads", "16", "--group-query-attention",
+                           "--num-query-groups", "5"), 2, ["--num-query-groups"]),
     # compare
     ("compare-no-run", ("compare", "{w}/a", "{w}/b"), 2, ["is not a directory"]),
     ("compare-unfinished", ("compare", "{d}/running", "{d}/interrupted", "--out", "{w}/cmp"), 2,
