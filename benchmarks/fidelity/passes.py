@@ -132,7 +132,7 @@ def capture_with_results(run_plan, job: workload.Job, **extra) -> tuple:
     from prism_megatron.graph import save_graph
 
     results = []
-    for launch in driver.capture_launches(run_plan):
+    for launch in driver.prepare_capture(run_plan):
         argv = launch_argv(run_plan, launch)
         requests = _requests(
             job, "capture", argv, launch.num_iterations, len(launch.ranks), memory_iterations=0, **extra

@@ -23,8 +23,6 @@ from prism_megatron.graph.capture import RankCapture, build_graph
 from prism_megatron.graph.classes import save_classes
 from prism_megatron.report import Failure, RunReport
 
-"""What a run writes at the top of its folder (cleared first under --prism-overwrite)."""
-
 
 @dataclasses.dataclass(frozen=True)
 class RunOutcome:
@@ -60,7 +58,7 @@ def run(plan: RunPlan, progress: Progress | None = None) -> RunOutcome:
     summary = None
     try:
         graph = obtain_graph(plan, progress, walls)
-        summary = outputs.capture_summary(plan, graph, walls)
+        summary = outputs.capture_summary(plan, graph, walls, made_here=not plan.reuses_graph)
         sim_result = simulate(plan, graph, progress, walls)
         emulate(plan, progress, walls)
     except RunFailed as exc:
@@ -95,7 +93,7 @@ def report_existing(plan: RunPlan, progress: Progress | None = None) -> RunOutco
     results = outputs.rank_results(plan.out_dir)
     missing = [r for r in plan.real_ranks if r not in results]
     failure = Failure(message=f"real ranks {missing} left no results in {plan.out_dir}") if missing else None
-    summary = outputs.capture_summary(plan, graph, walls)
+    summary = outputs.capture_summary(plan, graph, walls, made_here=False)  # its passes ran elsewhere
     return _reported(plan, progress, walls, sim_result, results, failure, summary)
 
 
@@ -152,6 +150,8 @@ def obtain_graph(plan: RunPlan, progress: Progress, walls: dict[str, float]) -> 
 
 
 def _load(path: str, plan: RunPlan) -> ExecutionGraph:
+    if path == plan.config.capture.graph and plan.reused_graph is not None:
+        return plan.reused_graph  # checked (and built) before the run started
     try:
         return load_or_build_graph(path, plan.layout, extra=graph_facts(plan))
     except (OSError, ValueError) as exc:
@@ -184,11 +184,17 @@ def emulate_launch(plan: RunPlan) -> Launch:
     )
 
 
-def capture(plan: RunPlan, progress: Progress, walls: dict[str, float]) -> None:
-    """Run the slice in passes of `plan.nproc` processes, each rank recording its ops; the role
-    classes go beside the captures, so that a graph built from that folder later shares spans alike."""
+def prepare_capture(plan: RunPlan) -> list[Launch]:
+    """The capture passes (`capture_launches`), with the role classes saved beside the captures first:
+    a graph is built from that folder (now or by a later run) with each class's members sharing the
+    captured spans, so every runner of the passes calls this, not `capture_launches` alone."""
     save_classes(plan.role_classes, plan.path(files.CAPTURE_DIR))
-    launches = capture_launches(plan)
+    return capture_launches(plan)
+
+
+def capture(plan: RunPlan, progress: Progress, walls: dict[str, float]) -> None:
+    """Run the slice in passes of `plan.nproc` processes, each rank recording its ops."""
+    launches = prepare_capture(plan)
     for number, launch in enumerate(launches, start=1):
         progress.begin(f"capture pass {number}/{len(launches)}")
         run_launch(

@@ -87,13 +87,13 @@ def iteration_times(results: dict[int, dict[str, Any]]) -> list[float]:
     return [max(column) for column in zip(*per_rank, strict=False)]
 
 
-def capture_summary(plan: RunPlan, graph, walls: dict[str, float]) -> CaptureSummary:
-    """How `graph` was captured: its roles, classes and captured ranks, and this run's capture passes
-    (`walls`: seconds per phase, a pass named capture-N) unless the graph came from --prism-graph."""
+def capture_summary(plan: RunPlan, graph, walls: dict[str, float], *, made_here: bool) -> CaptureSummary:
+    """How `graph` was captured: its roles, classes and captured ranks, and, when this command ran
+    the capture passes (`made_here`), how many and how long (`walls`: seconds per phase, a pass named
+    capture-N); not when the graph came from --prism-graph or from passes launched by hand."""
     from prism_megatron.graph.classes import graph_classes
 
     passes = [seconds for name, seconds in walls.items() if name.startswith("capture-")]
-    made_here = not plan.reuses_graph
     return CaptureSummary(
         num_roles=len(graph.roles),
         captured_ranks=dict(graph.metadata.extra.get("captured_ranks") or {}),

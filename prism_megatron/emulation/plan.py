@@ -55,6 +55,9 @@ class RunPlan:
     role_classes: tuple[RoleClass, ...] = ()
     """The job's roles in classes that run the same program (every role its own with
     --prism-capture-all-roles)."""
+    reused_graph: object | None = dataclasses.field(default=None, repr=False, compare=False)
+    """The graph --prism-graph names, as the checks before the run loaded it (an `ExecutionGraph`;
+    built from a capture folder, or read), so the run does not load or build it a second time."""
 
     @property
     def capture_batches(self) -> list[tuple[int, ...]]:
@@ -134,8 +137,8 @@ def plan_run(
     plan = with_slice(plan)
     from prism_megatron.emulation import preflight  # it reads the plan
 
-    preflight.check(plan, existing_run=existing_run)
-    return plan
+    graph = preflight.check(plan, existing_run=existing_run)
+    return dataclasses.replace(plan, reused_graph=graph) if graph is not None else plan
 
 
 def _check_counts(flags: argparse.Namespace) -> None:

@@ -18,16 +18,16 @@ MODEL_FACTS = ("num_layers", "hidden_size", "seq_length", "micro_batch_size", "n
 """Facts of the job a graph records (metadata.extra) that must match for it to be reused."""
 
 
-def check(plan: RunPlan, *, existing_run: bool = False) -> None:
-    """Every check below, in order; ValueError naming the flag and the fix.
+def check(plan: RunPlan, *, existing_run: bool = False):
+    """Every check below, in order; ValueError naming the flag and the fix. Returns the graph
+    --prism-graph names, loaded (None without it), for the run to use.
 
     `existing_run`: the run folder holds the passes' outputs already (--report-only)."""
     check_cluster(plan.config.cluster.cluster)
     check_script(plan.script)
     if not existing_run:
         check_output(plan.out_dir, "--prism-out", directory=True)
-    if plan.reuses_graph:
-        check_graph(plan.config.capture.graph, plan)
+    return check_graph(plan.config.capture.graph, plan) if plan.reuses_graph else None
 
 
 def check_cluster(source: str) -> None:
@@ -62,8 +62,9 @@ def check_script(script: str, name: str = "--script") -> None:
         )
 
 
-def check_graph(path: str, plan: RunPlan) -> None:
-    """A reused graph is whole (its digest) and describes this job (its layout and model facts)."""
+def check_graph(path: str, plan: RunPlan):
+    """A reused graph is whole (its digest) and describes this job (its layout and model facts);
+    returns it (an `ExecutionGraph`)."""
     from prism_megatron.emulation.closed_loop import layout_kwargs, load_or_build_graph
 
     facts = graph_facts(plan)
@@ -82,6 +83,7 @@ def check_graph(path: str, plan: RunPlan) -> None:
             f"--prism-graph {path} was captured for another job: {'; '.join(mismatches)}; "
             "capture again (leave out --prism-graph) or pass the flags it was captured with"
         )
+    return graph
 
 
 def graph_facts(plan: RunPlan) -> dict[str, object]:

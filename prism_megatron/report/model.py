@@ -248,7 +248,8 @@ class CaptureSummary:
     all_roles: bool = False
     """--prism-capture-all-roles: every role was its own class."""
     num_passes: int | None = None
-    """Capture passes this run made; None when the graph came from --prism-graph (captured before)."""
+    """Capture passes this command made; None when the graph came from --prism-graph or from passes
+    launched by hand (captured before this report)."""
     capture_s: float | None = None
     """Wall seconds of those passes, from the first launch to the last exit; None when not made here."""
 
@@ -283,7 +284,7 @@ class CaptureSummary:
         programs = f"{len(self.classes)} program{'s' if len(self.classes) != 1 else ''}"
         line = f"{self.num_captured_roles} of {self.num_roles} roles captured ({programs})"
         if self.num_passes is None:
-            return line + " before this run (--prism-graph)"
+            return line + " before this report (--prism-graph, or passes launched by hand)"
         line += f" in {self.num_passes} pass{'es' if self.num_passes != 1 else ''}"
         return line + ("" if self.capture_s is None else f", {self.capture_s:.1f} s")
 

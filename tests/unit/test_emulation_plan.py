@@ -85,3 +85,29 @@ def test_the_demo_is_the_8192_gpu_job_with_two_adjacent_real_stages(tmp_path):
     assert (plan.layout.world_size, plan.layout.tp, plan.layout.pp, plan.layout.dp) == (8192, 8, 8, 128)
     assert plan.real_ranks == (0, 1024)
     assert len(plan.capture_batches) == 2 and plan.config.capture.capture_iters == 4
+
+
+def test_a_reused_graph_is_checked_before_the_run_and_not_loaded_again(tmp_path, monkeypatch):
+    """The checks before the first process load (or build) the --prism-graph; the run takes that graph
+    instead of loading or building it a second time (a capture folder of a large job builds slowly)."""
+    from prism_megatron.emulation import driver
+    from prism_megatron.graph import save_graph
+    from prism_megatron.sim import PipelineSpec, layout_pipeline_graph
+    from prism_megatron.topology import Layout
+
+    spec = PipelineSpec(num_microbatches=2, fwd_ns=1_000_000, bwd_ns=2_000_000, activation_bytes=1 << 16)
+    layout = Layout(world_size=16, tp=2, pp=2)
+    save_graph(layout_pipeline_graph(layout, spec), str(tmp_path / "graph"))
+    flags = ["--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
+             "--micro-batch-size", "1", "--global-batch-size", "8", "--train-iters", "2",
+             "--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2", "--prism-emulate",
+             "--prism-world-size", "16", "--prism-ranks", "0", "--prism-graph", str(tmp_path / "graph"),
+             "--prism-out", str(tmp_path / "run")]  # fmt: skip
+    plan = plan_run(flags)
+    assert plan.reused_graph is not None and len(plan.reused_graph.roles) == len(layout.roles())
+
+    def load_again(*args, **kwargs):
+        raise AssertionError("the graph was loaded a second time")
+
+    monkeypatch.setattr(driver, "load_or_build_graph", load_again)
+    assert driver._load(plan.config.capture.graph, plan) is plan.reused_graph

@@ -36,7 +36,7 @@ PRODUCT_ONLY = {
 """What the emulation pass does with the replay engine; the suite must leave all of it to the product."""
 
 
-@pytest.fixture(params=["pp8-vpp2-dp2-overlap-straggler", "tp2-pp4-dp2", "real-tp2"])
+@pytest.fixture(params=["pp8-vpp2-dp2-overlap-straggler", "tp2-pp4-dp2", "pp4-dp4", "real-tp2"])
 def case(request):
     return next(c for c in sleep_cases() + real_compute_cases() if c.name == request.param)
 
@@ -115,3 +115,23 @@ def test_a_sleep_model_process_steps_between_the_runtimes_iteration_marks():
     }
     assert {"runtime.iteration_begins", "runtime.iteration_ends"} <= calls
     assert "parse_prism_flags(list(request.argv))" in source  # the pass's config is its command line's
+
+
+def test_the_suites_captures_leave_the_plans_role_classes_beside_them(case, tmp_path, monkeypatch):
+    """The graph is built from the capture folder, one capture per class of roles: without the classes
+    file there every role would be its own class, and the roles not captured would be missing."""
+    from prism_megatron.emulation import closed_loop
+    from prism_megatron.graph import classes
+
+    plan = _plan(case, tmp_path)
+    built = []
+    monkeypatch.setattr(passes, "run_processes", lambda *args, **kwargs: [])
+    monkeypatch.setattr(
+        closed_loop, "load_or_build_graph", lambda path, layout: built.append(path) or "graph"
+    )
+    monkeypatch.setattr("prism_megatron.graph.save_graph", lambda graph, path: None)
+    assert passes.capture_with_results(plan, case.job)[0] == "graph"
+    assert built == [plan.path(files.CAPTURE_DIR)]
+    assert classes.load_classes(plan.path(files.CAPTURE_DIR)) == plan.role_classes
+    if case.name in ("pp4-dp4", "tp2-pp4-dp2"):  # these share captures between roles
+        assert len(plan.slice_ranks) < sum(len(c.members) for c in plan.role_classes)

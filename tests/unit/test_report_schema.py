@@ -213,7 +213,10 @@ def test_the_capture_says_how_many_roles_ran_for_how_many_and_reads_back():
     assert RunReport.from_json(doc).capture == capture
     assert capture.describe() == "1 of 2 roles captured (1 program) in 1 pass, 12.5 s"
     earlier = dataclasses.replace(capture, num_passes=None, capture_s=None)
-    assert earlier.describe() == "1 of 2 roles captured (1 program) before this run (--prism-graph)"
+    assert (
+        earlier.describe()
+        == "1 of 2 roles captured (1 program) before this report (--prism-graph, or passes launched by hand)"
+    )
 
 
 def test_capture_classes_must_hold_every_role_once_and_count_what_was_captured():
