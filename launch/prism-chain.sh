@@ -59,11 +59,14 @@ rank_flags=()
 plan="$("$python" - "$gpus" "$nodes" "$out" "$config" ${rank_flags[@]+"${rank_flags[@]}"} ${extra[@]+"${extra[@]}"} <<'EOF'
 import os, sys
 from prism_megatron.emulation import plan_run
+from prism_megatron.emulation.capture_slice import capture_ranks
 from prism_megatron.graph.classes import save_classes
 from prism_megatron.megatron.job.configs import read_config
 gpus, nodes, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 try:
-    flags = [*read_config(sys.argv[4]), "--prism-emulate", *sys.argv[5:]]
+    # RUN itself, so the plan's checks of the run folder are RUN's (an earlier run's captures there
+    # would mix into this graph).
+    flags = [*read_config(sys.argv[4]), "--prism-emulate", *sys.argv[5:], "--prism-out", out]
     plan = plan_run(flags, nproc=gpus * nodes)
 except ValueError as exc:
     sys.exit(f"prism-chain.sh: {exc}")
@@ -72,7 +75,8 @@ if len(plan.real_ranks) != gpus * nodes:
              f"--gpus-per-node {gpus}; choose --ranks or --nodes to match")
 if os.environ.get("DRY_RUN", "0") != "1":
     save_classes(plan.role_classes, os.path.join(out, "capture"))
-ranks = plan.slice_ranks
+# Capture jobs hold G ranks each: the spare places that confirm a class are those of G-rank batches.
+ranks = capture_ranks(plan.layout, plan.role_classes, gpus)
 for i in range(0, len(ranks), gpus):
     print(",".join(map(str, ranks[i : i + gpus])))
 EOF

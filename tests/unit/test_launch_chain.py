@@ -121,3 +121,14 @@ def test_mistakes_are_one_line_and_submit_nothing(tmp_path, args, message):
     done, jobs = _chain(tmp_path, str(CONFIG), *args)
     assert done.returncode != 0 and jobs == []
     assert message in done.stderr and done.stderr.strip().count("\n") == 0
+
+
+def test_a_run_folder_that_holds_a_run_is_refused_before_anything_is_submitted(tmp_path):
+    """Captures left in RUN by an earlier run would mix into this run's graph."""
+    run = tmp_path / "run"
+    (run / "capture").mkdir(parents=True)
+    (run / "capture" / "capture-00000.json").write_text("{}")
+    done, jobs = _chain(tmp_path, str(CONFIG), "--out", str(run), "--ranks", "0,1", "--gpus-per-node", "2")
+    assert done.returncode != 0 and jobs == []
+    assert "--prism-out" in done.stderr and "--prism-overwrite" in done.stderr
+    assert not (run / "capture" / "role-classes.json").exists()
