@@ -141,6 +141,8 @@ CASES = [
     ("emulate-nproc-zero", emulate(before=("--nproc-per-node", "0")), 2, ["--nproc-per-node must be >= 1"]),
     ("emulate-nproc-too-few", emulate(before=("--nproc-per-node", "1")), 2, ["--nproc-per-node 1", "fewer"]),
     ("emulate-no-such-stage", emulate("--prism-ranks", "pp=5"), 2, ["pp=5"]),
+    ("emulate-moe-pattern-length", emulate("--num-experts", "4", "--moe-layer-freq", "([1]*3)"), 2,
+     ["--moe-layer-freq lists 3 layers", "--num-layers is 4"]),
     ("emulate-global-batch", emulate("--global-batch-size", "6"), 2, ["--global-batch-size 6"]),
     ("emulate-layers-not-divisible", emulate("--num-layers", "3"), 2, ["--num-layers 3 must be divisible"]),
     ("emulate-layers-not-a-number", emulate("--num-layers", "abc"), 2, ["--num-layers", "invalid int value"]),

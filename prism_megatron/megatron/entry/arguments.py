@@ -238,10 +238,6 @@ def _derive_context_parallel(args: argparse.Namespace) -> None:
 def _derive_moe(args: argparse.Namespace) -> None:
     if args.num_experts is None:
         return
-    if isinstance(args.moe_layer_freq, list) and len(args.moe_layer_freq) != args.num_layers:
-        raise ValueError(
-            f"--moe-layer-freq lists {len(args.moe_layer_freq)} layers; --num-layers is {args.num_layers}"
-        )
     if args.tensor_model_parallel_size > 1 and not args.sequence_parallel:
         raise ValueError(
             "MoE with --tensor-model-parallel-size > 1 needs --sequence-parallel (megatron-core refuses to "

@@ -373,3 +373,8 @@ def _derive_model(args: argparse.Namespace) -> None:
             )
         if args.moe_ffn_hidden_size is None:
             args.moe_ffn_hidden_size = args.ffn_hidden_size
+        frequency = args.moe_layer_freq
+        if isinstance(frequency, list) and args.num_layers is not None and len(frequency) != args.num_layers:
+            raise ValueError(
+                f"--moe-layer-freq lists {len(frequency)} layers; --num-layers is {args.num_layers}"
+            )
