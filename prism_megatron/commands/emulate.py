@@ -127,10 +127,11 @@ def check_builtin_flags(megatron_args: list[str], world_size: int) -> None:
 
 
 def report_only(megatron_args: list[str], *, script: str) -> int:
+    from prism_megatron.config import parse_prism_flags
     from prism_megatron.emulation import Progress, format_summary, plan_run
     from prism_megatron.emulation.driver import report_existing
 
-    if "--prism-out" not in megatron_args:
+    if parse_prism_flags(list(megatron_args)).output.out is None:  # either spelling, --prism-out=DIR too
         raise CommandLineError("--report-only needs --prism-out: the run folder the passes wrote to")
     plan = plan_run(megatron_args, script=script, existing_run=True)
     outcome = report_existing(plan, Progress())
