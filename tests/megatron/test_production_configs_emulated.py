@@ -87,7 +87,14 @@ def test_the_configuration_runs_as_written_at_full_world_size(tmp_path, path):
     assert report["status"] == "ok" and report["real_ranks"] == [0]
     assert report["target"]["world_size"] == world_size_of(flags)
     assert len(report["iterations"]) == 2
-    captured = [name for name in os.listdir(tmp_path / "capture") if name.startswith("capture-")]
-    assert len(captured) == len(report["roles"])
+    # One capture per class of roles that run the same program (and confirming members in a pass's
+    # spare places); every role of the job is in a class whose spans it takes.
+    capture = report["capture"]
+    captured = {name for name in os.listdir(tmp_path / "capture") if name.startswith("capture-")}
+    assert captured == {f"capture-{rank:05d}.json" for rank in set(capture["captured_ranks"].values())}
+    assert sorted(r for members in capture["classes"].values() for r in members) == sorted(report["roles"])
+    assert capture["num_roles"] == len(report["roles"]) and capture["num_captured_roles"] <= len(
+        report["roles"]
+    )
     result = json.loads((tmp_path / "rank-00000.json").read_text())
     assert all(it["grad_norm"] is not None and it["grad_norm"] > 0 for it in result["iterations"])
