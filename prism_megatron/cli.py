@@ -17,6 +17,7 @@ import importlib.util
 import os
 import pkgutil
 import sys
+import warnings
 
 from prism_megatron import __version__, commands
 
@@ -70,14 +71,22 @@ def _first_doc_line(module_name: str) -> str:
     return ""
 
 
+FALLBACK_NOTICES = r"(Apex|Transformer Engine)\b.* not installed"
+"""megatron-core's notices, at import on a machine without apex or Transformer Engine, that it falls
+back to torch's own layers: a CPU run wants exactly those, and eight such lines before a command's
+one-line answer hide it, so the command does not print them (PRISM_DEBUG=1 does)."""
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    debug = os.environ.get("PRISM_DEBUG") == "1"
+    if not debug:
+        warnings.filterwarnings("ignore", message=FALLBACK_NOTICES, category=UserWarning)
     parser, module = build_parser(argv)
     args = parser.parse_args(argv)
     if module is None:
         parser.print_help()
         return 2
-    debug = os.environ.get("PRISM_DEBUG") == "1"
     try:
         return int(module.run(args) or 0)
     except BrokenPipeError:
