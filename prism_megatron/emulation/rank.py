@@ -77,6 +77,7 @@ class InstantPhase:
         self._marks: list[tuple[Mark, Mark | None]] = []
         """(start, end) marks of the iterations not read yet; end None while one runs."""
         self._progress_written_s = 0.0
+        self._progress_done_written = -1
         timeline.set_timeout_s(config.emulation.timeout_s)
         watchdog.identify(virtual_rank)
         self.write_progress("started")
@@ -123,19 +124,26 @@ class InstantPhase:
         self.write_progress("done")
 
     def write_progress(self, state: str) -> None:
-        """At most a few writes a second: a progress file must not cost an iteration's time.
+        """Whenever the device has finished another iteration, else at most a few writes a second: a
+        progress file must not cost an iteration's time, and must not fall behind either (a rank that
+        hangs after a skipped write would leave it an iteration short for good).
 
         It shows the iterations the device has finished (it never waits for the device); the host
         clocks here pace the writes and date the file, they time nothing."""
-        now_s = time.monotonic()
-        if state == "running" and now_s - self._progress_written_s < 0.25:
-            return
-        self._progress_written_s = now_s
         if self.out_dir is None or not self.reports_progress:
             return
+        now_s = time.monotonic()
+        self.read_marks(wait=state == "done")
+        done = len(self.ends_ns)
+        if (
+            state == "running"
+            and done == self._progress_done_written
+            and now_s - self._progress_written_s < 0.25
+        ):
+            return
+        self._progress_written_s, self._progress_done_written = now_s, done
         path = files.progress_path(self.out_dir, self.virtual_rank)
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        self.read_marks(wait=state == "done")
         data = {"pid": os.getpid(), "virtual_rank": self.virtual_rank, "phase": self.name, "state": state,
                 "iterations_done": len(self.ends_ns), "wall_time_s": time.time(),
                 "iteration_times_s": self._times_read_s()}  # fmt: skip
