@@ -57,8 +57,7 @@ backend's local work and the wake-up after a timed wait take tens of microsecond
 
 def layout_kwargs(layout: Layout) -> dict[str, object]:
     """The layout as the keyword arguments a graph's metadata stores."""
-    names = ("world_size", "tp", "pp", "cp", "ep", "etp", "vpp", "order", "untie_embeddings")
-    return {name: getattr(layout, name) for name in names}
+    return layout.kwargs()
 
 
 def network_cost(cluster: str) -> CostFn:

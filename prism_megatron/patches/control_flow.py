@@ -27,7 +27,8 @@ from prism_megatron.patches.versions import EVERY_VERIFIED
 
 
 def _needs_first_stage_values(module: Any, world: VirtualWorld) -> bool:
-    if not (module.share_embeddings_and_output_weights and module.post_process and not module.pre_process):
+    tied_head = module.share_embeddings_and_output_weights and module.post_process
+    if not ((tied_head or getattr(module, "mtp_process", False)) and not module.pre_process):
         return False
     if module.config.pipeline_model_parallel_size == 1 or not dist.is_initialized():
         return False
@@ -57,9 +58,9 @@ CORE_FIXES: tuple[Patch, ...] = (
         make=_tied_embedding_fix,
         needs=("world",),
         verified_on=EVERY_VERIFIED,
-        reason="the last stage's tied output weight gets its initial values from the first stage by an "
-        "all-reduce of zeros; with a virtual first stage it would stay zero, so it is initialised as the "
-        "first stage initialises its embedding",
+        reason="the last stage's tied output weight (or the embedding of its MTP layers) gets its initial "
+        "values from the first stage by an all-reduce of zeros; with a virtual first stage it would stay "
+        "zero, so it is initialised as the first stage initialises its embedding",
         signature="(self) -> None",
     ),
 )

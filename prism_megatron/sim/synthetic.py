@@ -219,10 +219,4 @@ def layout_pipeline_graph(layout, spec: PipelineSpec) -> ExecutionGraph:
     """`pipeline_graph` for a `prism_megatron.topology.Layout` (roles and metadata from it)."""
     if (layout.vpp or 1) != spec.vpp:
         raise ValueError(f"the layout has vpp={layout.vpp} but the pipeline spec vpp={spec.vpp}")
-    keys = ("world_size", "tp", "pp", "cp", "ep", "etp", "vpp", "order", "untie_embeddings")
-    return pipeline_graph(
-        {role.name: role.pp for role in layout.roles()},
-        layout.pp,
-        spec,
-        {k: getattr(layout, k) for k in keys},
-    )
+    return pipeline_graph({role.name: role.pp for role in layout.roles()}, layout.pp, spec, layout.kwargs())

@@ -20,7 +20,7 @@ instances (`num_distributed_optimizer_instances > 1`) and multi-token-prediction
 from __future__ import annotations
 
 import numbers
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from prism_megatron.topology import roles as _roles
@@ -110,6 +110,15 @@ COORD_NAMES = ("tp", "cp", "dp", "pp", "etp", "ep", "edp")
 """Field names of `Coords`, which are also the coordinate filters of the selection language."""
 
 
+def embedding_ranks(pp_group: Sequence[int], *, untie_embeddings: bool, mtp: bool) -> tuple[int, ...]:
+    """The members of a pipeline group's word-embedding group, as Megatron-LM's `pretrain_gpt.py` chooses
+    them (`get_embedding_ranks`): the first stage; the last too when it holds the output layer's tied
+    weight or multi-token-prediction layers (which use the embedding)."""
+    if len(pp_group) > 1 and (not untie_embeddings or mtp):
+        return (pp_group[0], pp_group[-1])
+    return (pp_group[0],)
+
+
 @dataclass(frozen=True, kw_only=True)
 class Layout:
     """The target job's world and parallel sizes; raises ValueError for a job Megatron would refuse."""
@@ -131,7 +140,10 @@ class Layout:
     order: str = "tp-cp-ep-dp-pp"
     """Rank order, fastest dimension first; one of `ORDERS`."""
     untie_embeddings: bool = False
-    """`--untie-embeddings-and-output-weights`: the last stage then leaves the embedding group."""
+    """`--untie-embeddings-and-output-weights`: the last stage then leaves the embedding group..."""
+    mtp: bool = False
+    """...unless it holds multi-token-prediction layers (`--mtp-num-layers`), which use the embedding:
+    Megatron-LM's `get_embedding_ranks` adds the MTP stage (the last one) back."""
 
     dp: int = field(init=False)
     """Data-parallel size, derived: W / (tp * pp * cp)."""
@@ -228,11 +240,16 @@ class Layout:
         grid_name, token = _GRID_TOKENS[kind]
         return (self.decoder if grid_name == "decoder" else self.expert), token
 
+    def kwargs(self) -> dict[str, object]:
+        """The keyword arguments that rebuild this layout, as a graph's metadata stores them (`mtp` only
+        when set, so that a graph of a job without MTP reads as it did before the field existed)."""
+        names = ("world_size", "tp", "pp", "cp", "ep", "etp", "vpp", "order", "untie_embeddings")
+        return {name: getattr(self, name) for name in names} | ({"mtp": True} if self.mtp else {})
+
     def _embedding_members(self, kind: str, pp_group: tuple[int, ...]) -> tuple[int, ...]:
-        """megatron-core's default_(position_)embedding_ranks, or Megatron-LM's untied variant."""
-        if kind == "pos_embd" or len(pp_group) == 1 or self.untie_embeddings:
+        if kind == "pos_embd":
             return (pp_group[0],)
-        return (pp_group[0], pp_group[-1])
+        return embedding_ranks(pp_group, untie_embeddings=self.untie_embeddings, mtp=self.mtp)
 
     def has_group(self, kind: str, virtual_rank: int) -> bool:
         """Whether the rank belongs to a group of this kind (only embd and pos_embd leave some out)."""
@@ -241,9 +258,7 @@ class Layout:
         if kind not in ("embd", "pos_embd"):
             return True
         stage = self.decoder.coord("pp", virtual_rank)
-        if kind == "pos_embd" or self.untie_embeddings:
-            return stage == 0
-        return stage in (0, self.pp - 1)
+        return stage in self._embedding_members(kind, (0, self.pp - 1) if self.pp > 1 else (0,))
 
     def group(self, kind: str, virtual_rank: int) -> tuple[int, ...]:
         """Members of the rank's group of this kind, in Megatron's order; () when it has none."""

@@ -7,6 +7,7 @@ every group and global-rank list that rank gets.
 """
 
 import itertools
+from types import SimpleNamespace
 
 import pytest
 
@@ -16,6 +17,7 @@ import torch.distributed as dist
 import torch.testing._internal.distributed.fake_pg  # noqa: F401  (registers the fake backend)
 from megatron.core import parallel_state
 from megatron.core.parallel_state import RankGenerator, default_embedding_ranks
+from megatron.core.transformer.multi_token_prediction import get_mtp_ranks
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from prism_megatron.topology import GROUP_KINDS, Layout
@@ -126,6 +128,22 @@ def test_production_size_jobs_build_megatrons_groups(job):
 # ---- initialize_model_parallel over the fake backend -------------------------------------------------
 
 
+def _pretrain_gpt_embedding_ranks(layout):
+    """Megatron-LM's `pretrain_gpt.get_embedding_ranks` for the layout's flags, its MTP stages from
+    megatron-core's own `get_mtp_ranks` (the last stage, without a pipeline layout)."""
+    config = SimpleNamespace(mtp_num_layers=1 if layout.mtp else None, pipeline_model_parallel_layout=None)
+
+    def get_embedding_ranks(pp_ranks):
+        ranks = [pp_ranks[0]]
+        if len(pp_ranks) > 1:
+            if not layout.untie_embeddings:
+                ranks.append(pp_ranks[-1])
+            ranks.extend(get_mtp_ranks(pp_ranks, config))
+        return sorted(set(ranks))
+
+    return get_embedding_ranks
+
+
 @pytest.fixture
 def virtual_world(monkeypatch):
     """Start a fake-backend default group as one rank of a big world; always tear Megatron down."""
@@ -148,8 +166,7 @@ def virtual_world(monkeypatch):
             expert_model_parallel_size=layout.ep,
             expert_tensor_parallel_size=layout.etp,
             order=layout.order,
-            # Megatron-LM's pretrain_gpt.get_embedding_ranks with --untie-embeddings-and-output-weights.
-            get_embedding_ranks=(lambda pp_ranks: [pp_ranks[0]]) if layout.untie_embeddings else None,
+            get_embedding_ranks=_pretrain_gpt_embedding_ranks(layout),
             create_gloo_process_groups=False,
         )
 
@@ -206,6 +223,8 @@ INITIALIZED_JOBS = [
     (dict(world_size=8192, tp=8, pp=16, order="tp-cp-ep-pp-dp"), (3, 777, 8190)),
     (dict(world_size=4096, tp=4, pp=8, vpp=4, untie_embeddings=True), (0, 3585, 4095)),
     (dict(world_size=4096, tp=4, pp=4, cp=2, ep=8, etp=1), (6, 2049, 4095)),
+    # DeepSeek-V3's layout: untied, but the last stage holds the MTP layer and so the embedding.
+    (dict(world_size=2048, pp=16, ep=64, untie_embeddings=True, mtp=True), (0, 1920, 2047, 5)),
 ]
 
 

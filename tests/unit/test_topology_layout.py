@@ -78,6 +78,16 @@ def test_untied_embeddings_leave_the_last_stage_out_of_the_embedding_group():
         untied.group_index("embd", 13)
 
 
+def test_mtp_layers_keep_an_untied_last_stage_in_the_embedding_group():
+    # Megatron-LM's pretrain_gpt adds the stage holding MTP layers (the last) to the embedding ranks.
+    untied_mtp = Layout(world_size=16, tp=2, pp=4, untie_embeddings=True, mtp=True)
+    assert untied_mtp.group("embd", 1) == untied_mtp.group("embd", 13) == (1, 13)
+    assert untied_mtp.has_group("embd", 13) and not untied_mtp.has_group("embd", 5)
+    assert untied_mtp.group("pos_embd", 13) == ()
+    assert Layout(world_size=4, pp=1, untie_embeddings=True, mtp=True).group("embd", 2) == (2,)
+    assert untied_mtp.kwargs()["mtp"] is True and "mtp" not in Layout(world_size=16, pp=4).kwargs()
+
+
 def test_single_stage_embedding_group_is_the_rank_alone():
     layout = Layout(world_size=4, tp=2)
     assert layout.group("embd", 3) == layout.group("pos_embd", 3) == (3,)

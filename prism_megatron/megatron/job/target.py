@@ -146,6 +146,8 @@ class ParallelSizes:
     """None: the same as tp."""
     order: str = ORDER_DEFAULT
     untie_embeddings: bool = False
+    mtp: bool = False
+    """`--mtp-num-layers` given: the last stage holds MTP layers (and so the embedding)."""
 
 
 def layout_of(sizes: ParallelSizes, world_size: int) -> Layout:
@@ -160,6 +162,7 @@ def layout_of(sizes: ParallelSizes, world_size: int) -> Layout:
         vpp=sizes.vpp,
         order=sizes.order,
         untie_embeddings=sizes.untie_embeddings,
+        mtp=sizes.mtp,
     )
 
 
@@ -282,6 +285,7 @@ def parallel_sizes(args: argparse.Namespace) -> ParallelSizes:
         etp=args.expert_tensor_parallel_size,
         order=ORDER_TP_PP_DP if args.use_tp_pp_dp_mapping else ORDER_DEFAULT,
         untie_embeddings=args.untie_embeddings_and_output_weights,
+        mtp=bool(args.mtp_num_layers),
     )
 
 

@@ -22,6 +22,7 @@ import torch.distributed as dist
 
 import prism_megatron.backend as prism_backend
 from prism_megatron.megatron.job.target import ParallelSizes
+from prism_megatron.topology.layout import embedding_ranks
 
 REAL_GROUP_PREFIX = "prism-megatron/real"
 
@@ -146,9 +147,14 @@ def initialize_groups(
     sizes: ParallelSizes, *, hierarchical_context_parallel_sizes: list[int] | None = None
 ) -> None:
     """megatron-core's own `initialize_model_parallel` for the target job's sizes, over the current
-    default process group (the virtual world, a fake one, or a real one). No gloo groups: the entry and
-    the plan never use them, and a fake store cannot hold them."""
+    default process group (the virtual world, a fake one, or a real one), with Megatron-LM's embedding
+    groups (`pretrain_gpt.py`'s rule: an untied last stage leaves them unless it holds MTP layers; the
+    core's default keeps it in). No gloo groups: the entry and the plan never use them, and a fake
+    store cannot hold them."""
     from megatron.core import parallel_state
+
+    def get_embedding_ranks(pp_ranks, *_):
+        return list(embedding_ranks(pp_ranks, untie_embeddings=sizes.untie_embeddings, mtp=sizes.mtp))
 
     parallel_state.initialize_model_parallel(
         tensor_model_parallel_size=sizes.tp,
@@ -159,5 +165,6 @@ def initialize_groups(
         expert_model_parallel_size=sizes.ep,
         expert_tensor_parallel_size=sizes.etp,
         order=sizes.order,
+        get_embedding_ranks=get_embedding_ranks,
         create_gloo_process_groups=False,
     )
