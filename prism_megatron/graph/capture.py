@@ -318,10 +318,18 @@ def first_difference(a: Mapping[str, Sequence[Op]], b: Mapping[str, Sequence[Op]
     return None
 
 
+def _data_dependent_size(op: Op) -> bool:
+    """An all-to-all's size follows the data: MoE token dispatch moves the tokens the router sent to
+    each expert rank, which changes from iteration to iteration (and between ranks of one program)."""
+    return op.type == NodeType.COLLECTIVE and op.comm == OpKind.ALL_TO_ALL
+
+
 def _same_op(x: Op, y: Op) -> bool:
-    """Equal but for a compute span's duration (only COMPUTE ops have one)."""
+    """Equal but for a compute span's duration (only COMPUTE ops have one) and a data-dependent size."""
     if x.type == NodeType.COMPUTE or y.type == NodeType.COMPUTE:
         return x.type == y.type and x.name == y.name
+    if _data_dependent_size(x) and _data_dependent_size(y):
+        return dataclasses.replace(x, size_bytes=0) == dataclasses.replace(y, size_bytes=0)
     return x == y
 
 
@@ -331,7 +339,8 @@ def compute_durations(streams: Mapping[str, Sequence[Op]]) -> list[int]:
 
 
 def role_graph(capture: RankCapture, world: World, kinds: Sequence[str] = GROUP_KINDS) -> RoleGraph:
-    """The role's graph: recorded iterations after warm-up, each compute span their median.
+    """The role's graph: recorded iterations after warm-up, each compute span their median, and so is
+    each all-to-all's size (MoE dispatch moves what the router chose, see `_data_dependent_size`).
 
     Raises:
         ValueError: the recorded iterations do not issue the same ops (naming the first difference).
@@ -358,7 +367,22 @@ def role_graph(capture: RankCapture, world: World, kinds: Sequence[str] = GROUP_
         )
         for name, ops in first.items()
     }
+    if len(per_iteration) > 1:
+        streams = {
+            name: tuple(
+                dataclasses.replace(op, size_bytes=_median_size(per_iteration, name, index))
+                if _data_dependent_size(op)
+                else op
+                for index, op in enumerate(ops)
+            )
+            for name, ops in streams.items()
+        }
     return RoleGraph(role=capture.role, streams=streams)
+
+
+def _median_size(per_iteration: Sequence[Mapping[str, Sequence[Op]]], stream: str, index: int) -> int:
+    """One op's median size over the iterations (the lower median: a size that was sent)."""
+    return statistics.median_low(streams[stream][index].size_bytes for streams in per_iteration)
 
 
 def build_graph(

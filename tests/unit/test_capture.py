@@ -131,6 +131,24 @@ def test_iterations_that_issue_different_ops_are_refused_naming_the_difference()
         role_graph(bad, WORLD)
 
 
+def _sized(kind: OpKind, sizes: list[int]) -> RankCapture:
+    """Rank 0 issuing one op of `kind` over its TP group per iteration, of the given sizes."""
+    group = LAYOUT.group("tp", 0)
+    iterations = tuple(
+        iteration([collective(kind, group, 100, 110, size=size)], end_us=150) for size in sizes
+    )
+    return RankCapture(0, LAYOUT.role_of(0).name, iterations, num_warmup=1)
+
+
+def test_an_all_to_all_may_change_its_size_between_iterations_and_the_graph_takes_the_median():
+    # MoE token dispatch: each iteration moves what the router chose.
+    graph = role_graph(_sized(OpKind.ALL_TO_ALL, [9999, 4096, 20480, 8192, 4096]), WORLD)
+    (a2a,) = [op for op in graph.streams[COMPUTE_STREAM] if op.comm == OpKind.ALL_TO_ALL]
+    assert a2a.size_bytes == 4096
+    with pytest.raises(ValueError, match=r"issue different ops .*AR tp#0 4KiB.*AR tp#0 8KiB"):
+        role_graph(_sized(OpKind.ALL_REDUCE, [4096, 4096, 8192]), WORLD)
+
+
 def test_a_capture_survives_its_file(tmp_path):
     original = capture(5, [[10, 20], [30, 40]])
     path = original.save(str(tmp_path / "capture-00005.json"))
