@@ -319,9 +319,10 @@ def first_difference(a: Mapping[str, Sequence[Op]], b: Mapping[str, Sequence[Op]
 
 
 def _data_dependent_size(op: Op) -> bool:
-    """An all-to-all's size follows the data: MoE token dispatch moves the tokens the router sent to
-    each expert rank, which changes from iteration to iteration (and between ranks of one program)."""
-    return op.type == NodeType.COLLECTIVE and op.comm == OpKind.ALL_TO_ALL
+    """A collective's size may follow the data: MoE token dispatch moves the tokens the router sent
+    to each expert rank (all-to-all; with TP, all-gathers and reduce-scatters of the routed tokens),
+    which change from iteration to iteration. Its kind, group, order and dtype may not."""
+    return op.type == NodeType.COLLECTIVE
 
 
 def _same_op(x: Op, y: Op) -> bool:
@@ -340,7 +341,7 @@ def compute_durations(streams: Mapping[str, Sequence[Op]]) -> list[int]:
 
 def role_graph(capture: RankCapture, world: World, kinds: Sequence[str] = GROUP_KINDS) -> RoleGraph:
     """The role's graph: recorded iterations after warm-up, each compute span their median, and so is
-    each all-to-all's size (MoE dispatch moves what the router chose, see `_data_dependent_size`).
+    each collective's size (MoE dispatch moves what the router chose, see `_data_dependent_size`).
 
     Raises:
         ValueError: the recorded iterations do not issue the same ops (naming the first difference).

@@ -11,6 +11,13 @@ here, applied only when emulating.
   would train with a zero output layer (grad norm 0 was seen). The fix initialises the copy the way
   the first stage initialises its embedding (same init method, same distribution), after the real
   all-reduce was issued, so the sequence of collectives is unchanged.
+- fp16 overflow: with dynamic loss scaling, a rank that finds an inf or NaN in its unscaled grads
+  skips the optimizer step, and every rank of the real job skips it with it (the flag is a MAX over
+  the model-parallel group). Emulated, the virtual members of that group answer with this rank's own
+  flag, so one stage skips while another steps: the roles' graphs then disagree on the collectives
+  of the step (grad norm, ...) and the job's graph deadlocks. Under emulation no rank skips: the
+  non-finite entries of the unscaled grads are zeroed, the loss scale backs off as it would after
+  the overflow, and the step is taken (the steady state of a job whose scale has settled).
 """
 
 from __future__ import annotations
@@ -51,6 +58,22 @@ def _tied_embedding_fix(original: Callable[..., Any], *, world: VirtualWorld) ->
     return setup_embeddings_and_output_layer
 
 
+def _overflow_fix(original: Callable[..., Any], *, world: VirtualWorld) -> Callable[..., Any]:
+    def _unscale_main_grads_and_check_for_nan(self) -> bool:
+        found_inf = original(self)
+        if not found_inf:
+            return False
+        if not self.is_stub_optimizer:
+            for grad in self._collect_main_grad_data_for_unscaling():
+                torch.nan_to_num_(grad, nan=0.0, posinf=0.0, neginf=0.0)
+        # The caller records no overflow (update(False)); record the one that was found first, so
+        # the scale backs off as Megatron's dynamic scaler would have.
+        self.grad_scaler.update(True)
+        return False
+
+    return _unscale_main_grads_and_check_for_nan
+
+
 CORE_FIXES: tuple[Patch, ...] = (
     Patch(
         name="megatron.tied_embedding_from_virtual_first_stage",
@@ -62,6 +85,17 @@ CORE_FIXES: tuple[Patch, ...] = (
         "values from the first stage by an all-reduce of zeros; with a virtual first stage it would stay "
         "zero, so it is initialised as the first stage initialises its embedding",
         signature="(self) -> None",
+    ),
+    Patch(
+        name="megatron.fp16_overflow_takes_the_step",
+        target="megatron.core.optimizer.optimizer:MixedPrecisionOptimizer._unscale_main_grads_and_check_for_nan",
+        make=_overflow_fix,
+        needs=("world",),
+        verified_on=EVERY_VERIFIED,
+        reason="an fp16 overflow skips the step on the rank that found it, and virtual members answer "
+        "its flag with the rank's own, so stages of one job would disagree on the step's collectives; "
+        "under emulation the non-finite grads are zeroed, the loss scale backs off and the step is taken",
+        signature="(self)",
     ),
 )
 """The megatron-core control-flow fixes (bound to the run's virtual world)."""

@@ -140,13 +140,20 @@ def _sized(kind: OpKind, sizes: list[int]) -> RankCapture:
     return RankCapture(0, LAYOUT.role_of(0).name, iterations, num_warmup=1)
 
 
-def test_an_all_to_all_may_change_its_size_between_iterations_and_the_graph_takes_the_median():
+def test_a_collective_may_change_its_size_between_iterations_and_the_graph_takes_the_median():
     # MoE token dispatch: each iteration moves what the router chose.
-    graph = role_graph(_sized(OpKind.ALL_TO_ALL, [9999, 4096, 20480, 8192, 4096]), WORLD)
-    (a2a,) = [op for op in graph.streams[COMPUTE_STREAM] if op.comm == OpKind.ALL_TO_ALL]
-    assert a2a.size_bytes == 4096
-    with pytest.raises(ValueError, match=r"issue different ops .*AR tp#0 4KiB.*AR tp#0 8KiB"):
-        role_graph(_sized(OpKind.ALL_REDUCE, [4096, 4096, 8192]), WORLD)
+    for kind in (OpKind.ALL_TO_ALL, OpKind.ALL_GATHER):
+        graph = role_graph(_sized(kind, [9999, 4096, 20480, 8192, 4096]), WORLD)
+        (op,) = [op for op in graph.streams[COMPUTE_STREAM] if op.comm == kind]
+        assert op.size_bytes == 4096  # the lower median of 4096 4096 8192 20480
+    # Another kind, or a point-to-point transfer of another size, is another program.
+    other = capture(0, [[1, 1], [100, 40]])
+    gathered = collective(OpKind.ALL_GATHER, LAYOUT.group("tp", 0), 100, 110)
+    with pytest.raises(ValueError, match=r"issue different ops .*AR tp#0.*AG tp#0"):
+        role_graph(RankCapture(0, other.role, (*other.iterations, iteration([gathered], end_us=150))), WORLD)
+    sends = [iteration([p2p(OpKind.SEND, 2, 100, 110, size=size)], end_us=150) for size in (1, 4096, 8192)]
+    with pytest.raises(ValueError, match=r"issue different ops"):
+        role_graph(RankCapture(0, other.role, tuple(sends), num_warmup=1), WORLD)
 
 
 def test_a_capture_survives_its_file(tmp_path):
