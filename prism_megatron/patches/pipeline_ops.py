@@ -143,6 +143,22 @@ class Transfer:
         )
 
 
+_NOT_WAITED: dict[int, RealPeerOp | VirtualPeerOp] = {}
+"""Transfers posted and not yet waited on (and so not yet logged), by id."""
+
+
+def settle_unwaited() -> int:
+    """Wait for, and so log, every pipeline transfer the program posted and never waited on; returns
+    how many. Called where a training step ends, before its op log is read: with overlapped p2p,
+    megatron-core's interleaved schedule never waits its last forward send, and a transfer logged
+    only when waited would be missing from the capture (its stage's receiver then waits forever in
+    the simulation). The receiver took it long before the step ended, so this does not block."""
+    pending = list(_NOT_WAITED.values())
+    for op in pending:
+        op.wait()
+    return len(pending)
+
+
 class VirtualPeerOp:
     """A transfer with a virtual stage: it completes when the replay engine says, and `wait()` waits.
 
@@ -169,6 +185,7 @@ class VirtualPeerOp:
             self._complete_ns = replay.p2p_completion_ns(
                 transfer.peer, transfer.direction, transfer.size_bytes
             )
+            _NOT_WAITED[id(self)] = self
         self._done = False
 
     def wait(self, *args: Any, **kwargs: Any) -> bool:
@@ -179,6 +196,7 @@ class VirtualPeerOp:
             else:
                 replay.wait_until_ns(self._complete_ns)
                 self._transfer.log(complete=timeline.mark_at(self._complete_ns), has_virtual=True)
+                _NOT_WAITED.pop(id(self), None)
         return True
 
     def is_completed(self) -> bool:
@@ -200,6 +218,7 @@ class RealPeerOp:
         self._data: torch.Tensor | None = transfer.tensor.data
         self._checksums = checksums
         self._key = key
+        _NOT_WAITED[id(self)] = self
 
     def wait(self, *args: Any, **kwargs: Any) -> Any:
         result = self._work.wait(*args, **kwargs)
@@ -209,6 +228,7 @@ class RealPeerOp:
             )
             self._data = None
             self._transfer.log(complete=timeline.mark(), has_virtual=False)
+            _NOT_WAITED.pop(id(self), None)
         return result
 
     def is_completed(self) -> bool:

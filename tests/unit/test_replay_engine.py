@@ -133,6 +133,19 @@ def test_an_op_that_differs_from_the_schedule_raises_from_wait(activate):
         dist.all_reduce(torch.ones(4), group=group, async_op=True).get_future().wait()
 
 
+def test_a_collective_of_another_size_than_scheduled_follows_the_schedule(activate):
+    # MoE dispatch moves what the router chose: the graph holds a collective's median size.
+    activate(mode="replay")
+    group = dist.new_group(list(TP))
+    replay.load_schedule(
+        ReplaySchedule(
+            virtual_rank=SELF, collectives={TP: (ScheduledOp(OpKind.ALL_REDUCE, 16, 0, 0),)}, p2p={}
+        )
+    )
+    replay.mark_iteration_start()
+    dist.all_reduce(torch.ones(64), group=group, async_op=True).wait()  # 256 bytes, not 16
+
+
 def test_a_virtual_peer_arriving_after_the_timeout_raises_instead_of_waiting(activate):
     activate(mode="replay", timeout_s=0.2)
     group = dist.new_group(list(TP))

@@ -23,7 +23,7 @@ from prism_megatron.emulation import watchdog
 from prism_megatron.megatron.job import target
 from prism_megatron.megatron.job.target import ParallelSizes
 from prism_megatron.megatron.run import cpu_share, world
-from prism_megatron.patches import control_flow, cpu_shim, parallel_state, pipeline, registry
+from prism_megatron.patches import control_flow, cpu_shim, parallel_state, pipeline, pipeline_ops, registry
 from prism_megatron.replay import timeline
 
 
@@ -174,7 +174,10 @@ def iteration_begins(runtime: Runtime) -> None:
 
 
 def iteration_ends(runtime: Runtime) -> None:
-    """The training step returned (the emulate pass folds it into the next schedule here)."""
+    """The training step returned (the emulate pass folds it into the next schedule here); every
+    real-peer pipeline transfer of the step is settled first (`pipeline_ops.settle_unwaited`)."""
+    if runtime.world is not None:
+        pipeline_ops.settle_unwaited()
     if runtime.phase is not None:
         runtime.phase.iteration_ends()
 
