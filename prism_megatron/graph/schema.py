@@ -180,12 +180,14 @@ class GraphMetadata:
     ) -> list[str]:
         """How another job differs from this graph's, in words ("tp 4 in the graph, 2 here").
 
-        Every layout field counts; a fact (`facts`, compared with `extra`) only where both know it.
+        Every layout field counts, one only the graph holds too (a field a layout leaves out at its
+        default reads "not set"); a fact (`facts`, compared with `extra`) only where both know it.
         """
+        keys = list(layout) + [key for key in self.layout if key not in layout]
         out = [
-            f"{key} {self.layout.get(key)} in the graph, {value} here"
-            for key, value in layout.items()
-            if self.layout.get(key) != value
+            f"{key} {self.layout.get(key, 'not set')} in the graph, {layout.get(key, 'not set')} here"
+            for key in keys
+            if self.layout.get(key, "not set") != layout.get(key, "not set")
         ]
         for key, value in (facts or {}).items():
             recorded = self.extra.get(key)

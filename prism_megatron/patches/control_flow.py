@@ -59,19 +59,17 @@ def _tied_embedding_fix(original: Callable[..., Any], *, world: VirtualWorld) ->
 
 
 def _overflow_fix(original: Callable[..., Any], *, world: VirtualWorld) -> Callable[..., Any]:
-    def _unscale_main_grads_and_check_for_nan(self) -> bool:
-        found_inf = original(self)
+    def prepare_grads(self) -> bool:
+        found_inf = original(self)  # megatron-core's check, and its one loss-scale update for it
         if not found_inf:
             return False
         if not self.is_stub_optimizer:
-            for grad in self._collect_main_grad_data_for_unscaling():
-                torch.nan_to_num_(grad, nan=0.0, posinf=0.0, neginf=0.0)
-        # The caller records no overflow (update(False)); record the one that was found first, so
-        # the scale backs off as Megatron's dynamic scaler would have.
-        self.grad_scaler.update(True)
+            with torch.no_grad():
+                for grad in self._collect_main_grad_data_for_unscaling():
+                    torch.nan_to_num_(grad, nan=0.0, posinf=0.0, neginf=0.0)
         return False
 
-    return _unscale_main_grads_and_check_for_nan
+    return prepare_grads
 
 
 CORE_FIXES: tuple[Patch, ...] = (
@@ -88,14 +86,14 @@ CORE_FIXES: tuple[Patch, ...] = (
     ),
     Patch(
         name="megatron.fp16_overflow_takes_the_step",
-        target="megatron.core.optimizer.optimizer:MixedPrecisionOptimizer._unscale_main_grads_and_check_for_nan",
+        target="megatron.core.optimizer.optimizer:MixedPrecisionOptimizer.prepare_grads",
         make=_overflow_fix,
         needs=("world",),
         verified_on=EVERY_VERIFIED,
         reason="an fp16 overflow skips the step on the rank that found it, and virtual members answer "
         "its flag with the rank's own, so stages of one job would disagree on the step's collectives; "
         "under emulation the non-finite grads are zeroed, the loss scale backs off and the step is taken",
-        signature="(self)",
+        signature="(self) -> bool",
     ),
 )
 """The megatron-core control-flow fixes (bound to the run's virtual world)."""

@@ -103,6 +103,20 @@ def test_a_graph_of_another_job_is_refused(tmp_path):
     assert layout_kwargs(LAYOUT)["tp"] == 8
 
 
+def test_a_graph_with_mtp_is_refused_for_a_job_without_it_and_the_other_way_round():
+    from prism_megatron.graph.schema import GraphMetadata
+
+    plain = Layout(world_size=64, pp=4, untie_embeddings=True)
+    with_mtp = Layout(world_size=64, pp=4, untie_embeddings=True, mtp=True)
+    assert GraphMetadata(layout=with_mtp.kwargs()).mismatches(plain.kwargs()) == [
+        "mtp True in the graph, not set here"
+    ]
+    assert GraphMetadata(layout=plain.kwargs()).mismatches(with_mtp.kwargs()) == [
+        "mtp not set in the graph, True here"
+    ]
+    assert GraphMetadata(layout=plain.kwargs()).mismatches(plain.kwargs()) == []
+
+
 def _async_iteration(complete_after_start_us: float):
     """One async TP all-reduce issued at 100 us whose peers arrive at 300 us (the schedule's)."""
     from prism_megatron.graph.capture import CapturedIteration

@@ -285,7 +285,7 @@ def parallel_sizes(args: argparse.Namespace) -> ParallelSizes:
         etp=args.expert_tensor_parallel_size,
         order=ORDER_TP_PP_DP if args.use_tp_pp_dp_mapping else ORDER_DEFAULT,
         untie_embeddings=args.untie_embeddings_and_output_weights,
-        mtp=bool(args.mtp_num_layers),
+        mtp=args.mtp_num_layers is not None,  # megatron-core's get_mtp_ranks: set, even 0
     )
 
 

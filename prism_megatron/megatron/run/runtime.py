@@ -168,14 +168,17 @@ def bring_up(runtime: Runtime) -> None:
 
 
 def iteration_begins(runtime: Runtime) -> None:
-    """A training step starts (the entries call it; the pass marks, records and times it)."""
+    """A training step starts (the entries call it; the pass marks, records and times it). Pipeline
+    transfers left unwaited since the last step (an evaluation's) are settled before it records."""
+    if runtime.world is not None:
+        pipeline_ops.settle_unwaited()
     if runtime.phase is not None:
         runtime.phase.iteration_begins()
 
 
 def iteration_ends(runtime: Runtime) -> None:
     """The training step returned (the emulate pass folds it into the next schedule here); every
-    real-peer pipeline transfer of the step is settled first (`pipeline_ops.settle_unwaited`)."""
+    pipeline transfer of the step is settled first (`pipeline_ops.settle_unwaited`)."""
     if runtime.world is not None:
         pipeline_ops.settle_unwaited()
     if runtime.phase is not None:
@@ -184,6 +187,8 @@ def iteration_ends(runtime: Runtime) -> None:
 
 def finish_phase(runtime: Runtime, out: dict[str, Any]) -> None:
     """After training: the pass's files (capture file, op log) and its summary in the results."""
+    if runtime.world is not None:
+        pipeline_ops.settle_unwaited()  # and so release the tensors they hold
     if runtime.phase is not None:
         out["prism_phase"] = runtime.phase.summary()
         runtime.phase.finish()
