@@ -79,9 +79,10 @@ Timing Engine::next_locked(OpSlot& slot, const std::vector<CostLine>* fallback_l
                          timing.op_index < static_cast<int64_t>(slot.ops.size());
   if (scheduled) {
     const ScheduledOp& op = slot.ops[timing.op_index];
-    // A collective's size may follow the data (MoE token dispatch; the graph holds its median, see
-    // graph/capture.py), a point-to-point transfer's may not.
-    const bool size_follows_data = kind != OpKind::kSend && kind != OpKind::kRecv;
+    // The collectives that move routed tokens may change size (MoE token dispatch; the graph holds
+    // their median, see SIZE_FOLLOWS_DATA in graph/capture.py); other ops, p2p included, may not.
+    const bool size_follows_data =
+        kind == OpKind::kAllToAll || kind == OpKind::kAllGather || kind == OpKind::kReduceScatter;
     if (op.kind != kind || (op.size_bytes != size_bytes && !size_follows_data)) {
       std::ostringstream msg;
       msg << "prism replay: the program diverged from the replay schedule at op " << timing.op_index

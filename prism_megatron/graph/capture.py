@@ -318,11 +318,17 @@ def first_difference(a: Mapping[str, Sequence[Op]], b: Mapping[str, Sequence[Op]
     return None
 
 
+SIZE_FOLLOWS_DATA = (OpKind.ALL_TO_ALL, OpKind.ALL_GATHER, OpKind.REDUCE_SCATTER)
+"""The collectives that move routed tokens, and so may change size between iterations (keep in step
+with csrc/replay/engine.cpp)."""
+
+
 def _data_dependent_size(op: Op) -> bool:
     """A collective's size may follow the data: MoE token dispatch moves the tokens the router sent
     to each expert rank (all-to-all; with TP, all-gathers and reduce-scatters of the routed tokens),
-    which change from iteration to iteration. Its kind, group, order and dtype may not."""
-    return op.type == NodeType.COLLECTIVE
+    which change from iteration to iteration. Its kind, group, order and dtype may not, nor may an
+    all-reduce's or a p2p transfer's size."""
+    return op.type == NodeType.COLLECTIVE and op.comm in SIZE_FOLLOWS_DATA
 
 
 def _same_op(x: Op, y: Op) -> bool:

@@ -15,9 +15,10 @@ here, applied only when emulating.
   skips the optimizer step, and every rank of the real job skips it with it (the flag is a MAX over
   the model-parallel group). Emulated, the virtual members of that group answer with this rank's own
   flag, so one stage skips while another steps: the roles' graphs then disagree on the collectives
-  of the step (grad norm, ...) and the job's graph deadlocks. Under emulation no rank skips: the
-  non-finite entries of the unscaled grads are zeroed, the loss scale backs off as it would after
-  the overflow, and the step is taken (the steady state of a job whose scale has settled).
+  of the step (grad norm, ...) and the job's graph deadlocks. So where that group has virtual
+  members, no rank skips: the non-finite entries of the unscaled grads are zeroed, the loss scale
+  backs off as it would after the overflow, and the step is taken (the steady state of a job whose
+  scale has settled). Where every member is real, Megatron's own decision stands.
 """
 
 from __future__ import annotations
@@ -58,11 +59,15 @@ def _tied_embedding_fix(original: Callable[..., Any], *, world: VirtualWorld) ->
     return setup_embeddings_and_output_layer
 
 
+def _group_is_real(group: Any, world: VirtualWorld) -> bool:
+    return all(world.is_real(rank) for rank in dist.get_process_group_ranks(group))
+
+
 def _overflow_fix(original: Callable[..., Any], *, world: VirtualWorld) -> Callable[..., Any]:
     def prepare_grads(self) -> bool:
         found_inf = original(self)  # megatron-core's check, and its one loss-scale update for it
-        if not found_inf:
-            return False
+        if not found_inf or _group_is_real(self.get_grad_stats_parallel_group(), world):
+            return found_inf  # every member's flag was real: Megatron's own decision stands
         if not self.is_stub_optimizer:
             with torch.no_grad():
                 for grad in self._collect_main_grad_data_for_unscaling():
@@ -92,7 +97,8 @@ CORE_FIXES: tuple[Patch, ...] = (
         verified_on=EVERY_VERIFIED,
         reason="an fp16 overflow skips the step on the rank that found it, and virtual members answer "
         "its flag with the rank's own, so stages of one job would disagree on the step's collectives; "
-        "under emulation the non-finite grads are zeroed, the loss scale backs off and the step is taken",
+        "where the model-parallel group has virtual members the non-finite grads are zeroed, the loss "
+        "scale backs off and the step is taken",
         signature="(self) -> bool",
     ),
 )

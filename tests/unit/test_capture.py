@@ -146,7 +146,9 @@ def test_a_collective_may_change_its_size_between_iterations_and_the_graph_takes
         graph = role_graph(_sized(kind, [9999, 4096, 20480, 8192, 4096]), WORLD)
         (op,) = [op for op in graph.streams[COMPUTE_STREAM] if op.comm == kind]
         assert op.size_bytes == 4096  # the lower median of 4096 4096 8192 20480
-    # Another kind, or a point-to-point transfer of another size, is another program.
+    # An all-reduce of another size, another kind, or a p2p transfer of another size: another program.
+    with pytest.raises(ValueError, match=r"issue different ops .*AR tp#0 4KiB.*AR tp#0 8KiB"):
+        role_graph(_sized(OpKind.ALL_REDUCE, [4096, 4096, 8192]), WORLD)
     other = capture(0, [[1, 1], [100, 40]])
     gathered = collective(OpKind.ALL_GATHER, LAYOUT.group("tp", 0), 100, 110)
     with pytest.raises(ValueError, match=r"issue different ops .*AR tp#0.*AG tp#0"):

@@ -11,10 +11,27 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 from megatron.core.optimizer.optimizer import MixedPrecisionOptimizer
 
+from prism_megatron.patches import control_flow
 from prism_megatron.patches.control_flow import _overflow_fix
+
+
+class _World:
+    """Virtual rank 0 real, its model-parallel peer 1 real or virtual."""
+
+    def __init__(self, peer_real: bool) -> None:
+        self.real = {0, 1} if peer_real else {0}
+
+    def is_real(self, rank: int) -> bool:
+        return rank in self.real
+
+
+@pytest.fixture(autouse=True)
+def _model_parallel_group_of_two(monkeypatch):
+    monkeypatch.setattr(control_flow.dist, "get_process_group_ranks", lambda group: [0, 1])
 
 
 class _DynamicScaler:
@@ -62,8 +79,8 @@ class _Optimizer:
         return any(not bool(torch.isfinite(g).all()) for g in self.grads)
 
 
-def _prepare(optimizer: _Optimizer) -> bool:
-    fixed = _overflow_fix(MixedPrecisionOptimizer.prepare_grads, world=None)
+def _prepare(optimizer: _Optimizer, *, peer_real: bool = False) -> bool:
+    fixed = _overflow_fix(MixedPrecisionOptimizer.prepare_grads, world=_World(peer_real))
     return fixed(optimizer)
 
 
@@ -88,3 +105,11 @@ def test_finite_grads_pass_through_untouched_and_the_scaler_counts_a_good_step()
     assert _prepare(optimizer) is False
     assert optimizer.grads[0].tolist() == [1.0, -2.0]
     assert (scaler.scale, scaler.growth_tracker) == (2.0**16, 1)
+
+
+def test_with_every_member_of_the_group_real_megatrons_skip_stands():
+    scaler = _DynamicScaler(2.0**16, growth_interval=1000, hysteresis=1)
+    optimizer = _Optimizer([torch.tensor([1.0, math.inf])], scaler)
+    assert _prepare(optimizer, peer_real=True) is True
+    assert optimizer.grads[0][1].item() == math.inf
+    assert scaler.scale == 2.0**15

@@ -133,17 +133,19 @@ def test_an_op_that_differs_from_the_schedule_raises_from_wait(activate):
         dist.all_reduce(torch.ones(4), group=group, async_op=True).get_future().wait()
 
 
-def test_a_collective_of_another_size_than_scheduled_follows_the_schedule(activate):
-    # MoE dispatch moves what the router chose: the graph holds a collective's median size.
+def test_an_all_gather_of_another_size_than_scheduled_follows_the_schedule_an_all_reduce_does_not(activate):
+    # MoE dispatch gathers what the router chose: the graph holds such a collective's median size.
     activate(mode="replay")
     group = dist.new_group(list(TP))
-    replay.load_schedule(
-        ReplaySchedule(
-            virtual_rank=SELF, collectives={TP: (ScheduledOp(OpKind.ALL_REDUCE, 16, 0, 0),)}, p2p={}
-        )
-    )
+    scheduled = (ScheduledOp(OpKind.ALL_GATHER, 16, 0, 0), ScheduledOp(OpKind.ALL_REDUCE, 16, 0, 0))
+    replay.load_schedule(ReplaySchedule(virtual_rank=SELF, collectives={TP: scheduled}, p2p={}))
     replay.mark_iteration_start()
-    dist.all_reduce(torch.ones(64), group=group, async_op=True).wait()  # 256 bytes, not 16
+    out = torch.empty(64 * len(TP))
+    dist.all_gather_into_tensor(out, torch.ones(64), group=group, async_op=True).wait()  # not 16 bytes
+    with pytest.raises(
+        dist.DistBackendError, match="ALL_REDUCE of 16 bytes, the program issued ALL_REDUCE of 256"
+    ):
+        dist.all_reduce(torch.ones(64), group=group, async_op=True).wait()
 
 
 def test_a_virtual_peer_arriving_after_the_timeout_raises_instead_of_waiting(activate):
