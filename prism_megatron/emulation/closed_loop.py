@@ -55,11 +55,6 @@ WAIT_TOLERANCE_NS = 200_000
 backend's local work and the wake-up after a timed wait take tens of microseconds)."""
 
 
-def layout_kwargs(layout: Layout) -> dict[str, object]:
-    """The layout as the keyword arguments a graph's metadata stores."""
-    return layout.kwargs()
-
-
 def network_cost(cluster: str) -> CostFn:
     """The cost of every communication op on the cluster: a preset name or a cluster spec file (the
     NCCL cost model), or a file of costs measured where the job runs (`network.measured`)."""
@@ -82,7 +77,7 @@ def load_or_build_graph(
     """
     if os.path.isfile(os.path.join(path, files.GRAPH_FILE)) or path.endswith(".json"):
         graph = load_graph(path)
-        mismatches = graph.metadata.mismatches(layout_kwargs(layout))
+        mismatches = graph.metadata.mismatches(layout.kwargs())
         if mismatches:
             raise ValueError(
                 f"--prism-graph {path} was captured for another job: {'; '.join(mismatches)}; "
@@ -95,7 +90,7 @@ def load_or_build_graph(
             f"--prism-graph {path}: neither {files.GRAPH_FILE} nor capture-*.json files are there"
         )
     return build_graph(
-        captures, LayoutWorld(layout), layout_kwargs(layout), extra=extra, classes=load_classes(path)
+        captures, LayoutWorld(layout), layout.kwargs(), extra=extra, classes=load_classes(path)
     )
 
 

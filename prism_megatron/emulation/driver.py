@@ -13,7 +13,7 @@ from typing import Any
 
 from prism_megatron import files
 from prism_megatron.emulation import outputs, processes
-from prism_megatron.emulation.closed_loop import layout_kwargs, load_or_build_graph, network_cost
+from prism_megatron.emulation.closed_loop import load_or_build_graph, network_cost
 from prism_megatron.emulation.launches import Launch, RunFailed, run_launch
 from prism_megatron.emulation.plan import RunPlan
 from prism_megatron.emulation.preflight import graph_facts
@@ -137,7 +137,7 @@ def obtain_graph(plan: RunPlan, progress: Progress, walls: dict[str, float]) -> 
         paths = [files.capture_path(plan.path(files.CAPTURE_DIR), r) for r in plan.slice_ranks]
         try:
             captures = [RankCapture.load(path) for path in paths]
-            graph = build_graph(captures, LayoutWorld(plan.layout), layout_kwargs(plan.layout),
+            graph = build_graph(captures, LayoutWorld(plan.layout), plan.layout.kwargs(),
                                 extra=graph_facts(plan), classes=plan.role_classes)  # fmt: skip
         except (OSError, ValueError) as exc:
             raise RunFailed(f"the captured ops do not make a graph: {exc}") from exc

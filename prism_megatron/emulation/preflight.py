@@ -65,7 +65,7 @@ def check_script(script: str, name: str = "--script") -> None:
 def check_graph(path: str, plan: RunPlan):
     """A reused graph is whole (its digest) and describes this job (its layout and model facts);
     returns it (an `ExecutionGraph`)."""
-    from prism_megatron.emulation.closed_loop import layout_kwargs, load_or_build_graph
+    from prism_megatron.emulation.closed_loop import load_or_build_graph
 
     facts = graph_facts(plan)
     try:
@@ -75,9 +75,7 @@ def check_graph(path: str, plan: RunPlan):
         raise ValueError(
             message if message.startswith("--prism-graph") else f"--prism-graph {path}: {message}"
         ) from None
-    mismatches = graph.metadata.mismatches(
-        layout_kwargs(plan.layout), {key: facts[key] for key in MODEL_FACTS}
-    )
+    mismatches = graph.metadata.mismatches(plan.layout.kwargs(), {key: facts[key] for key in MODEL_FACTS})
     if mismatches:
         raise ValueError(
             f"--prism-graph {path} was captured for another job: {'; '.join(mismatches)}; "

@@ -17,7 +17,6 @@ import shutil
 import pytest
 
 from prism_megatron import cli, launch
-from prism_megatron.emulation.closed_loop import layout_kwargs
 from prism_megatron.graph import save_graph
 from prism_megatron.graph.schema import GraphMetadata
 from prism_megatron.report import Failure, RunReport, TargetJob, write_report
@@ -227,7 +226,7 @@ def data(tmp_path_factory) -> str:
     with open(os.path.join(d, "notjson_graph", "graph.json"), "w", encoding="utf-8") as f:
         f.write("{")
     job_graph = layout_pipeline_graph(JOB_LAYOUT, SPEC)
-    metadata = GraphMetadata(layout=layout_kwargs(JOB_LAYOUT), source="capture", extra={"num_layers": 8})
+    metadata = GraphMetadata(layout=JOB_LAYOUT.kwargs(), source="capture", extra={"num_layers": 8})
     save_graph(dataclasses.replace(job_graph, metadata=metadata), os.path.join(d, "other_model_graph"))
     os.makedirs(os.path.join(d, "empty"))
     files = {

@@ -30,7 +30,6 @@ import statistics
 import pytest
 
 from prism_megatron.emulation import Progress, driver, plan_run
-from prism_megatron.emulation.closed_loop import layout_kwargs
 from prism_megatron.graph import COMPUTE_STREAM, LayoutWorld
 from prism_megatron.graph.capture import RankCapture, build_graph, first_difference
 from prism_megatron.replay import OpKind
@@ -78,7 +77,7 @@ def test_the_simulated_graph_of_a_real_job_predicts_its_measured_iteration_time(
     driver.capture(plan, Progress(quiet=True), {})
     captures = [RankCapture.load(str(tmp_path / "capture" / f"capture-{r:05d}.json")) for r in (0, 1)]
     world = LayoutWorld(plan.layout)
-    graph = build_graph(captures, world, layout_kwargs(plan.layout))
+    graph = build_graph(captures, world, plan.layout.kwargs())
     costs = loopback_costs(captures)
     simulated_s = simulate(graph, world, costs).iteration_time_ns / 1e9
     measured = measured_s([read_json(tmp_path / "capture" / f"rank-{r:05d}.json") for r in (0, 1)])
@@ -144,7 +143,7 @@ def test_a_slice_captured_one_rank_at_a_time_gives_the_same_graph(tmp_path):
         driver.capture(plan, Progress(quiet=True), walls)
         assert len(walls) == 2 // nproc, walls  # one launch per pass
         captures = [RankCapture.load(str(out / "capture" / f"capture-{r:05d}.json")) for r in (0, 1)]
-        graphs[nproc] = build_graph(captures, LayoutWorld(plan.layout), layout_kwargs(plan.layout))
+        graphs[nproc] = build_graph(captures, LayoutWorld(plan.layout), plan.layout.kwargs())
     assert list(graphs[1].roles) == list(graphs[2].roles)
     for role in graphs[1].roles:
         assert first_difference(graphs[1].roles[role].streams, graphs[2].roles[role].streams) is None, role

@@ -10,7 +10,7 @@ import dataclasses
 
 import pytest
 
-from prism_megatron.emulation.closed_loop import ClosedLoop, layout_kwargs, load_or_build_graph
+from prism_megatron.emulation.closed_loop import ClosedLoop, load_or_build_graph
 from prism_megatron.emulation.schedule_index import ScheduleIndex
 from prism_megatron.graph import COMPUTE_STREAM, LayoutWorld, NodeType, save_graph
 from prism_megatron.sim import (
@@ -100,7 +100,7 @@ def test_a_graph_of_another_job_is_refused(tmp_path):
     other = Layout(world_size=8192, tp=4, pp=8)
     with pytest.raises(ValueError, match="captured for another job: tp 8 in the graph, 4 here; etp 8 in"):
         load_or_build_graph(str(tmp_path), other)
-    assert layout_kwargs(LAYOUT)["tp"] == 8
+    assert LAYOUT.kwargs()["tp"] == 8
 
 
 def test_a_graph_with_mtp_is_refused_for_a_job_without_it_and_the_other_way_round():
