@@ -8,7 +8,7 @@ which then runs unmodified. ARGS are the script's Megatron flags plus `--prism-*
 Under srun without torchrun, the SLURM task variables stand in for torchrun's (RANK, WORLD_SIZE,
 LOCAL_RANK); MASTER_ADDR and MASTER_PORT must be set by the job script.
 
-Which pass the processes run is `--prism-phase` (see `prism_megatron.emulation.rank`): `capture`
+Which pass the processes run is `--prism-phase` (see `prism_megatron.passes.rank`): `capture`
 records the ops of the ranks `--prism-ranks` selects into `--prism-out`; `emulate` replays every
 virtual peer from `--prism-graph` (a graph folder, or a folder of capture files that each process
 builds into the same graph) with the closed loop; without either, virtual peers answer at once.
@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 import sys
 
-from prism_megatron.cli import CommandLineError
+from prism_megatron.commands import CommandLineError
 from prism_megatron.config import parse_prism_flags
 
 BUILTIN = "builtin"

@@ -355,7 +355,8 @@ def _virtual_rank_of(config) -> int:
 def _run_sleep(request: Request) -> dict[str, Any]:
     from megatron.core import parallel_state
 
-    from prism_megatron.megatron.run import memory, runtime
+    from prism_megatron.megatron.run import runtime
+    from prism_megatron.passes import memory
 
     sleeps_ns: list[tuple[int, int, int]] = []
     if request.record_sleeps:

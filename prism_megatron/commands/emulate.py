@@ -22,7 +22,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from prism_megatron.cli import CommandLineError
+from prism_megatron.commands import CommandLineError
 from prism_megatron.config import parse_prism_flags
 
 NAME = "emulate"

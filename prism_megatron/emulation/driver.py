@@ -13,7 +13,6 @@ from typing import Any
 
 from prism_megatron import files
 from prism_megatron.emulation import outputs, processes
-from prism_megatron.emulation.closed_loop import load_or_build_graph, network_cost
 from prism_megatron.emulation.launches import Launch, RunFailed, run_launch
 from prism_megatron.emulation.plan import RunPlan
 from prism_megatron.emulation.preflight import graph_facts
@@ -21,6 +20,7 @@ from prism_megatron.emulation.progress import Progress
 from prism_megatron.graph import ExecutionGraph, LayoutWorld, save_graph
 from prism_megatron.graph.capture import RankCapture, build_graph
 from prism_megatron.graph.classes import save_classes
+from prism_megatron.passes.closed_loop import load_or_build_graph, network_cost
 from prism_megatron.report import Failure, RunReport
 
 

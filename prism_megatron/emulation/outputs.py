@@ -16,7 +16,7 @@ from typing import Any
 
 from prism_megatron import files
 from prism_megatron.emulation.plan import RunPlan
-from prism_megatron.emulation.rank import NUM_WARMUP, read_progress
+from prism_megatron.passes.rank import NUM_WARMUP, read_progress
 from prism_megatron.report import (
     Failure,
     ModelShape,

@@ -33,7 +33,7 @@ def check(plan: RunPlan, *, existing_run: bool = False):
 def check_cluster(source: str) -> None:
     """The cluster preset or file (a cluster spec, or costs measured where the job runs), loaded and
     validated whole, as every pass that simulates will read it (`closed_loop.network_cost`)."""
-    from prism_megatron.emulation.closed_loop import network_cost
+    from prism_megatron.passes.closed_loop import network_cost
 
     try:
         network_cost(source)
@@ -65,7 +65,7 @@ def check_script(script: str, name: str = "--script") -> None:
 def check_graph(path: str, plan: RunPlan):
     """A reused graph is whole (its digest) and describes this job (its layout and model facts);
     returns it (an `ExecutionGraph`)."""
-    from prism_megatron.emulation.closed_loop import load_or_build_graph
+    from prism_megatron.passes.closed_loop import load_or_build_graph
 
     facts = graph_facts(plan)
     try:
@@ -86,7 +86,7 @@ def check_graph(path: str, plan: RunPlan):
 
 def graph_facts(plan: RunPlan) -> dict[str, object]:
     """The facts of the job a captured graph records beside its layout (metadata.extra)."""
-    from prism_megatron.emulation.rank import NUM_WARMUP
+    from prism_megatron.passes.rank import NUM_WARMUP
 
     flags = plan.flags
     return {

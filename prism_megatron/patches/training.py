@@ -24,7 +24,8 @@ from typing import Any
 
 import torch
 
-from prism_megatron.megatron.run import memory, runtime
+from prism_megatron.megatron.run import runtime
+from prism_megatron.passes import memory
 from prism_megatron.patches import arguments, last_rank, local_layers
 from prism_megatron.patches.registry import Patch, variants
 from prism_megatron.patches.versions import EVERY_VERIFIED, MEGATRON_CORE_0_16, MEGATRON_CORE_0_19

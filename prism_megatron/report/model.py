@@ -4,7 +4,7 @@ The report renders what the run measured and what the simulator predicted; it co
 its own beyond unit changes (ns to s) and the median the issue defines `iteration_time_s` as. The
 pieces come from where they are made:
 
-* `RankReport.from_pieces`: a real rank's peak memory (`prism_megatron.megatron.run.memory.MemoryReport`
+* `RankReport.from_pieces`: a real rank's peak memory (`prism_megatron.passes.memory.MemoryReport`
   or its `as_dict()`, as the per-rank results file holds it) and its simulated breakdown
   (`prism_megatron.sim.rank_breakdown`);
 * `RoleReport.from_breakdown`: one row of `prism_megatron.sim.breakdown`;

@@ -30,7 +30,8 @@ from prism_megatron.config import PrismConfig
 from prism_megatron.megatron.entry import arguments as pretrain_args
 from prism_megatron.megatron.entry import data, model, training_log
 from prism_megatron.megatron.job import target
-from prism_megatron.megatron.run import collectives, memory, results, runtime, world
+from prism_megatron.megatron.run import collectives, results, runtime
+from prism_megatron.passes import memory, world
 from prism_megatron.patches import catalog
 from prism_megatron.replay import timeline
 

@@ -18,11 +18,11 @@ import torch.distributed as dist
 
 import prism_megatron.topology as topology
 from prism_megatron.config import PrismConfig
-from prism_megatron.emulation import rank as rank_phase
-from prism_megatron.emulation import watchdog
 from prism_megatron.megatron.job import target
 from prism_megatron.megatron.job.target import ParallelSizes
-from prism_megatron.megatron.run import cpu_share, world
+from prism_megatron.megatron.run import cpu_share
+from prism_megatron.passes import rank as rank_phase
+from prism_megatron.passes import watchdog, world
 from prism_megatron.patches import control_flow, cpu_shim, parallel_state, pipeline, pipeline_ops, registry
 from prism_megatron.replay import timeline
 
