@@ -53,13 +53,13 @@ def run_megatron_lm(script_path: str, script_args: list[str]) -> int:
     if config.patches.list_patches:
         print(catalog.table())
         return 0
-    rt = runtime.start(config)
+    rt = runtime.Runtime.start(config)
     try:
         record = script.run_script(script_path, script_args, rt)
         memory_report = record.finish()
         if record.model is not None:
             out = results.collect_megatron_lm(rt=rt, record=record, memory_report=memory_report)
-            runtime.finish_phase(rt, out)
+            rt.finish_phase(out)
             results.write(rt.config, rt.virtual_rank, out)
     finally:
         rt.close()

@@ -113,7 +113,7 @@ def test_a_sleep_model_process_steps_between_the_runtimes_iteration_marks():
         and isinstance(n.func, ast.Attribute)
         and isinstance(n.func.value, ast.Name)
     }
-    assert {"runtime.iteration_begins", "runtime.iteration_ends"} <= calls
+    assert {"rt.iteration_begins", "rt.iteration_ends"} <= calls
     assert "parse_prism_flags(list(request.argv))" in source  # the pass's config is its command line's
 
 
