@@ -23,8 +23,8 @@ import sys
 
 from prism_megatron.commands import CommandLineError
 from prism_megatron.config import parse_prism_flags
+from prism_megatron.emulation.preflight import BUILTIN
 
-BUILTIN = "builtin"
 USAGE = "usage: python -m prism_megatron.launch {builtin | SCRIPT.py} [megatron and --prism-* flags]"
 _SLURM_TO_TORCHRUN = {"RANK": "SLURM_PROCID", "WORLD_SIZE": "SLURM_NTASKS", "LOCAL_RANK": "SLURM_LOCALID"}
 

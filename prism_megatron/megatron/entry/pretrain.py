@@ -161,16 +161,16 @@ def _logger(args: argparse.Namespace, rt: runtime.Runtime) -> training_log.Train
     """Megatron's iteration line on every real rank; the writers on the last real rank (Megatron's
     rank W-1, usually virtual under emulation), and not in the capture pass: its iterations are the
     slice's recording, not the run a user reads in TensorBoard."""
-    from prism_megatron.report.flops import ModelShape, model_flops_per_iteration
+    from prism_megatron.report.flops import model_flops_per_iteration
 
     world_size = dist.get_world_size()
     last_real = max(rt.world.real_ranks) if rt.world else world_size - 1
-    shape = ModelShape.from_args(args)  # args.padded_vocab_size: derived by target.derive
+    job = target.target_job(args, world_size=world_size)  # the job the report counts FLOPs of
     return training_log.TrainingLogger(
         args,
         world_size=world_size,
         writes_scalars=rt.virtual_rank == last_real and getattr(rt.phase, "name", "") != "capture",
-        flops=model_flops_per_iteration(shape, args.global_batch_size),
+        flops=model_flops_per_iteration(job.model, job.global_batch_size),
     )
 
 
