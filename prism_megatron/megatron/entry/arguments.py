@@ -179,12 +179,17 @@ def build_parser() -> argparse.ArgumentParser:
     _moe_args(parser)
     training_log.add_arguments(parser)
     ignored = parser.add_argument_group("accepted and ignored (bookkeeping of a real run)")
+    # Under a name of their own, so that no config built from the args copies them (`core_config`).
     for flag in IGNORED_SWITCHES:
-        ignored.add_argument(flag, action="store_true", help=argparse.SUPPRESS)
+        ignored.add_argument(flag, action="store_true", dest=_ignored(flag), help=argparse.SUPPRESS)
     for flag in IGNORED_VALUED:
-        ignored.add_argument(flag, help=argparse.SUPPRESS)
+        ignored.add_argument(flag, dest=_ignored(flag), help=argparse.SUPPRESS)
     add_prism_arguments(parser)
     return parser
+
+
+def _ignored(flag: str) -> str:
+    return "ignored_" + flag.removeprefix("--").replace("-", "_")
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
