@@ -34,6 +34,11 @@ def _copied(config_class: type, a: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def _one_or_list(value: Any) -> Any:
+    """A one-element list (`nargs="+"`) as its element, as Megatron-LM's `validate_args` leaves it."""
+    return value[0] if isinstance(value, list) and len(value) == 1 else value
+
+
 def transformer_config(a: argparse.Namespace, **overrides: Any) -> TransformerConfig:
     """megatron-core's TransformerConfig of these args (an MLATransformerConfig with
     --multi-latent-attention), `overrides` set last.
@@ -55,8 +60,8 @@ def transformer_config(a: argparse.Namespace, **overrides: Any) -> TransformerCo
         num_layers_in_last_pipeline_stage=a.decoder_last_pipeline_num_layers,
         num_query_groups=a.num_query_groups if a.group_query_attention else None,
         moe_layer_freq=a.moe_layer_freq,
-        moe_router_load_balancing_type=a.moe_router_load_balancing_type,
-        moe_aux_loss_coeff=a.moe_aux_loss_coeff,
+        moe_router_load_balancing_type=_one_or_list(a.moe_router_load_balancing_type),
+        moe_aux_loss_coeff=_one_or_list(a.moe_aux_loss_coeff),
     )
     if len(a.cp_comm_type) == 1:
         kwargs["cp_comm_type"] = a.cp_comm_type[0]

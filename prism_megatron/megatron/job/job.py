@@ -91,10 +91,6 @@ def _derive_model(a: argparse.Namespace) -> None:
     """The plan's own model settings (the shape is the target job's)."""
     if a.recompute_activations:
         a.recompute_granularity = "selective"
-    for name in ("moe_router_load_balancing_type", "moe_aux_loss_coeff"):
-        value = getattr(a, name)
-        if isinstance(value, list) and len(value) == 1:
-            setattr(a, name, value[0])
     if a.add_bias_linear:
         a.add_qkv_bias = True  # arguments.py keeps the two bias switches in sync
 
