@@ -108,6 +108,9 @@ GPU_QUANTITIES = (
     "mamf_bf16_n",
     "mamf_bf16_k",
     "mamf_fp8_flops_per_s",
+    "mamf_fp8_m",
+    "mamf_fp8_n",
+    "mamf_fp8_k",
     "gemm_anchor_ns",
     "gemm_anchor_m",
     "gemm_anchor_n",
@@ -186,6 +189,15 @@ def _hopper(
             source=MAMF_TABLE,
             note=f"FP8 (float8_e4m3fn) row 'NVIDIA {gpu.upper()} SXM'",
         ),
+        f"{gpu}.mamf_fp8_m": Constant(
+            value=1024 if gpu == "h100" else 1280, unit="count", source=MAMF_TABLE, note="best FP8 shape M"
+        ),
+        f"{gpu}.mamf_fp8_n": Constant(
+            value=9216 if gpu == "h100" else 4096, unit="count", source=MAMF_TABLE, note="best FP8 shape N"
+        ),
+        f"{gpu}.mamf_fp8_k": Constant(
+            value=14336 if gpu == "h100" else 12032, unit="count", source=MAMF_TABLE, note="best FP8 shape K"
+        ),
         f"{gpu}.gemm_anchor_ns": Constant(
             value=2 * 256 * 512 * 256 / 11459846994535 * 1e9,
             unit="ns",
@@ -239,6 +251,9 @@ def _a100() -> dict[str, Constant]:
         "a100.mamf_bf16_n": Constant(value=10240, unit="count", source=MAMF_TABLE, note="best shape N"),
         "a100.mamf_bf16_k": Constant(value=5120, unit="count", source=MAMF_TABLE, note="best shape K"),
         "a100.mamf_fp8_flops_per_s": Constant(value=0, unit="FLOP/s", source=A100_DATASHEET, note="no FP8"),
+        "a100.mamf_fp8_m": Constant(value=0, unit="count", source=A100_DATASHEET, note="no FP8"),
+        "a100.mamf_fp8_n": Constant(value=0, unit="count", source=A100_DATASHEET, note="no FP8"),
+        "a100.mamf_fp8_k": Constant(value=0, unit="count", source=A100_DATASHEET, note="no FP8"),
         "a100.gemm_anchor_ns": Constant(
             value=0,
             unit="ns",
@@ -325,6 +340,9 @@ def _b200() -> dict[str, Constant]:
         "b200.mamf_fp8_flops_per_s": Constant(
             value=3432.5e12, unit="FLOP/s", source=MAMF_TABLE, note="FP8 row 'NVIDIA B200 SXM'"
         ),
+        "b200.mamf_fp8_m": Constant(value=15360, unit="count", source=MAMF_TABLE, note="best FP8 shape M"),
+        "b200.mamf_fp8_n": Constant(value=4096, unit="count", source=MAMF_TABLE, note="best FP8 shape N"),
+        "b200.mamf_fp8_k": Constant(value=3072, unit="count", source=MAMF_TABLE, note="best FP8 shape K"),
         "b200.gemm_anchor_ns": Constant(
             value=2 * 256 * 256 * 256 / 6765006451612 * 1e9,
             unit="ns",

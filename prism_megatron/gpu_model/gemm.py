@@ -21,8 +21,8 @@ are solved so that the formula reproduces three published kernel measurements (c
 MAMF (best measured matmul throughput) at the shape it was measured at, a large short-k GEMM and the
 smallest GEMM of OpenXLA's measured table. FP16 runs at the BF16 rate;
 FP32 is charged at TF32 (BF16 rate x TF32/BF16 peak), an assumption: it holds where TF32 matmuls
-are allowed, and Megatron's FP32 work is mostly memory-bound anyway; FP8 at the measured FP8 MAMF
-over the BF16 one.
+are allowed, and Megatron's FP32 work is mostly memory-bound anyway; FP8's r_sm is solved from the
+FP8 MAMF at its own shape.
 """
 
 from __future__ import annotations
@@ -146,6 +146,18 @@ def calibration(gpu: GpuSpec) -> GemmCalibration:
     return GemmCalibration(bf16_flops_per_sm_s=1e9 / inv_rate, k_overhead=k0, fixed_ns=fixed)
 
 
+@functools.cache
+def fp8_rate_scale(gpu: GpuSpec) -> float:
+    """r_sm of FP8 over r_sm of BF16: FP8's r_sm is solved, like BF16's, so that the formula (with
+    the same fixed cost and k0) reproduces the FP8 MAMF at the shape it was measured at."""
+    cal = calibration(gpu)
+    shape = (gpu.mamf_fp8_m, gpu.mamf_fp8_n, gpu.mamf_fp8_k)
+    t_ns = 2 * math.prod(shape) / gpu.mamf_fp8_flops_per_s * 1e9 - cal.fixed_ns
+    c_k, c = _work(gpu, *shape)
+    fp8_rate = (c_k + c * cal.k_overhead) / t_ns * 1e9
+    return fp8_rate / cal.bf16_flops_per_sm_s
+
+
 def dtype_rate_scale(gpu: GpuSpec, dtype: torch.dtype) -> float:
     """Throughput of `dtype` relative to BF16 on `gpu`.
 
@@ -157,7 +169,7 @@ def dtype_rate_scale(gpu: GpuSpec, dtype: torch.dtype) -> float:
             raise ValueError(
                 f"{gpu.display_name} has no FP8 tensor cores: an FP8 GEMM cannot be modelled on it"
             )
-        return gpu.mamf_fp8_flops_per_s / gpu.mamf_bf16_flops_per_s
+        return fp8_rate_scale(gpu)
     if dtype in (torch.float32, torch.float64):
         return gpu.tf32_flops_per_s / gpu.bf16_flops_per_s
     return gpu.fp16_flops_per_s / gpu.bf16_flops_per_s if dtype == torch.float16 else 1.0

@@ -43,7 +43,10 @@ class GpuSpec:
     mamf_bf16_n: int
     mamf_bf16_k: int
     mamf_fp8_flops_per_s: float
-    """Best measured FP8 matmul throughput; 0 where the GPU has no FP8."""
+    """Best measured FP8 matmul throughput and its shape; 0 where the GPU has no FP8."""
+    mamf_fp8_m: int
+    mamf_fp8_n: int
+    mamf_fp8_k: int
     gemm_anchor_ns: float
     """Measured time of a small GEMM (shape below): fixes the per-tile prologue and epilogue."""
     gemm_anchor_m: int
@@ -82,9 +85,11 @@ class GpuSpec:
         return self.hbm_bytes_per_s * self.hbm_efficiency
 
 
-_INTEGER_FIELDS = {"num_sms", "mamf_bf16_m", "mamf_bf16_n", "mamf_bf16_k"} | {
-    f"gemm_{a}_{d}" for a in ("anchor", "short_k") for d in "mnk"
-}
+_INTEGER_FIELDS = (
+    {"num_sms"}
+    | {f"mamf_{t}_{d}" for t in ("bf16", "fp8") for d in "mnk"}
+    | {f"gemm_{a}_{d}" for a in ("anchor", "short_k") for d in "mnk"}
+)
 
 
 @functools.cache
