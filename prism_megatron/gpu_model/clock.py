@@ -48,6 +48,7 @@ class ModelledClock:
         by_kind_ns: `now_ns` split by kind ("gemm", "attention", "memory", "launch", "none" and any
             kind a caller passes to `advance`); its values always sum to `now_ns`.
         num_ops: ops charged (those of kind "none" included).
+        flops: FLOPs of the charged ops by torch's count (ops.py), for TFLOP/s and MFU.
     """
 
     def __init__(self, gpu: GpuSpec | str) -> None:
@@ -55,6 +56,7 @@ class ModelledClock:
         self.now_ns = 0
         self.by_kind_ns: dict[str, int] = dict.fromkeys(KINDS, 0)
         self.num_ops = 0
+        self.flops = 0
 
     def charge(self, func, args, kwargs, out) -> OpTime:
         """Time `func(*args, **kwargs) -> out` on the GPU and advance the clock by it."""
@@ -69,6 +71,7 @@ class ModelledClock:
         if timed is None:
             timed = _CACHE[key] = op_time(self.gpu, func, args, kwargs or {}, out)
         self.now_ns += timed.time_ns
+        self.flops += timed.flops
         self.by_kind_ns[timed.kind] = self.by_kind_ns.get(timed.kind, 0) + timed.time_ns
         return timed
 

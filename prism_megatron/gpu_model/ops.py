@@ -136,6 +136,8 @@ def classify(func) -> str:
 
 def accessed_bytes(t: torch.Tensor) -> int:
     """Bytes a kernel touches reading or writing `t` once: broadcast (stride-0) dims count once."""
+    if t.layout != torch.strided:  # sparse or nested: no strides to read, count every element
+        return int(t.numel()) * t.element_size()
     elements = 1
     for size, stride in zip(t.shape, t.stride(), strict=True):
         if stride != 0:

@@ -284,6 +284,23 @@ def test_modelled_timing_charges_a_forward_and_backward():
         clock.advance(-1, "memory")
 
 
+def test_a_runs_flops_are_torchs_count():
+    """Over a whole forward, backward and optimizer step (no attention: torch's counter has no
+    formula for the CPU flash op), the clock's FLOPs equal FlopCounterMode's."""
+    clock = ModelledClock("h100")
+    counter = FlopCounterMode(display=False)
+    with FakeTensorMode():
+        model = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.GELU(), torch.nn.Linear(1024, 256))
+        optimizer = torch.optim.AdamW(model.parameters())
+        x = torch.randn(4, 128, 256)
+        with counter, ModelledTiming(clock):
+            model(x).float().pow(2).mean().backward()
+            optimizer.step()
+    # Five GEMMs of 2 * 512 * 256 * 1024: two forward, and backward the second layer's input and
+    # weight gradients and the first layer's weight gradient (x needs none).
+    assert clock.flops == counter.get_total_flops() == 5 * 2 * 512 * 256 * 1024
+
+
 def test_two_runs_are_identical():
     first, second = charge_a_training_step(), charge_a_training_step()
     assert (first.now_ns, first.by_kind_ns, first.num_ops) == (
