@@ -181,21 +181,7 @@ def _gemm_op(gpu: GpuSpec, func, args, kwargs, out) -> OpTime:
     a, b = (args[1], args[2]) if packet in (aten.addmm, aten.baddbmm) else (args[0], args[1])
     dtype = a.dtype
     if packet is getattr(aten, "_grouped_mm", None):
-        # (total_m, k) x (groups, k, n) with offsets, or batched 3-D x 3-D: charged as `groups`
-        # equal GEMMs of the average size (routing balanced).
-        groups = b.shape[0] if b.dim() == 3 else 1
-        k, n = b.shape[-2], b.shape[-1]
-        m_total = a.shape[0] * (a.shape[1] if a.dim() == 3 else 1)
-        m = math.ceil(m_total / groups)
-        flops = 2 * m_total * n * k
-        time_ns = gemm_time(gpu, m, n, k, dtype, batch=groups)
-        size = a.element_size()
-        return OpTime(
-            kind="gemm",
-            time_ns=time_ns,
-            flops=flops,
-            bytes=(m_total * k + groups * k * n + m_total * n) * size,
-        )
+        return _grouped_gemm_op(gpu, a, b, args)
     batch = a.shape[0] if a.dim() == 3 else 1
     m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
     time_ns = gemm_time(gpu, int(m), int(n), int(k), dtype, batch=int(batch))
@@ -205,6 +191,32 @@ def _gemm_op(gpu: GpuSpec, func, args, kwargs, out) -> OpTime:
         time_ns=time_ns,
         flops=_torch_flops(func, args, kwargs, out),
         bytes=(m * k + k * n + m * n) * batch * size,
+    )
+
+
+def _grouped_gemm_op(gpu: GpuSpec, a: torch.Tensor, b: torch.Tensor, args) -> OpTime:
+    """torch._grouped_mm, charged as `groups` equal GEMMs of the average size (routing balanced):
+
+    (M_total, K) x (G, K, N) with offsets over M (MoE forward, data gradient); (G, M, K) x (G, K, N)
+    (batched); (M, K_total) x (K_total, N) with offsets over K (MoE weight gradient: G outputs).
+    """
+    offsets = args[2] if len(args) > 2 else None
+    if a.dim() == 2 and b.dim() == 3:
+        groups, (m_total, k), n = b.shape[0], a.shape, b.shape[-1]
+    elif a.dim() == 3:
+        groups, m_total, k, n = a.shape[0], a.shape[0] * a.shape[1], a.shape[2], b.shape[-1]
+    else:
+        groups = offsets.shape[0] if offsets is not None else 1
+        m_total, n = a.shape[0] * groups, b.shape[1]
+        k = math.ceil(a.shape[1] / groups)
+    groups, m_total, k, n = int(groups), int(m_total), int(k), int(n)
+    m = math.ceil(m_total / groups)
+    size = a.element_size()
+    return OpTime(
+        kind="gemm",
+        time_ns=gemm_time(gpu, m, n, k, a.dtype, batch=groups),
+        flops=2 * m * n * k * groups,
+        bytes=(m_total * k + groups * k * n + m_total * n) * size,
     )
 
 

@@ -92,6 +92,26 @@ def test_attention_flops_equal_torchs_counter(causal):
     assert backward.time_ns > forward.time_ns
 
 
+@pytest.mark.parametrize(
+    ("shapes", "mnk"),
+    [
+        (((1024, 512), (8, 512, 256), (8,)), (128, 256, 512)),
+        (((8, 128, 512), (8, 512, 256), None), (128, 256, 512)),
+        (((512, 1024), (1024, 256), (8,)), (512, 256, 128)),
+    ],
+    ids=["2d-3d", "3d-3d", "2d-2d"],
+)
+def test_grouped_gemm_is_eight_equal_gemms(shapes, mnk):
+    """torch's counter has no formula for _grouped_mm: 8 equal GEMMs (tokens split evenly over the
+    groups; in the weight-gradient layout 2d-2d the offsets split k)."""
+    a, b, offsets = shapes
+    args = (meta(*a), meta(*b)) + ((meta(*offsets, dtype=torch.int32),) if offsets else ())
+    out = aten._grouped_mm.default(*args)
+    timed = op_time(H100, aten._grouped_mm.default, args, {}, out)
+    assert timed.kind == "gemm" and timed.flops == 8 * 2 * 128 * 512 * 256
+    assert timed.time_ns == gemm_time(H100, *mnk, BF16, batch=8)
+
+
 def test_the_cpu_flash_op_is_attention_with_gqa_and_causal_read_from_its_arguments():
     """The ops a CPU run dispatches: torch's registry lacks them, so their FLOPs are torch's SDPA
     formula; causal about halves the time (with enough blocks to fill the SMs many times over: with
