@@ -166,7 +166,7 @@ def _curve(direction, causal, head_dim, values, source, anchors=()):
 
 ATTENTION_FIGURES: list[AttentionFigure] = [
     *_curve("fwd", False, 128, (467, 565, 625, 638, 646, 648), FA3_FWD, anchors=(512, 16384)),
-    *_curve("fwd", True, 128, (292, 423, 521, 579, 602, 616), FA3_FWD),
+    *_curve("fwd", True, 128, (292, 423, 521, 579, 602, 616), FA3_FWD, anchors=(16384,)),
     *_curve("bwd", False, 128, (316, 424, 501, 542, 559, 561), FA3_BWD, anchors=(512, 16384)),
     *_curve("bwd", False, 64, (272, 363, 422, 453, 472, 474), FA3_BWD, anchors=(16384,)),
     AttentionFigure(

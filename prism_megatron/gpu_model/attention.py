@@ -17,7 +17,8 @@ SM. GQA changes neither: the kernels run one block per query head and read share
 
 tau and o are not chosen: they are solved, per direction, so that the formula reproduces the
 published FlashAttention-3 throughput at sequence 16k and at 512 (constants.py; the paper's shapes:
-batch * seq = 16k, 16 heads of 128, non-causal). Head dims other than 128 scale tau by the published
+batch * seq = 16k, 16 heads of 128, non-causal). A causal step costs a factor more (masking,
+imbalance), solved from the causal forward at 16k and assumed for the backward. Head dims other than 128 scale tau by the published
 head-dim-64 / head-dim-128 backward ratio, interpolated in log2(head dim) and held constant above
 128; the forward pass is assumed to scale like the backward one. FP8 attention is charged at the BF16
 rate (an assumption on the slow side). Everything else about the causal mask, short sequences and
@@ -130,6 +131,24 @@ def calibration(gpu: GpuSpec, *, backward: bool) -> AttentionCalibration:
     return AttentionCalibration(step_ns=step_ns, block_overhead_steps=overhead)
 
 
+@functools.cache
+def causal_scale(gpu: GpuSpec) -> float:
+    """Step time with the causal mask over step time without it.
+
+    Block counting alone gives causal attention the non-causal efficiency (slightly more, as the
+    unequal blocks schedule without whole waves), but the kernels lose some to masking the diagonal
+    blocks and to their imbalance. The factor is solved so that the causal forward at the paper's
+    16k shape reproduces its published throughput; the backward is assumed to lose the same.
+    """
+    cal = calibration(gpu, backward=False)
+    batch = PAPER_TOKENS // LONG_SEQ
+    steps = _steps(LONG_SEQ, LONG_SEQ, True, backward=False)
+    busiest = _schedule_steps(steps, batch * PAPER_HEADS, cal.block_overhead_steps, gpu.num_sms)
+    flops = 4 * PAPER_TOKENS * LONG_SEQ * PAPER_HEADS * PAPER_HEAD_DIM / 2
+    published_ns = flops / gpu.attention_fwd_causal_flops_per_s * 1e9
+    return (published_ns - gpu.launch_ns) / (busiest * cal.step_ns)
+
+
 def head_dim_scale(gpu: GpuSpec, head_dim: int) -> float:
     """Time of one inner step at `head_dim` relative to head dim 128 (the FLOPs and the efficiency)."""
     d = max(1, head_dim)
@@ -173,4 +192,5 @@ def attention_time(
     else:
         steps = _steps(seq_kv, seq_q, causal, backward=True)
     busiest = _schedule_steps(steps, batch * num_heads, cal.block_overhead_steps, gpu.num_sms)
-    return round(gpu.launch_ns + busiest * cal.step_ns * head_dim_scale(gpu, head_dim))
+    scale = head_dim_scale(gpu, head_dim) * (causal_scale(gpu) if causal else 1.0)
+    return round(gpu.launch_ns + busiest * cal.step_ns * scale)

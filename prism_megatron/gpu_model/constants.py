@@ -81,6 +81,10 @@ FA3_FWD = (
     "J. Shah et al., FlashAttention-3 (arXiv:2407.08608), Fig. 5 'Attention forward speed, head dim "
     "128 (H100 80GB SXM5)', BF16, batch x seqlen = 16k, hidden 2048, FlashAttention-3 bars"
 )
+FA3_FWD_CAUSAL = (
+    "J. Shah et al., FlashAttention-3 (arXiv:2407.08608), Fig. 5, causal panel 'Attention forward speed, "
+    "head dim 128 (H100 80GB SXM5)', BF16, FlashAttention-3 bars"
+)
 FA3_BWD = (
     "J. Shah et al., FlashAttention-3 (arXiv:2407.08608), Fig. 6 'Attention backward speed, head dim "
     "128 (H100 80GB SXM5)', BF16, batch x seqlen = 16k, hidden 2048, FlashAttention-3 bars"
@@ -121,6 +125,7 @@ GPU_QUANTITIES = (
     "gemm_short_k_k",
     "attention_fwd_flops_per_s",
     "attention_fwd_short_flops_per_s",
+    "attention_fwd_causal_flops_per_s",
     "attention_bwd_flops_per_s",
     "attention_bwd_short_flops_per_s",
     "attention_bwd_d64_flops_per_s",
@@ -140,6 +145,12 @@ def _hopper_attention(gpu: str) -> dict[str, Constant]:
         ),
         f"{gpu}.attention_fwd_short_flops_per_s": Constant(
             value=467e12, unit="FLOP/s", source=FA3_FWD, note=f"non-causal, seqlen 512. {carried}"
+        ),
+        f"{gpu}.attention_fwd_causal_flops_per_s": Constant(
+            value=616e12,
+            unit="FLOP/s",
+            source=FA3_FWD_CAUSAL,
+            note=f"causal, seqlen 16k (FLOPs counted halved for the mask). {carried}",
         ),
         f"{gpu}.attention_bwd_flops_per_s": Constant(
             value=561e12, unit="FLOP/s", source=FA3_BWD, note=f"seqlen 16k. {carried}"
@@ -282,6 +293,12 @@ def _a100() -> dict[str, Constant]:
             note="no per-sequence figure in text form: FlashAttention-3's 512/16k ratio (467/648) is "
             "assumed for FlashAttention-2 on A100",
         ),
+        "a100.attention_fwd_causal_flops_per_s": Constant(
+            value=0.73 * peak * 616 / 648,
+            unit="FLOP/s",
+            source=f"{FA2_PAPER}; {FA3_FWD_CAUSAL}",
+            note="FlashAttention-3's causal/non-causal ratio at 16k (616/648) assumed for A100",
+        ),
         "a100.attention_bwd_flops_per_s": Constant(
             value=0.63 * peak, unit="FLOP/s", source=FA2_PAPER, note="63 % of 312 TFLOP/s, long sequences"
         ),
@@ -366,6 +383,9 @@ def _b200() -> dict[str, Constant]:
         ),
         "b200.attention_fwd_short_flops_per_s": Constant(
             value=peak * 467 / 989.4, unit="FLOP/s", source=FA3_FWD, note=ratio
+        ),
+        "b200.attention_fwd_causal_flops_per_s": Constant(
+            value=peak * 616 / 989.4, unit="FLOP/s", source=FA3_FWD_CAUSAL, note=ratio
         ),
         "b200.attention_bwd_flops_per_s": Constant(
             value=peak * 561 / 989.4, unit="FLOP/s", source=FA3_BWD, note=ratio

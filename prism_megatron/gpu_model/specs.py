@@ -61,6 +61,8 @@ class GpuSpec:
     """Flash-attention forward throughput, head dim 128, non-causal, long sequence (16k)."""
     attention_fwd_short_flops_per_s: float
     """The same at sequence 512 (batch 32): fixes the per-block overhead."""
+    attention_fwd_causal_flops_per_s: float
+    """The forward at sequence 16k with the causal mask (FLOPs halved): the mask's own cost."""
     attention_bwd_flops_per_s: float
     """Flash-attention backward throughput, head dim 128, sequence 16k."""
     attention_bwd_short_flops_per_s: float

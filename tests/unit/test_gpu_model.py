@@ -252,6 +252,12 @@ def test_the_calibration_reproduces_its_anchors():
             )
             flops = 4 * 16384 * 16384 * 16 * 128 * (2.5 if backward else 1)
             assert flops / ns * 1e9 == pytest.approx(long_rate, rel=1e-3)
+        ns = attention_time(
+            spec, batch=1, num_heads=16, num_kv_heads=16, seq_q=16384, seq_kv=16384, head_dim=128, causal=True
+        )
+        assert 4 * 16384 * 16384 * 16 * 128 / 2 / ns * 1e9 == pytest.approx(
+            spec.attention_fwd_causal_flops_per_s, rel=1e-3
+        )
     assert gemm_module.calibration(H100).k_overhead > 0
     assert attention_module.calibration(H100, backward=True).block_overhead_steps > 0
 
