@@ -8,8 +8,8 @@ The kinds:
   backward, on any backend (CUDA flash, memory-efficient, cuDNN, and the CPU flash op the program runs
   on a CPU), all charged as flash attention (attention.py); causal is read from the op's `is_causal`
   argument, GQA from the key's head count.
-- "memory": every other op that writes a tensor: bytes read and written over the achievable HBM
-  bandwidth plus the launch cost (norms, activations, softmax, rotary, dropout, casts, copies, the
+- "memory": every other op that writes a tensor (as its result or in place through an argument):
+  bytes read and written over the achievable HBM bandwidth plus the launch cost (norms, activations, softmax, rotary, dropout, casts, copies, the
   optimizer's foreach ops ...). Accessed bytes count a broadcast (stride-0) dimension once.
 - "launch": a memory op so small that the launch cost is more than its traffic: its time is the
   launch cost and it is reported apart, as launch overhead.
@@ -163,8 +163,19 @@ def _torch_flops(func, args, kwargs, out) -> int:
     return int(formula(*args, **kwargs, out_val=out))
 
 
+def _mutated(func, args, kwargs) -> list[torch.Tensor]:
+    """Tensors an op writes in place through its arguments (schema `Tensor(a!)`), for ops such as
+    the in-place foreach ops whose result is empty."""
+    written = []
+    for i, argument in enumerate(func._schema.arguments):
+        if argument.alias_info is not None and argument.alias_info.is_write:
+            value = kwargs.get(argument.name) if argument.kwarg_only or i >= len(args) else args[i]
+            written += _tensors(value)
+    return written
+
+
 def _memory_op(gpu: GpuSpec, func, args, kwargs, out) -> OpTime:
-    outs = list(_tensors(out))
+    outs = list(_tensors(out)) or _mutated(func, args, kwargs)
     if not outs:
         return NONE
     inputs = list(_tensors(args)) + list(_tensors(kwargs))
@@ -269,8 +280,21 @@ def op_time(gpu: GpuSpec, func, args, kwargs, out) -> OpTime:
     Args:
         func: an aten OpOverload, as a TorchDispatchMode receives it.
         args, kwargs, out: its arguments and result; tensors may be fake or meta.
+
+    Raises:
+        RuntimeError: the op's arguments do not fit its kind's formula; names the op and the shapes.
     """
     kwargs = kwargs or {}
+    try:
+        return _op_time(gpu, func, args, kwargs, out)
+    except (IndexError, ValueError, TypeError, AttributeError) as error:
+        shapes = [tuple(t.shape) for t in _tensors(args)]
+        raise RuntimeError(
+            f"GPU model: cannot time {func} with tensor arguments of shapes {shapes}: {error}"
+        ) from error
+
+
+def _op_time(gpu: GpuSpec, func, args, kwargs, out) -> OpTime:
     kind = classify(func)
     if kind == "none":
         return NONE

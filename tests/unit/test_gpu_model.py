@@ -156,6 +156,21 @@ def test_views_metadata_and_collectives_cost_nothing_tiny_ops_are_launch():
     )
 
 
+def test_in_place_foreach_ops_are_charged_for_what_they_write():
+    """_foreach_add_ returns nothing: its written list (self) still counts, read and written."""
+    params = [meta(1024, 1024, dtype=torch.float32) for _ in range(3)]
+    grads = [meta(1024, 1024, dtype=torch.float32) for _ in range(3)]
+    timed = op_time(H100, aten._foreach_add_.List, (params, grads), {}, None)
+    assert timed.kind == "memory" and timed.bytes == 3 * 3 * 1024 * 1024 * 4
+
+
+def test_an_op_that_does_not_fit_its_formula_is_named():
+    with pytest.raises(
+        RuntimeError, match=r"cannot time aten.mm.default with tensor arguments of shapes \[\(8,\)"
+    ):
+        op_time(H100, aten.mm.default, (meta(8),), {}, None)
+
+
 @pytest.mark.parametrize("gpu", GPU_NAMES)
 def test_gemm_time_grows_with_every_dimension(gpu):
     spec = gpu_spec(gpu)
