@@ -167,6 +167,8 @@ def _curve(direction, causal, head_dim, values, source, anchors=()):
 ATTENTION_FIGURES: list[AttentionFigure] = [
     *_curve("fwd", False, 128, (467, 565, 625, 638, 646, 648), FA3_FWD, anchors=(512, 16384)),
     *_curve("fwd", True, 128, (292, 423, 521, 579, 602, 616), FA3_FWD, anchors=(16384,)),
+    *_curve("fwd", False, 64, (333, 392, 460, 476, 496, 497), FA3_FWD, anchors=(16384,)),
+    *_curve("fwd", True, 64, (197, 265, 371, 420, 460, 473), FA3_FWD),
     *_curve("bwd", False, 128, (316, 424, 501, 542, 559, 561), FA3_BWD, anchors=(512, 16384)),
     *_curve("bwd", False, 64, (272, 363, 422, 453, 472, 474), FA3_BWD, anchors=(16384,)),
     AttentionFigure(
@@ -190,6 +192,7 @@ ATTENTION_FIGURES: list[AttentionFigure] = [
         anchor=True,
     ),
 ]
-"""FA3 Fig. 5's panels carry no causal label in the text extraction used here; the panel with the
-standard-attention bars at 26-35 TFLOP/s (masked work wasted) is read as the causal one. The
+"""FA3 Fig. 5's panels carry no causal label in the text extraction used here; of the two panels per
+head dim, the one whose standard-attention bars are the lower (masked work wasted: 26-35 against
+74-139 TFLOP/s at head dim 128, 16-18 against 52-73 at 64) is read as the causal one. The
 non-causal 512 value is 467 for FlashAttention-3 (cuDNN 497), read from the panel's bar labels."""

@@ -19,8 +19,8 @@ tau and o are not chosen: they are solved, per direction, so that the formula re
 published FlashAttention-3 throughput at sequence 16k and at 512 (constants.py; the paper's shapes:
 batch * seq = 16k, 16 heads of 128, non-causal). A causal step costs a factor more (masking,
 imbalance), solved from the causal forward at 16k and assumed for the backward. Head dims other than 128 scale tau by the published
-head-dim-64 / head-dim-128 backward ratio, interpolated in log2(head dim) and held constant above
-128; the forward pass is assumed to scale like the backward one. FP8 attention is charged at the BF16
+head-dim-64 / head-dim-128 throughput ratio (forward and backward each its own), interpolated in
+log2(head dim) and held constant above 128. FP8 attention is charged at the BF16
 rate (an assumption on the slow side). Everything else about the causal mask, short sequences and
 wave quantisation follows from the block count, and benchmarks/published/kernels.py checks it
 against the paper's causal and other-sequence figures that were not used here.
@@ -149,11 +149,14 @@ def causal_scale(gpu: GpuSpec) -> float:
     return (published_ns - gpu.launch_ns) / (busiest * cal.step_ns)
 
 
-def head_dim_scale(gpu: GpuSpec, head_dim: int) -> float:
+def head_dim_scale(gpu: GpuSpec, head_dim: int, *, backward: bool) -> float:
     """Time of one inner step at `head_dim` relative to head dim 128 (the FLOPs and the efficiency)."""
     d = max(1, head_dim)
     flop_ratio = d / PAPER_HEAD_DIM
-    efficiency_64 = gpu.attention_bwd_d64_flops_per_s / gpu.attention_bwd_flops_per_s
+    if backward:
+        efficiency_64 = gpu.attention_bwd_d64_flops_per_s / gpu.attention_bwd_flops_per_s
+    else:
+        efficiency_64 = gpu.attention_fwd_d64_flops_per_s / gpu.attention_fwd_flops_per_s
     position = min(1.0, max(0.0, math.log2(d / 64)))  # 0 at d <= 64, 1 at d >= 128
     efficiency = efficiency_64 + (1.0 - efficiency_64) * position
     if d < 64:
@@ -192,5 +195,5 @@ def attention_time(
     else:
         steps = _steps(seq_kv, seq_q, causal, backward=True)
     busiest = _schedule_steps(steps, batch * num_heads, cal.block_overhead_steps, gpu.num_sms)
-    scale = head_dim_scale(gpu, head_dim) * (causal_scale(gpu) if causal else 1.0)
+    scale = head_dim_scale(gpu, head_dim, backward=backward) * (causal_scale(gpu) if causal else 1.0)
     return round(gpu.launch_ns + busiest * cal.step_ns * scale)

@@ -89,6 +89,10 @@ FA3_BWD = (
     "J. Shah et al., FlashAttention-3 (arXiv:2407.08608), Fig. 6 'Attention backward speed, head dim "
     "128 (H100 80GB SXM5)', BF16, batch x seqlen = 16k, hidden 2048, FlashAttention-3 bars"
 )
+FA3_FWD_64 = (
+    "J. Shah et al., FlashAttention-3 (arXiv:2407.08608), Fig. 5 'Attention forward speed, head dim "
+    "64 (H100 80GB SXM5)', BF16, non-causal panel, FlashAttention-3 bars"
+)
 FA3_BWD_64 = (
     "J. Shah et al., FlashAttention-3 (arXiv:2407.08608), Fig. 6 'Attention backward speed, head dim "
     "64 (H100 80GB SXM5)', FlashAttention-3 bars"
@@ -128,6 +132,7 @@ GPU_QUANTITIES = (
     "attention_fwd_causal_flops_per_s",
     "attention_bwd_flops_per_s",
     "attention_bwd_short_flops_per_s",
+    "attention_fwd_d64_flops_per_s",
     "attention_bwd_d64_flops_per_s",
     "hbm_efficiency",
     "launch_ns",
@@ -157,6 +162,9 @@ def _hopper_attention(gpu: str) -> dict[str, Constant]:
         ),
         f"{gpu}.attention_bwd_short_flops_per_s": Constant(
             value=316e12, unit="FLOP/s", source=FA3_BWD, note=f"seqlen 512. {carried}"
+        ),
+        f"{gpu}.attention_fwd_d64_flops_per_s": Constant(
+            value=497e12, unit="FLOP/s", source=FA3_FWD_64, note=f"non-causal, seqlen 16k. {carried}"
         ),
         f"{gpu}.attention_bwd_d64_flops_per_s": Constant(
             value=474e12, unit="FLOP/s", source=FA3_BWD_64, note=f"seqlen 16k. {carried}"
@@ -308,6 +316,12 @@ def _a100() -> dict[str, Constant]:
             source=f"{FA2_PAPER}; {FA3_BWD}",
             note="FlashAttention-3's backward 512/16k ratio (316/561) assumed for A100",
         ),
+        "a100.attention_fwd_d64_flops_per_s": Constant(
+            value=0.73 * peak * 497 / 648,
+            unit="FLOP/s",
+            source=f"{FA2_PAPER}; {FA3_FWD_64}",
+            note="FlashAttention-3's head-dim 64/128 forward ratio (497/648) assumed for A100",
+        ),
         "a100.attention_bwd_d64_flops_per_s": Constant(
             value=0.63 * peak * 474 / 561,
             unit="FLOP/s",
@@ -392,6 +406,9 @@ def _b200() -> dict[str, Constant]:
         ),
         "b200.attention_bwd_short_flops_per_s": Constant(
             value=peak * 316 / 989.4, unit="FLOP/s", source=FA3_BWD, note=ratio
+        ),
+        "b200.attention_fwd_d64_flops_per_s": Constant(
+            value=peak * 497 / 989.4, unit="FLOP/s", source=FA3_FWD_64, note=ratio
         ),
         "b200.attention_bwd_d64_flops_per_s": Constant(
             value=peak * 474 / 989.4, unit="FLOP/s", source=FA3_BWD_64, note=ratio

@@ -67,6 +67,8 @@ class GpuSpec:
     """Flash-attention backward throughput, head dim 128, sequence 16k."""
     attention_bwd_short_flops_per_s: float
     """The same at sequence 512."""
+    attention_fwd_d64_flops_per_s: float
+    """Forward throughput at head dim 64, sequence 16k, non-causal: the head-dimension dependence."""
     attention_bwd_d64_flops_per_s: float
     """Backward throughput at head dim 64, sequence 16k: the head-dimension dependence."""
     hbm_efficiency: float

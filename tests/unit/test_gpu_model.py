@@ -392,9 +392,7 @@ def test_held_out_kernel_figures_stay_close():
 
     gemm = kernels.summary([kernels.gemm_row(f) for f in GEMM_FIGURES if f.gpu == "h100"])
     attention = kernels.summary([kernels.attention_row(f) for f in ATTENTION_FIGURES])
+    head_dim_128 = kernels.summary([kernels.attention_row(f) for f in ATTENTION_FIGURES if f.head_dim == 128])
     assert gemm["held_out"] > 100 and gemm["median_abs_error_pct"] <= 10
-    assert (
-        attention["held_out"] >= 15
-        and attention["median_abs_error_pct"] <= 5
-        and attention["max_abs_error_pct"] <= 15
-    )
+    assert attention["held_out"] >= 25 and attention["median_abs_error_pct"] <= 5
+    assert head_dim_128["held_out"] >= 15 and head_dim_128["max_abs_error_pct"] <= 10
