@@ -6,7 +6,9 @@ For every figure in kernel_figures.py (OpenXLA's measured H100/B200 GEMM table, 
 FlashAttention-2/-3's forward and backward curves) the model's throughput at the same shape, in the
 source's own FLOP convention (2 m n k per GEMM; 4 b h s^2 d per attention forward, halved when
 causal, x 2.5 backward), and the error. Anchors (figures the formulas were solved from) are listed
-but kept out of the summary, which counts only the figures the model never saw. Writes
+but kept out of the summary, which counts only the figures the model never saw. cuDNN's attention
+figures (what Transformer Engine calls on Hopper) are compared too, apart: the model is
+FlashAttention-3's, so they show how far another production kernel lies from it. Writes
 benchmarks/results/<date>-kernels.md and .json. Pure arithmetic: seconds, no GPU.
 """
 
@@ -59,7 +61,7 @@ def attention_row(fig: AttentionFigure) -> dict:
     model = flops / ns / 1e3
     mask = "causal" if fig.causal else "non-causal"
     return {
-        "kind": "attention",
+        "kind": "attention" if fig.kernel == "FlashAttention-3" else f"attention vs {fig.kernel}",
         "gpu": fig.gpu,
         "shape": f"{fig.direction} d{fig.head_dim} {mask} seq {fig.seq} (b{fig.batch} h{fig.heads})",
         "published_tflops": fig.tflops,
@@ -121,10 +123,10 @@ def groups(rows: list[dict]) -> dict[str, list[dict]]:
     out: dict[str, list[dict]] = {}
     for r in rows:
         key = f"{r['gpu']} {r['kind']}"
-        if r["kind"] == "attention":
+        if r["kind"].startswith("attention"):
             key += " " + r["shape"].split(" seq")[0].split(" ", 1)[0]
         out.setdefault(key, []).append(r)
-    out["all"] = rows
+    out["all (model's own kernels)"] = [r for r in rows if "vs" not in r["kind"]]
     return out
 
 
