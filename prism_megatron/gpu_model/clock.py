@@ -13,6 +13,8 @@ GPU (communication on its own stream) is the caller's to model with `advance`.
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -57,9 +59,22 @@ class ModelledClock:
         self.by_kind_ns: dict[str, int] = dict.fromkeys(KINDS, 0)
         self.num_ops = 0
         self.flops = 0
+        self._uncharged_depth = 0
+
+    @contextlib.contextmanager
+    def uncharged(self):
+        """Ops charged inside this block cost nothing and are not counted: for unfused CPU ops that
+        stand for a fused GPU kernel the caller charges itself with `advance` (see fused.py)."""
+        self._uncharged_depth += 1
+        try:
+            yield self
+        finally:
+            self._uncharged_depth -= 1
 
     def charge(self, func, args, kwargs, out) -> OpTime:
         """Time `func(*args, **kwargs) -> out` on the GPU and advance the clock by it."""
+        if self._uncharged_depth:
+            return NONE
         self.num_ops += 1
         kind = _KIND_OF_FUNC.get(func)
         if kind is None:

@@ -325,6 +325,27 @@ def test_modelled_timing_charges_a_forward_and_backward():
         clock.advance(-1, "memory")
 
 
+def test_ops_inside_uncharged_cost_nothing_and_a_fused_kernel_is_charged_instead():
+    from prism_megatron.gpu_model import fused
+
+    clock = ModelledClock("h100")
+    with FakeTensorMode():
+        x = torch.randn(4096, 8192, dtype=BF16)
+        norm = torch.nn.RMSNorm(8192, dtype=BF16)
+        with ModelledTiming(clock):
+            with clock.uncharged():
+                y = norm(x)
+            assert (clock.now_ns, clock.num_ops) == (0, 0)
+            clock.advance(
+                fused.norm_time(clock.gpu, tokens=4096, hidden=8192, dtype=BF16, backward=False), "memory"
+            )
+            y * 2
+    norm_bytes = 2 * 4096 * 8192 * 2 + 8192 * 2 + 4096 * 4
+    mul_bytes = 2 * 4096 * 8192 * 2
+    expected = 2 * H100.launch_ns + (norm_bytes + mul_bytes) / H100.achievable_hbm_bytes_per_s * 1e9
+    assert clock.now_ns == pytest.approx(expected, abs=2) == clock.by_kind_ns["memory"]
+
+
 def test_a_runs_flops_are_torchs_count():
     """Over a whole forward, backward and optimizer step (no attention: torch's counter has no
     formula for the CPU flash op), the clock's FLOPs equal FlopCounterMode's."""
