@@ -373,6 +373,9 @@ def test_two_runs_are_identical():
     assert charge_a_training_step("b200").now_ns < first.now_ns
 
 
+STANDARD_AND_TORCH = {"torch", "__future__", "contextlib", "dataclasses", "functools", "math"}
+
+
 def test_the_package_imports_only_torch_and_itself():
     package = pathlib.Path(__file__).resolve().parents[2] / "prism_megatron" / "gpu_model"
     outside = []
@@ -385,13 +388,7 @@ def test_the_package_imports_only_torch_and_itself():
                 names = [node.module]
             for name in names:
                 root = name.split(".")[0]
-                if root not in {
-                    "torch",
-                    "__future__",
-                    "dataclasses",
-                    "functools",
-                    "math",
-                } and not name.startswith("prism_megatron.gpu_model"):
+                if root not in STANDARD_AND_TORCH and not name.startswith("prism_megatron.gpu_model"):
                     outside.append(f"{path.name}: {name}")
     assert outside == []
 
