@@ -186,6 +186,24 @@ def test_gemm_time_grows_with_every_dimension(gpu):
 
 
 @pytest.mark.parametrize("gpu", GPU_NAMES)
+def test_gemm_time_never_drops_as_a_dimension_grows(gpu):
+    """Over a fine grid (every 48 in each dimension, through tile, wave, split-k and small-tile
+    switches), a larger GEMM never takes less time."""
+    spec = gpu_spec(gpu)
+    for fixed in ((256, 1024), (1000, 4096), (4096, 256)):
+        for dim in range(3):
+            previous = 0
+            for size in range(16, 9000, 48):
+                shape = list(fixed)
+                shape.insert(dim, size)
+                now = gemm_time(spec, *shape, BF16)
+                assert now >= previous, (
+                    f"{gpu}: {shape} takes {now} ns, less than one step smaller ({previous})"
+                )
+                previous = now
+
+
+@pytest.mark.parametrize("gpu", GPU_NAMES)
 def test_wave_quantisation_at_the_sm_count(gpu):
     """With n = 1024 (four 256-wide tile columns), m = 128 * num_sms / 4 fills exactly one wave of
     128 x 256 tiles; one more tile row adds a whole wave and the time nearly doubles."""
@@ -273,6 +291,15 @@ def test_the_calibration_reproduces_its_anchors():
         assert 4 * 16384 * 16384 * 16 * 128 / 2 / ns * 1e9 == pytest.approx(
             spec.attention_fwd_causal_flops_per_s, rel=1e-3
         )
+    for gpu in ("h100", "b200"):  # the smallest measured GEMMs (split-k must not undo the anchors)
+        spec = gpu_spec(gpu)
+        assert gemm_time(spec, spec.gemm_anchor_m, spec.gemm_anchor_n, spec.gemm_anchor_k, BF16) == round(
+            spec.gemm_anchor_ns
+        )
+    short_k = (H100.gemm_short_k_m, H100.gemm_short_k_n, H100.gemm_short_k_k)
+    assert 2 * math.prod(short_k) / gemm_time(H100, *short_k, BF16) * 1e9 == pytest.approx(
+        H100.gemm_short_k_flops_per_s, rel=1e-3
+    )
     assert gemm_module.calibration(H100).k_overhead > 0
     assert attention_module.calibration(H100, backward=True).block_overhead_steps > 0
 
