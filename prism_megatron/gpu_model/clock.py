@@ -82,7 +82,11 @@ class ModelledClock:
         if kind == "none":
             return NONE
         key = (self.gpu.name, func, _key(args), _key(kwargs) if kwargs else None)
-        timed = _CACHE.get(key)
+        try:
+            timed = _CACHE.get(key)
+        except TypeError:  # a symbolic size (SymInt) does not hash: key by its printed form
+            key = repr(key)
+            timed = _CACHE.get(key)
         if timed is None:
             timed = _CACHE[key] = op_time(self.gpu, func, args, kwargs or {}, out)
         self.now_ns += timed.time_ns

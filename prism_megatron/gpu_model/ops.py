@@ -135,13 +135,20 @@ def classify(func) -> str:
 
 
 def accessed_bytes(t: torch.Tensor) -> int:
-    """Bytes a kernel touches reading or writing `t` once: broadcast (stride-0) dims count once."""
-    if t.layout != torch.strided:  # sparse or nested: no strides to read, count every element
-        return int(t.numel()) * t.element_size()
-    elements = 1
-    for size, stride in zip(t.shape, t.stride(), strict=True):
-        if stride != 0:
-            elements *= int(size)
+    """Bytes a kernel touches reading or writing `t` once: broadcast (stride-0) dims count once.
+
+    A data-dependent size (an unbacked symbol of a fake tensor: nonzero, unique ...) is unknown
+    before the program runs; such a tensor counts 0 bytes rather than failing the run.
+    """
+    try:
+        if t.layout != torch.strided:  # sparse or nested: no strides to read, count every element
+            return int(t.numel()) * t.element_size()
+        elements = 1
+        for size, stride in zip(t.shape, t.stride(), strict=True):
+            if stride != 0:
+                elements *= int(size)
+    except Exception:  # torch raises its own data-dependent error types for unbacked sizes
+        return 0
     return elements * t.element_size()
 
 

@@ -373,6 +373,20 @@ def test_ops_inside_uncharged_cost_nothing_and_a_fused_kernel_is_charged_instead
     assert clock.now_ns == pytest.approx(expected, abs=2) == clock.by_kind_ns["memory"]
 
 
+def test_data_dependent_sizes_do_not_stop_a_run():
+    """nonzero's result has an unbacked symbolic size under a fake mode with a shape environment: the
+    op that makes it and the ops that use it are charged (their unknown tensors count 0 bytes)."""
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    clock = ModelledClock("h100")
+    with FakeTensorMode(shape_env=ShapeEnv()):
+        x = torch.randn(1024, 1024)
+        with ModelledTiming(clock):
+            index = torch.nonzero(x > 0)
+            index * 2
+    assert clock.now_ns == sum(clock.by_kind_ns.values()) > 3 * H100.launch_ns
+
+
 def test_a_runs_flops_are_torchs_count():
     """Over a whole forward, backward and optimizer step (no attention: torch's counter has no
     formula for the CPU flash op), the clock's FLOPs equal FlopCounterMode's."""
