@@ -1,6 +1,6 @@
 """The GPU model at kernel level: its GEMM and attention times against published kernel figures.
 
-    python -m benchmarks.published.kernels [--out-dir DIR]
+    python -m benchmarks.published.kernels [--out DIR]
 
 For every figure in kernel_figures.py (OpenXLA's measured H100/B200 GEMM table, the MAMF table,
 FlashAttention-2/-3's forward and backward curves) the model's throughput at the same shape, in the
@@ -132,13 +132,13 @@ def groups(rows: list[dict]) -> dict[str, list[dict]]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out-dir", default=common.RESULTS_DIR, help="where <date>-kernels.md/.json go")
+    parser.add_argument("--out", default=common.RESULTS_DIR, help="folder for <date>-kernels.md and .json")
     args = parser.parse_args(argv)
     rows = [gemm_row(f) for f in GEMM_FIGURES] + [attention_row(f) for f in ATTENTION_FIGURES]
     summaries = {name: summary(members) for name, members in groups(rows).items()}
     env = common.environment()
     record = {"date": common.today(), "environment": env, "summaries": summaries, "rows": rows}
-    paths = common.write_results("kernels", record, markdown(rows, summaries, env), out_dir=args.out_dir)
+    paths = common.write_results("kernels", record, markdown(rows, summaries, env), out_dir=args.out)
     for name, s in summaries.items():
         if s["held_out"]:
             print(
