@@ -31,9 +31,9 @@ _CACHE: dict[tuple, OpTime] = {}
 def _key(value):
     """A hashable stand-in for an argument: tensors by shape, stride and dtype; the rest by value."""
     if isinstance(value, torch.Tensor):
-        return (tuple(value.shape), tuple(value.stride()), value.dtype)
+        return (value.shape, value.stride(), value.dtype)  # torch.Size and the stride tuple hash as is
     if isinstance(value, (list, tuple)):
-        return tuple(_key(v) for v in value)
+        return tuple([_key(v) for v in value])
     if value is None or isinstance(value, (bool, int, float, str, torch.dtype, torch.device, torch.layout)):
         return value
     if isinstance(value, dict):
