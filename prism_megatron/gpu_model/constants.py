@@ -70,7 +70,8 @@ XLA_MATMUL_TABLE = (
 )
 XLA_LAUNCH = (
     "OpenXLA GPU performance model, xla/service/gpu/model/gpu_performance_model_base.h: "
-    "kKernelLaunchOverhead = 1 us per kernel (https://github.com/openxla/xla)"
+    "kKernelLaunchOverhead = 1 us per kernel, which XLA's comment calls an estimate 'in the absence of "
+    "easy ways to query' it: a compiler's cost-model figure, not a measurement (https://github.com/openxla/xla)"
 )
 HBM_FORUM = (
     "NVIDIA Developer Forums, 'Trouble to Reach Peak Bandwidth of A100': a streaming read kernel "
