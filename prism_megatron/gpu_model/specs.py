@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 
+import torch
+
 from prism_megatron.gpu_model.constants import GPU_QUANTITIES, value
 
 GPU_NAMES: tuple[str, ...] = ("a100", "b200", "h100", "h200")
@@ -87,6 +89,16 @@ class GpuSpec:
     @property
     def achievable_hbm_bytes_per_s(self) -> float:
         return self.hbm_bytes_per_s * self.hbm_efficiency
+
+    def peak_flops_per_s(self, dtype: torch.dtype = torch.bfloat16) -> float:
+        """Dense tensor-core peak for `dtype` (the MFU denominator): FP32 counts at TF32, FP8 at FP8."""
+        if dtype in (torch.float32, torch.float64):
+            return self.tf32_flops_per_s
+        if dtype == torch.float16:
+            return self.fp16_flops_per_s
+        if "float8" in str(dtype):
+            return self.fp8_flops_per_s
+        return self.bf16_flops_per_s
 
 
 _INTEGER_FIELDS = (
