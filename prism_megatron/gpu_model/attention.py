@@ -195,5 +195,15 @@ def attention_time(
     else:
         steps = _steps(seq_kv, seq_q, causal, backward=True)
     busiest = _schedule_steps(steps, batch * num_heads, cal.block_overhead_steps, gpu.num_sms)
-    scale = head_dim_scale(gpu, head_dim, backward=backward) * (causal_scale(gpu) if causal else 1.0)
+    scale = head_dim_scale(gpu, head_dim, backward=backward)
+    if causal:
+        # The mask's cost, but never more than computing the whole score matrix: with fewer blocks
+        # than SMs the diagonal-to-end block is as long as a non-causal one and sets the time.
+        unmasked = (
+            _steps(seq_q, seq_kv, False, backward=False)
+            if not backward
+            else _steps(seq_kv, seq_q, False, backward=True)
+        )
+        full = _schedule_steps(unmasked, batch * num_heads, cal.block_overhead_steps, gpu.num_sms)
+        busiest = min(busiest * causal_scale(gpu), full)
     return round(gpu.launch_ns + busiest * cal.step_ns * scale)

@@ -112,6 +112,23 @@ def test_grouped_gemm_is_eight_equal_gemms(shapes, mnk):
     assert timed.time_ns == gemm_time(H100, *mnk, BF16, batch=8)
 
 
+@pytest.mark.parametrize(
+    ("name", "tail"),
+    [
+        ("_scaled_dot_product_flash_attention", (0.0, True)),
+        ("_scaled_dot_product_cudnn_attention", (None, True, 0.0, True)),
+    ],
+)
+def test_the_cuda_backends_forward_flops_equal_torchs_counter_and_read_causal(name, tail):
+    q = meta(4, 16, 2048, 64)
+    func = getattr(aten, name).default
+    expected, out = torch_count(func, (q, q, q, *tail))
+    causal = op_time(H100, func, (q, q, q, *tail), {}, out)
+    assert causal.kind == "attention" and causal.flops == expected > 0
+    not_causal_tail = tuple(False if (i == len(tail) - 1) else v for i, v in enumerate(tail))
+    assert op_time(H100, func, (q, q, q, *not_causal_tail), {}, out).time_ns > causal.time_ns
+
+
 def test_the_cpu_flash_op_is_attention_with_gqa_and_causal_read_from_its_arguments():
     """The ops a CPU run dispatches: torch's registry lacks them, so their FLOPs are torch's SDPA
     formula; causal about halves the time (with enough blocks to fill the SMs many times over: with
@@ -221,6 +238,28 @@ def test_small_m_is_inefficient_and_short_k_too():
 
     assert tflops(16, 8192, 8192) < 0.15 * tflops(8192, 8192, 8192)
     assert tflops(8192, 8192, 128) < 0.6 * tflops(8192, 8192, 8192)
+
+
+@pytest.mark.parametrize("gpu", GPU_NAMES)
+def test_causal_is_never_slower_than_the_full_score_matrix(gpu):
+    spec = gpu_spec(gpu)
+    for batch, heads, seq in ((1, 8, 512), (2, 8, 512), (1, 16, 4096), (4, 32, 8192)):
+        for backward in (False, True):
+            times = [
+                attention_time(
+                    spec,
+                    batch=batch,
+                    num_heads=heads,
+                    num_kv_heads=heads,
+                    seq_q=seq,
+                    seq_kv=seq,
+                    head_dim=128,
+                    causal=c,
+                    backward=backward,
+                )
+                for c in (True, False)
+            ]
+            assert times[0] <= times[1]
 
 
 @pytest.mark.parametrize("gpu", GPU_NAMES)
