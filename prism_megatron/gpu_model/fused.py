@@ -1,0 +1,101 @@
+"""Fused kernels a GPU run has where the program on a CPU runs unfused aten ops.
+
+Transformer Engine and Megatron fuse the memory-bound parts of a layer into single kernels. Each
+function here prices one such kernel as one launch plus the bytes it reads and writes over the
+achievable HBM bandwidth: the fused kernel reads its inputs and writes its outputs once, which is
+the whole point of fusing it. The modelled capture runs the unfused ops inside `ModelledClock.uncharged()`
+and charges the fused kernel with `ModelledClock.advance(t, "memory")` instead.
+
+Byte counts per call (e = element size of `dtype`, t = tokens):
+
+- norm (RMSNorm or LayerNorm), forward: read x (t*h*e) and the weight(s), write y (t*h*e) and the
+  FP32 per-token statistics; backward: read dy, x, weight and statistics, write dx and the FP32
+  weight-gradient partials (one row per SM, summed in a second tiny pass, not charged).
+- bias + activation (GeLU) or SwiGLU, forward: read the FC1 output (t*f*e, 2*t*f*e when gated) and
+  the bias, write the activation (t*f*e); backward: read dy and the saved input, write dx.
+- fused RoPE, forward or backward: read and write q and k (t*heads*d*e each).
+- softmax cross-entropy over the vocabulary, forward: read the logits once, write per-token loss and
+  statistics; backward: read logits and statistics, write the logit gradients.
+- Adam step (multi-tensor apply, distributed optimizer's shard): per parameter read the FP32 main
+  weight, FP32 gradient and the two FP32 moments, write the weight and moments and the BF16 copy:
+  16 + 12 + 2 = 30 bytes.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from prism_megatron.gpu_model.specs import GpuSpec
+
+FP32_BYTES = 4
+ADAM_BYTES_PER_PARAM = 4 * FP32_BYTES + 3 * FP32_BYTES + 2
+
+
+def _size(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype, device="meta").element_size()
+
+
+def memory_kernel_time(gpu: GpuSpec, num_bytes: int) -> int:
+    """One memory-bound kernel moving `num_bytes` through HBM, in ns."""
+    if num_bytes < 0:
+        raise ValueError(f"memory_kernel_time: num_bytes must be >= 0, got {num_bytes}")
+    return round(gpu.launch_ns + num_bytes / gpu.achievable_hbm_bytes_per_s * 1e9)
+
+
+def norm_bytes(
+    *, tokens: int, hidden: int, dtype: torch.dtype, backward: bool, layer_norm: bool = False
+) -> int:
+    e = _size(dtype)
+    weights = (2 if layer_norm else 1) * hidden * e
+    stats = (2 if layer_norm else 1) * tokens * FP32_BYTES
+    if not backward:
+        return tokens * hidden * e * 2 + weights + stats
+    return tokens * hidden * e * 3 + weights + stats
+
+
+def norm_time(
+    gpu: GpuSpec, *, tokens: int, hidden: int, dtype: torch.dtype, backward: bool, layer_norm: bool = False
+) -> int:
+    """Fused RMSNorm (or LayerNorm) forward or backward, in ns."""
+    return memory_kernel_time(
+        gpu, norm_bytes(tokens=tokens, hidden=hidden, dtype=dtype, backward=backward, layer_norm=layer_norm)
+    )
+
+
+def activation_time(
+    gpu: GpuSpec, *, tokens: int, ffn_hidden: int, dtype: torch.dtype, gated: bool, backward: bool
+) -> int:
+    """Fused bias+GeLU (gated=False) or SwiGLU (gated=True), forward or backward, in ns.
+
+    `ffn_hidden` is the activation's width (the FC2 input), per tensor-parallel rank.
+    """
+    e = _size(dtype)
+    width_in = ffn_hidden * (2 if gated else 1)
+    if not backward:
+        moved = tokens * width_in * e + width_in * e + tokens * ffn_hidden * e
+    else:
+        moved = tokens * ffn_hidden * e + tokens * width_in * e * 2
+    return memory_kernel_time(gpu, moved)
+
+
+def rope_time(
+    gpu: GpuSpec, *, tokens: int, heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype
+) -> int:
+    """Fused rotary embedding of q and k (forward and backward cost the same), in ns."""
+    e = _size(dtype)
+    return memory_kernel_time(gpu, 2 * tokens * (heads + kv_heads) * head_dim * e)
+
+
+def cross_entropy_time(gpu: GpuSpec, *, tokens: int, vocab: int, dtype: torch.dtype, backward: bool) -> int:
+    """Fused (vocab-parallel) softmax cross-entropy forward or backward, `vocab` per rank, in ns."""
+    e = _size(dtype)
+    if not backward:
+        moved = tokens * vocab * e + 3 * tokens * FP32_BYTES
+    else:
+        moved = 2 * tokens * vocab * e + 3 * tokens * FP32_BYTES
+    return memory_kernel_time(gpu, moved)
+
+
+def adam_step_time(gpu: GpuSpec, *, num_params: int) -> int:
+    """Fused Adam over `num_params` parameters (this rank's optimizer shard), in ns."""
+    return memory_kernel_time(gpu, num_params * ADAM_BYTES_PER_PARAM)
