@@ -146,6 +146,7 @@ _TOP_LEVEL_ORDER = (
     "capture",
     "versions",
     "created",
+    "artefacts",
 )
 
 
