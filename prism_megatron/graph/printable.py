@@ -56,13 +56,25 @@ def format_duration(duration_ns: int) -> str:
     raise AssertionError("unreachable")
 
 
+MAX_DURATION_NS = 10**15
+"""The longest op a graph may hold (10^6 s, about 11.6 days): the simulator keeps times in int64
+nanoseconds (at most 9.2e18), so such an op even 1000 times slowed (the largest what-if factor)
+still fits."""
+MAX_SIZE_BYTES = 1 << 50
+"""The largest message a graph may hold (1 PiB)."""
+
+
 def parse_duration(text: str) -> int:
     match = _DURATION.match(text)
     if not match:
         raise ValueError(f"{text!r} is not a duration (like 1.2ms, 850us, 17ns)")
+    if len(match.group(1)) > 30:  # Decimal takes any length; no duration in range is written so long
+        raise ValueError(f"duration {text[:40]!r}... is longer than any op (at most 10^6 s)")
     value = Decimal(match.group(1)) * _TIME_SCALE[match.group(2)]
     if value != value.to_integral_value():
         raise ValueError(f"duration {text!r} is not a whole number of ns")
+    if value > MAX_DURATION_NS:
+        raise ValueError(f"duration {text!r} is longer than any op may be (at most 10^6 s)")
     return int(value)
 
 
@@ -78,6 +90,8 @@ def parse_size(text: str) -> int:
     match = _SIZE.match(text)
     if not match:
         raise ValueError(f"{text!r} is not a size (like 4MiB, 1000B)")
+    if len(match.group(1)) > 20 or int(match.group(1)) * _SIZE_SCALE[match.group(2)] > MAX_SIZE_BYTES:
+        raise ValueError(f"size {text[:40]!r} is larger than any message may be (at most {MAX_SIZE_BYTES} B)")
     return int(match.group(1)) * _SIZE_SCALE[match.group(2)]
 
 
