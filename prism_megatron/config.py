@@ -153,8 +153,11 @@ class CaptureConfig:
     """Capture every role, each for its own graph (default: one role per class of roles that run the same program, its spans given to the whole class)."""
 
     def __post_init__(self) -> None:
-        if self.capture_iters < 1:
-            raise ValueError(f"--prism-capture-iters must be >= 1, got {self.capture_iters}")
+        if self.capture_iters < 2:  # one would give the graph the warm-up's spans, silently
+            raise ValueError(
+                f"--prism-capture-iters must be >= 2 (the first is warm-up; the spans are the median of "
+                f"the rest), got {self.capture_iters}"
+            )
         if self.graph is not None and not self.graph.strip():
             raise ValueError("--prism-graph must name a graph directory")
 

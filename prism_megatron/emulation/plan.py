@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from prism_megatron import files
 from prism_megatron.config import PrismConfig, parse_prism_flags
 from prism_megatron.emulation.capture_slice import with_slice
+from prism_megatron.emulation.rank import NUM_WARMUP
 from prism_megatron.megatron.job import target
 from prism_megatron.topology import Layout, RoleClass
 
@@ -147,3 +148,9 @@ def _check_counts(flags: argparse.Namespace) -> None:
         value = getattr(flags, flag)
         if value is not None and value < 1:
             raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {value}")
+    if flags.train_iters is not None and flags.train_iters <= NUM_WARMUP:
+        # Such a run would end "ok" with no emulated iteration time at all.
+        raise ValueError(
+            f"--train-iters {flags.train_iters} leaves no iteration to measure: the first {NUM_WARMUP} "
+            f"is warm-up; give at least {NUM_WARMUP + 1}"
+        )
