@@ -194,6 +194,7 @@ CASES = [
     ("simulate-graph-tp-nan", ("simulate", "{d}/graph_tp_nan"), 2, ["metadata.layout.tp", "got nan"]),
     ("simulate-graph-tp-boolean", ("simulate", "{d}/graph_tp_bool"), 2, ["metadata.layout.tp", "got True"]),
     ("simulate-graph-duration-huge", ("simulate", "{d}/graph_long_op"), 2, ["longer than any op"]),
+    ("simulate-graph-offset-huge", ("simulate", "{d}/graph_far_peer"), 2, ["offset +9999999999999999999", "out of range"]),
     ("simulate-straggler-huge", ("simulate", "{d}/graph", "--straggler", "1:1e308"), 2,
      ["--straggler '1:1e308'", "from 0.001 to 1000"]),
     ("simulate-slow-nic-huge", ("simulate", "{d}/graph", "--slow-nic", "1:1e308"), 2,
@@ -302,7 +303,12 @@ def data(tmp_path_factory) -> str:
                          ("graph_tp_bool", {"tp": True})):  # fmt: skip
         metadata = GraphMetadata(layout={**JOB_LAYOUT.kwargs(), **change}, source="edited")
         save_graph(dataclasses.replace(job_graph, metadata=metadata), os.path.join(d, name))
-    _long_op_graph(job_graph, os.path.join(d, "graph_long_op"))
+    # an op of 10^9 s (past the 10^6 s any op may); a pipeline offset past any world
+    _edited_op_graph(
+        job_graph, os.path.join(d, "graph_long_op"), "c:", lambda w: [w[0], "1000000000s", *w[2:]]
+    )
+    _edited_op_graph(job_graph, os.path.join(d, "graph_far_peer"), "R",
+                     lambda w: [w[0].replace("+1#", "+99999999999999999999#"), *w[1:]])  # fmt: skip
     files = {
         "afile": "not a folder\n",
         "nvls_string.yaml": 'base: dgx-h100\nintra_node:\n  nvls: "false"\n',
@@ -366,8 +372,8 @@ def _edit_json(path: str, edit) -> None:
         json.dump(doc, f)
 
 
-def _long_op_graph(graph, directory: str) -> None:
-    """A graph whose first compute op lasts 10^9 s (past the 10^6 s any op may), its sha256 right."""
+def _edited_op_graph(graph, directory: str, kind: str, edit) -> None:
+    """A graph whose first op starting with `kind` is `edit`ed (its words), its sha256 made right."""
     from prism_megatron.graph.io import _digest
 
     save_graph(graph, directory)
@@ -375,8 +381,8 @@ def _long_op_graph(graph, directory: str) -> None:
     with open(path, encoding="utf-8") as f:
         doc = json.load(f)
     ops = doc["roles"][0]["streams"][0][1]
-    first = next(i for i, op in enumerate(ops) if op.startswith("c:"))
-    ops[first] = " ".join([*ops[first].split()[:1], "1000000000s", *ops[first].split()[2:]])
+    first = next(i for i, op in enumerate(ops) if op.startswith(kind))
+    ops[first] = " ".join(edit(ops[first].split()))
     doc["sha256"] = _digest({"metadata": doc["metadata"], "roles": doc["roles"]})
     with open(path, "w", encoding="utf-8") as f:
         json.dump(doc, f)
