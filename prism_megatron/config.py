@@ -70,7 +70,7 @@ class EmulationConfig:
     device: str = dataclasses.field(default="auto", metadata={"choices": DEVICES})
     """Device of the real ranks; auto picks cuda when available, else cpu (with the CPU device shim)."""
     cpu_threads_per_rank: int | None = None
-    """On the cpu device: intra-op threads of each real rank, and as many cores of its own when the process may use more; the same share in every pass (default: the machine's cores / 8, at least 1)."""
+    """On the cpu device: intra-op threads of each real rank, and as many cores of its own when the process may use more; the same share in every pass (default: the machine's cores / 8, at least 1; at most 1024)."""
     data_policy: str = dataclasses.field(default="mirror", metadata={"choices": DATA_POLICIES})
     """What virtual peers contribute to collectives: mirror (what the real rank of their role, or this rank, contributes)."""
     timeout_s: float = dataclasses.field(default=300.0, metadata=_flag("timeout"))
@@ -146,7 +146,7 @@ class CaptureConfig:
     """The slicing pass that records the execution graph."""
 
     capture_iters: int = 4
-    """Iterations the slice runs to record the graph (the first is warm-up; each span is the median of the rest)."""
+    """Iterations the slice runs to record the graph, at least 2 (the first is warm-up; each span is the median of the rest)."""
     graph: str | None = None
     """Reuse a captured execution graph (a directory holding graph.json, such as a run's graph/) instead of capturing."""
     capture_all_roles: bool = False
@@ -181,7 +181,7 @@ class OutputConfig:
     out: str | None = None
     """Run folder for report.json, report.md, timeline.json, graph/ and per-rank results (default: a new prism-out/<YYYYmmdd-HHMMSS>)."""
     overwrite: bool = False
-    """Replace an existing non-empty --prism-out directory."""
+    """Replace the run an existing --prism-out holds (only a folder with a report.json of ours; the user's other files stay, links are not followed)."""
 
     def __post_init__(self) -> None:
         if self.out is not None and not self.out.strip():

@@ -1,4 +1,6 @@
-"""Files on the bottom floor: the one atomic writer, and every name inside a run folder.
+"""Files on the bottom floor: the one atomic writer, every name inside a run folder, and who owns one
+(a run holds its folder's lock from its first write to its end; --prism-overwrite replaces only a
+folder that holds a run of ours, never through a link: `ownership.py`).
 
 Both sit below every package (they import nothing of the project), so topology and replay up to the
 commands, the benchmarks and the tools all write files and name run-folder paths the same way:
