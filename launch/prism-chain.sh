@@ -61,7 +61,7 @@ rank_flags=()
 plan="$("$python" - "$gpus" "$nodes" "$out" "$config" "${SCRIPT:-builtin}" ${rank_flags[@]+"${rank_flags[@]}"} ${extra[@]+"${extra[@]}"} <<'EOF'
 import os, sys, warnings
 warnings.simplefilter("ignore")  # megatron-core's import notices would bury the one-line refusal
-from prism_megatron.cli import CommandLineError
+from prism_megatron.commands import CommandLineError
 from prism_megatron.commands.emulate import checked_plan
 from prism_megatron.emulation.capture_slice import capture_ranks
 from prism_megatron.graph.classes import save_classes
