@@ -6,11 +6,13 @@
 #   1. one capture job per batch of the slice (one rank per class of roles that run the same program,
 #      written to RUN/capture/role-classes.json; G ranks per batch, one node each;
 #      the batches are what `prism-megatron emulate --nproc-per-node G` would run), all at once:
-#        PHASE=capture  launch/prism.sbatch CONFIG BATCH   with --prism-out RUN/capture
+#        PHASE=capture  launch/prism.sbatch CONFIG BATCH -- --prism-out RUN/capture FLAGS...
 #   2. the emulation, after every capture job succeeded (--dependency=afterok:...), on N nodes:
-#        PHASE=emulate  launch/prism.sbatch CONFIG SPEC    with --prism-graph RUN/capture --prism-out RUN
-#   3. the report, after the emulation succeeded, one task:
+#        PHASE=emulate  launch/prism.sbatch CONFIG SPEC -- --prism-graph RUN/capture --prism-out RUN FLAGS...
+#   3. the report, after the emulation succeeded, one task (a bash script on sbatch's stdin):
 #        prism-megatron emulate --report-only -- <CONFIG's flags> ... --prism-out RUN
+# Paths and flags travel as arrays (sbatch's script arguments; %q in the report's script), so a path
+# with spaces or a newline reaches every job whole. The job is checked first as `emulate` checks it.
 # --ranks SPEC        the real ranks of the emulation (the --prism-ranks language); they must be N x G
 #                     ranks (default: the slice, which then needs N x G = the number of roles)
 # --nodes N           nodes of the emulation job (default 1)
@@ -23,7 +25,7 @@
 # its dependants stay pending with reason DependencyNeverSatisfied (scancel them).
 set -euo pipefail
 
-usage() { sed -n '2,24p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,26p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
 
 config="" out="" ranks="" nodes=1 gpus="${GPUS_PER_NODE:-8}" extra=()
 while (($#)); do
@@ -52,23 +54,25 @@ read -r -a sbatch_args <<<"${SBATCH_ARGS:-}"
 rank_flags=()
 [[ -z $ranks ]] || rank_flags=(--prism-ranks "$ranks")
 
-# The slice's capture batches, G ranks each, from the library's plan of the run (it also checks the
-# flags, and that the real ranks fill the emulation's N x G processes).
+# The slice's capture batches, G ranks each, from the library's plan of the run (it checks the job as
+# `prism-megatron emulate` does, and that the real ranks fill the emulation's N x G processes).
 # Unless DRY_RUN, the plan's role classes go into RUN/capture, so the graph built there gives every
 # role of a class the spans of the class's captured rank.
-plan="$("$python" - "$gpus" "$nodes" "$out" "$config" ${rank_flags[@]+"${rank_flags[@]}"} ${extra[@]+"${extra[@]}"} <<'EOF'
-import os, sys
-from prism_megatron.emulation import plan_run
+plan="$("$python" - "$gpus" "$nodes" "$out" "$config" "${SCRIPT:-builtin}" ${rank_flags[@]+"${rank_flags[@]}"} ${extra[@]+"${extra[@]}"} <<'EOF'
+import os, sys, warnings
+warnings.simplefilter("ignore")  # megatron-core's import notices would bury the one-line refusal
+from prism_megatron.commands import CommandLineError
+from prism_megatron.commands.emulate import checked_plan
 from prism_megatron.emulation.capture_slice import capture_ranks
 from prism_megatron.graph.classes import save_classes
 from prism_megatron.megatron.job.configs import read_config
-gpus, nodes, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+gpus, nodes, out, script = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[5]
 try:
     # RUN itself, so the plan's checks of the run folder are RUN's (an earlier run's captures there
     # would mix into this graph).
-    flags = [*read_config(sys.argv[4]), "--prism-emulate", *sys.argv[5:], "--prism-out", out]
-    plan = plan_run(flags, nproc=gpus * nodes)
-except ValueError as exc:
+    flags = [*read_config(sys.argv[4]), "--prism-emulate", *sys.argv[6:], "--prism-out", out]
+    plan = checked_plan(flags, script=script, nproc=gpus * nodes)
+except (ValueError, CommandLineError) as exc:
     sys.exit(f"prism-chain.sh: {exc}")
 if len(plan.real_ranks) != gpus * nodes:
     sys.exit(f"prism-chain.sh: the emulation's {len(plan.real_ranks)} real ranks must fill --nodes {nodes} x "
@@ -90,20 +94,24 @@ dry_ids=1000  # DRY_RUN's made-up job ids; the counter lives in a file, as submi
 counter="$(mktemp)"
 trap 'rm -f "$counter"' EXIT
 echo "$dry_ids" >"$counter"
-submit() {  # submit VAR=VALUE... -- SBATCH-ARGS...; prints the job id
+submit() {  # [job_script=TEXT] submit VAR=VALUE... -- SBATCH-ARGS...; prints the job id
   # Variables travel in sbatch's environment (it exports ALL by default): --export would split them
-  # at commas, and flags hold commas (rank lists).
-  local env_vars=()
+  # at commas, and flags hold commas (rank lists). With job_script set, that script goes to sbatch's
+  # stdin (a job without a script file).
+  local env_vars=(-u EXTRA_FLAGS)  # the flags go as arguments; an exported EXTRA_FLAGS would add to them
   while [[ $1 != -- ]]; do env_vars+=("$1"); shift; done
   shift
   if [[ ${DRY_RUN:-0} == 1 ]]; then
-    printf '%q ' env ${env_vars[@]+"${env_vars[@]}"} "${sbatch[@]}" ${sbatch_args[@]+"${sbatch_args[@]}"} --parsable "$@" >&2
+    printf '%q ' env "${env_vars[@]}" "${sbatch[@]}" ${sbatch_args[@]+"${sbatch_args[@]}"} --parsable "$@" >&2
     echo >&2
+    [[ -z ${job_script:-} ]] || printf '<<SCRIPT\n%s\nSCRIPT\n' "$job_script" >&2
     local id=$(($(cat "$counter") + 1))
     echo "$id" >"$counter"
     echo "$id"
+  elif [[ -n ${job_script:-} ]]; then
+    printf '%s\n' "$job_script" | env "${env_vars[@]}" "${sbatch[@]}" ${sbatch_args[@]+"${sbatch_args[@]}"} --parsable "$@" | cut -d';' -f1
   else
-    env ${env_vars[@]+"${env_vars[@]}"} "${sbatch[@]}" ${sbatch_args[@]+"${sbatch_args[@]}"} --parsable "$@" | cut -d';' -f1
+    env "${env_vars[@]}" "${sbatch[@]}" ${sbatch_args[@]+"${sbatch_args[@]}"} --parsable "$@" </dev/null | cut -d';' -f1
   fi
 }
 quoted() { printf '%q ' "$@"; }
@@ -111,22 +119,24 @@ quoted() { printf '%q ' "$@"; }
 capture_ids=()
 for batch in "${batches[@]}"; do
   size=$(($(tr -cd ',' <<<"$batch" | wc -c) + 1))
-  flags="--prism-out $out/capture ${extra[*]+${extra[*]}}"
-  capture_ids+=("$(submit PHASE=capture "GPUS_PER_NODE=$size" "EXTRA_FLAGS=$flags" -- \
-    --job-name prism-capture --nodes 1 "$here/prism.sbatch" "$config" "$batch")")
+  capture_ids+=("$(submit PHASE=capture "GPUS_PER_NODE=$size" -- \
+    --job-name prism-capture --nodes 1 "$here/prism.sbatch" "$config" "$batch" \
+    -- --prism-out "$out/capture" ${extra[@]+"${extra[@]}"})")
 done
 dependency="afterok:$(IFS=:; echo "${capture_ids[*]}")"
-flags="--prism-graph $out/capture --prism-out $out ${extra[*]+${extra[*]}}"
-emulate_id="$(submit PHASE=emulate "GPUS_PER_NODE=$gpus" "EXTRA_FLAGS=$flags" -- \
-  --job-name prism-emulate --nodes "$nodes" --dependency "$dependency" "$here/prism.sbatch" "$config" ${ranks:+"$ranks"})"
+emulate_id="$(submit PHASE=emulate "GPUS_PER_NODE=$gpus" -- \
+  --job-name prism-emulate --nodes "$nodes" --dependency "$dependency" "$here/prism.sbatch" "$config" ${ranks:+"$ranks"} \
+  -- --prism-graph "$out/capture" --prism-out "$out" ${extra[@]+"${extra[@]}"})"
 script_flags=()
 [[ ${SCRIPT:-builtin} == builtin ]] || script_flags=(--script "$SCRIPT")
-report="$(quoted "$python" -m prism_megatron.cli emulate --report-only ${script_flags[@]+"${script_flags[@]}"} -- \
+# bash, not sh: %q may write $'...' (a newline in a path), which only bash reads back.
+report_script="#!/bin/bash
+exec $(quoted "$python" -m prism_megatron.cli emulate --report-only ${script_flags[@]+"${script_flags[@]}"} -- \
   "${config_flags[@]}" --prism-emulate ${rank_flags[@]+"${rank_flags[@]}"} ${extra[@]+"${extra[@]}"} \
   --prism-graph "$out/capture" --prism-out "$out")"
-report_id="$(submit -- --job-name prism-report --nodes 1 --ntasks 1 --dependency "afterok:$emulate_id" \
-  --output "prism-report-%j.out" --wrap "$report")"
+report_id="$(job_script="$report_script" submit -- --job-name prism-report --nodes 1 --ntasks 1 \
+  --dependency "afterok:$emulate_id" --output "prism-report-%j.out")"
 
 echo "capture jobs: ${capture_ids[*]} (batches: ${batches[*]})"
 echo "emulate job:  $emulate_id (after the captures)"
-echo "report job:   $report_id (after the emulation; writes $out/report.md)"
+echo "report job:   $report_id (after the emulation; writes $(quoted "$out")/report.md)"

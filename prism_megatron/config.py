@@ -23,6 +23,8 @@ import time
 import typing
 from typing import Any
 
+from prism_megatron.topology.grid import MAX_WORLD_SIZE
+
 DEVICES = ("auto", "cpu", "cuda")
 DATA_POLICIES = ("mirror",)  # what prism_megatron.backend offers
 PHASES = ("auto", "capture", "emulate")
@@ -30,6 +32,24 @@ DEFAULT_OUT_ROOT = "prism-out"
 FLAG_PREFIX = "--prism-"
 CPU_SHARES_PER_MACHINE = 8
 """The default CPU rank gets this fraction of the machine's cores, as a GPU is one of eight."""
+MAX_CPU_THREADS_PER_RANK = 1024
+"""--prism-cpu-threads-per-rank's upper bound: more intra-op threads than any machine has cores
+(torch's thread pools fail in native code, not with an error, far above it)."""
+SLOWDOWN_FACTOR_RANGE = (1e-3, 1e3)
+"""The factors a what-if may give a rank (--prism-straggler, simulate --straggler, --slow-nic,
+--expert-imbalance): from 1000 times faster to 1000 times slower. Beyond that a rank is dead, not
+slow, and durations in integer nanoseconds would overflow."""
+
+
+def check_slowdown_factor(factor: float, flag: str, item: str) -> float:
+    """`factor` when a finite number in `SLOWDOWN_FACTOR_RANGE`; ValueError naming the flag otherwise."""
+    low, high = SLOWDOWN_FACTOR_RANGE
+    if not (math.isfinite(factor) and low <= factor <= high):
+        raise ValueError(
+            f"{flag} {item!r}: the factor must be a number from {low:g} to {high:g} (2 is twice as slow), "
+            f"got {factor:g}"
+        )
+    return factor
 
 
 def _flag(name: str) -> dict[str, str]:
@@ -50,7 +70,7 @@ class EmulationConfig:
     device: str = dataclasses.field(default="auto", metadata={"choices": DEVICES})
     """Device of the real ranks; auto picks cuda when available, else cpu (with the CPU device shim)."""
     cpu_threads_per_rank: int | None = None
-    """On the cpu device: intra-op threads of each real rank, and as many cores of its own when the process may use more; the same share in every pass (default: the machine's cores / 8, at least 1)."""
+    """On the cpu device: intra-op threads of each real rank, and as many cores of its own when the process may use more; the same share in every pass (default: the machine's cores / 8, at least 1; at most 1024)."""
     data_policy: str = dataclasses.field(default="mirror", metadata={"choices": DATA_POLICIES})
     """What virtual peers contribute to collectives: mirror (what the real rank of their role, or this rank, contributes)."""
     timeout_s: float = dataclasses.field(default=300.0, metadata=_flag("timeout"))
@@ -67,10 +87,18 @@ class EmulationConfig:
             raise ValueError("--prism-emulate needs --prism-world-size (the target job's number of GPUs)")
         if self.world_size is not None and self.world_size < 1:
             raise ValueError(f"--prism-world-size must be >= 1, got {self.world_size}")
+        if self.world_size is not None and self.world_size > MAX_WORLD_SIZE:
+            raise ValueError(
+                f"--prism-world-size {self.world_size} is above the largest supported world, "
+                f"{MAX_WORLD_SIZE} ranks (2^20)"
+            )
         if not (math.isfinite(self.timeout_s) and self.timeout_s > 0):
             raise ValueError(f"--prism-timeout must be a positive number of seconds, got {self.timeout_s}")
-        if self.cpu_threads_per_rank is not None and self.cpu_threads_per_rank < 1:
-            raise ValueError(f"--prism-cpu-threads-per-rank must be >= 1, got {self.cpu_threads_per_rank}")
+        threads = self.cpu_threads_per_rank
+        if threads is not None and not 1 <= threads <= MAX_CPU_THREADS_PER_RANK:
+            raise ValueError(
+                f"--prism-cpu-threads-per-rank must be from 1 to {MAX_CPU_THREADS_PER_RANK}, got {threads}"
+            )
         if self.ranks is not None and not self.ranks.strip():
             raise ValueError("--prism-ranks must not be empty; omit it for one rank per role")
         self.stragglers()
@@ -86,8 +114,9 @@ class EmulationConfig:
                 virtual_rank, factor = int(rank_text), float(factor_text)
             except ValueError:
                 virtual_rank, factor = -1, math.nan
-            if not sep or virtual_rank < 0 or not (math.isfinite(factor) and factor > 0):
+            if not sep or virtual_rank < 0 or math.isnan(factor):
                 raise ValueError(f"--prism-straggler item {item!r} must read RANK:FACTOR, e.g. 5:1.3")
+            check_slowdown_factor(factor, "--prism-straggler", item)
             if self.world_size is not None and virtual_rank >= self.world_size:
                 raise ValueError(
                     f"--prism-straggler rank {virtual_rank} is outside --prism-world-size {self.world_size}"
@@ -117,15 +146,18 @@ class CaptureConfig:
     """The slicing pass that records the execution graph."""
 
     capture_iters: int = 4
-    """Iterations the slice runs to record the graph (the first is warm-up; each span is the median of the rest)."""
+    """Iterations the slice runs to record the graph, at least 2 (the first is warm-up; each span is the median of the rest)."""
     graph: str | None = None
     """Reuse a captured execution graph (a directory holding graph.json, such as a run's graph/) instead of capturing."""
     capture_all_roles: bool = False
     """Capture every role, each for its own graph (default: one role per class of roles that run the same program, its spans given to the whole class)."""
 
     def __post_init__(self) -> None:
-        if self.capture_iters < 1:
-            raise ValueError(f"--prism-capture-iters must be >= 1, got {self.capture_iters}")
+        if self.capture_iters < 2:  # one would give the graph the warm-up's spans, silently
+            raise ValueError(
+                f"--prism-capture-iters must be >= 2 (the first is warm-up; the spans are the median of "
+                f"the rest), got {self.capture_iters}"
+            )
         if self.graph is not None and not self.graph.strip():
             raise ValueError("--prism-graph must name a graph directory")
 
@@ -149,7 +181,7 @@ class OutputConfig:
     out: str | None = None
     """Run folder for report.json, report.md, timeline.json, graph/ and per-rank results (default: a new prism-out/<YYYYmmdd-HHMMSS>)."""
     overwrite: bool = False
-    """Replace an existing non-empty --prism-out directory."""
+    """Replace the run an existing --prism-out holds (only a folder with a report.json of ours; the user's other files stay, links are not followed)."""
 
     def __post_init__(self) -> None:
         if self.out is not None and not self.out.strip():

@@ -131,13 +131,27 @@ def report_only(megatron_args: list[str], *, script: str) -> int:
     return 0 if outcome.ok else 1
 
 
-def run_both_passes(megatron_args: list[str], *, script: str, nproc: int | None) -> int:
-    """Plan (user mistakes: ValueError before any process starts), run, print the summary."""
-    from prism_megatron.emulation import Progress, format_summary, plan_run, run_plan
+def checked_plan(megatron_args: list[str], *, script: str, nproc: int | None):
+    """Every check `emulate` makes before any process starts (the installed megatron-core, the plan,
+    the built-in entry's own flags), and the plan; launch/prism-chain.sh calls this too, so a chain
+    of jobs is refused for what `emulate` would refuse. Raises ValueError naming the flag."""
+    from prism_megatron.emulation import plan_run
+    from prism_megatron.patches import catalog
 
+    config = parse_prism_flags(list(megatron_args))
+    if config.emulation.emulate:
+        catalog.check_installed(allow_untested=config.patches.allow_untested_megatron)
     plan = plan_run(megatron_args, script=script, nproc=nproc)
     if script == "builtin":  # its whole flag set is known here: check it before any process starts
         check_builtin_flags(megatron_args, plan.layout.world_size)
+    return plan
+
+
+def run_both_passes(megatron_args: list[str], *, script: str, nproc: int | None) -> int:
+    """Plan (user mistakes: ValueError before any process starts), run, print the summary."""
+    from prism_megatron.emulation import Progress, format_summary, run_plan
+
+    plan = checked_plan(megatron_args, script=script, nproc=nproc)
     try:
         outcome = run_plan(plan, Progress())
     except KeyboardInterrupt:

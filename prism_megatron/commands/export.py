@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shutil
 
 from prism_megatron import files
+from prism_megatron.topology.grid import MAX_WORLD_SIZE
 
 NAME = "export"
 HELP = "export a graph as Chakra execution traces, or a cluster as ASTRA-sim's network configuration"
@@ -54,15 +56,36 @@ def run(args: argparse.Namespace) -> int:
     return _chakra(args) if args.kind == "chakra" else _astra_network(args)
 
 
+MAX_SIZE_BYTES = 1 << 50
+"""--max-size's upper bound (1 PiB)."""
+
+
 def parse_size(text: str) -> int:
     """'4GiB', '500MB', '1e9' -> bytes (ValueError naming --max-size)."""
     match = _SIZE.match(text)
-    if not match:
-        try:
-            return int(float(text))
-        except ValueError:
-            raise ValueError(f"--max-size {text!r}: expected a size such as 500MB or 4GiB") from None
-    return int(float(match.group(1)) * _UNITS[(match.group(2) or "").lower()])
+    try:
+        value = float(match.group(1)) * _UNITS[(match.group(2) or "").lower()] if match else float(text)
+    except ValueError:
+        raise ValueError(f"--max-size {text!r}: expected a size such as 500MB or 4GiB") from None
+    if not 0 < value <= MAX_SIZE_BYTES:  # NaN and infinity fail the comparison too
+        raise ValueError(f"--max-size {text!r}: expected a size > 0 and at most 1PiB, such as 500MB or 4GiB")
+    return int(value)
+
+
+def check_prefix(prefix: str) -> str:
+    """--prefix names files inside --out: a plain name, no folder part, nothing that leaves --out."""
+    if (
+        not prefix
+        or prefix in (".", "..")
+        or os.path.basename(prefix) != prefix
+        or "/" in prefix
+        or any(ord(c) < 32 for c in prefix)
+    ):
+        raise ValueError(
+            f"--prefix {prefix!r} must be a plain file-name prefix (no folder part, no '/' or control "
+            "characters), such as chakra; the traces go inside --out"
+        )
+    return prefix
 
 
 def _graph_dir(source: str) -> str:
@@ -78,13 +101,20 @@ def _chakra(args: argparse.Namespace) -> int:
     from prism_megatron.graph.chakra import export_chakra
 
     max_bytes = parse_size(args.max_size)
+    prefix = check_prefix(args.prefix)
     files.check_output(args.out, "--out", directory=True)
     graph_dir = _graph_dir(args.source)
     graph = load_graph(graph_dir)
     expanded = ExpandedGraph(graph, world_from_metadata(graph.metadata.layout))
-    exported = export_chakra(
-        expanded, args.out, all_ranks=args.all_ranks, prefix=args.prefix, max_bytes=max_bytes
-    )
+    existed = os.path.exists(args.out)
+    try:
+        exported = export_chakra(
+            expanded, args.out, all_ranks=args.all_ranks, prefix=prefix, max_bytes=max_bytes
+        )
+    except BaseException:
+        if not existed:  # a refusal or a failure half-way leaves no folder behind
+            shutil.rmtree(args.out, ignore_errors=True)
+        raise
     traces = [p for p in exported.paths if p.endswith(".et")]
     what = f"every NPU of {expanded.world_size}" if args.all_ranks else "one per role"
     print(
@@ -102,6 +132,8 @@ def _astra_network(args: argparse.Namespace) -> int:
     from prism_megatron.network import load_cluster
     from prism_megatron.network.astra import astra_network_yaml
 
+    if not 1 <= args.world_size <= MAX_WORLD_SIZE:
+        raise ValueError(f"--world-size must be from 1 to {MAX_WORLD_SIZE}, got {args.world_size}")
     files.check_output(args.out, "--out")
     text = astra_network_yaml(load_cluster(args.cluster), args.world_size)
     files.write_atomically(args.out, text)

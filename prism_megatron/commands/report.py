@@ -24,8 +24,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--check",
         action="store_true",
-        help="validate report.json and exit: 0 valid and finished (ok or failed), 1 invalid (each problem "
-        "printed with its key path) or not finished (running, interrupted)",
+        help="validate report.json and exit: 0 valid and finished (ok or failed, every file it lists "
+        "there), 1 invalid (each problem printed with its key path) or not finished (running, "
+        "interrupted, or a file it lists missing)",
     )
 
 
@@ -51,6 +52,14 @@ def run(args: argparse.Namespace) -> int:
             ) or "it had not finished when report.json was written"
             print(f"{path}: the run is not finished (status {doc['status']}: {why})", file=sys.stderr)
             return 1
+        missing = missing_artefacts(args.run_dir, doc)
+        if missing:
+            print(
+                f"{path}: the run is not finished ({', '.join(missing)} missing: status {doc['status']}, "
+                "but its report was not written in full)",
+                file=sys.stderr,
+            )
+            return 1
         print(f"{path}: valid (schema {doc['schema_version']}, status {doc['status']})")
         return 0
     report = load_report(args.run_dir)
@@ -60,6 +69,13 @@ def run(args: argparse.Namespace) -> int:
     for name, why in written.skipped.items():
         print(f"skipped {name}: {why}")
     return 0
+
+
+def missing_artefacts(run_dir: str, doc: dict) -> list[str]:
+    """The files report.json lists (`artefacts`; report.md for a report written before the list
+    existed) that are not in the run folder."""
+    listed = doc.get("artefacts", [files.REPORT_MD])
+    return [name for name in listed if not os.path.isfile(os.path.join(run_dir, name))]
 
 
 def _simulated_from_graph(run_dir: str, report):

@@ -18,6 +18,7 @@ from matplotlib.figure import Figure
 from prism_megatron.compare import stats
 from prism_megatron.compare.judge import IMPROVEMENT, REGRESSION, Judged, Thresholds
 from prism_megatron.compare.metrics import MEMORY, RunMetrics
+from prism_megatron.report.markdown import code, escape
 
 COMPARE_SCHEMA_VERSION = 1
 _COLOURS = {REGRESSION: "tab:red", IMPROVEMENT: "tab:green"}
@@ -78,11 +79,11 @@ def to_markdown(doc: dict, judged: Sequence[Judged], *, plot_name: str | None = 
     lines = [
         "# prism-megatron compare",
         "",
-        f"- A (before): `{doc['run_a']}`",
-        f"- B (after): `{doc['run_b']}`",
+        f"- A (before): {code(doc['run_a'])}",
+        f"- B (after): {code(doc['run_b'])}",
         "",
         f"Verdict: **{doc['verdict']}**"
-        + (f" ({', '.join(f'{j.label}: {j.verdict}' for j in flagged)})" if flagged else "")
+        + (f" ({', '.join(f'{escape(j.label)}: {j.verdict}' for j in flagged)})" if flagged else "")
         + ".",
         "",
         f"How: a metric of B is a regression when it grew by more than {doc['max_regression_pct']:g} % "
@@ -101,7 +102,8 @@ def to_markdown(doc: dict, judged: Sequence[Judged], *, plot_name: str | None = 
         difference = "-" if j.difference is None else _signed(j.kind, j.difference)
         verdict = f"**{j.verdict}**" if j.verdict in (REGRESSION, IMPROVEMENT) else j.verdict
         lines.append(
-            f"| {j.label} | {j.megatron_name or '-'} | {_value(j.kind, j.a)} | {_value(j.kind, j.b)} | "
+            f"| {escape(j.label)} | {escape(j.megatron_name) if j.megatron_name else '-'} | "
+            f"{_value(j.kind, j.a)} | {_value(j.kind, j.b)} | "
             f"{difference} | {change} | {j.scale} | {p} | {verdict} |"
         )
     notes = sorted({j.test for j in judged if j.test.startswith("too few")})
@@ -115,7 +117,7 @@ def to_markdown(doc: dict, judged: Sequence[Judged], *, plot_name: str | None = 
         "| package | A | B |",
         "|---|---|---|",
         *(
-            f"| {k} | {versions['a'].get(k) or '-'} | {versions['b'].get(k) or '-'} |"
+            f"| {escape(k)} | {escape(versions['a'].get(k) or '-')} | {escape(versions['b'].get(k) or '-')} |"
             for k in dict.fromkeys([*versions["a"], *versions["b"]])
         ),
     ]

@@ -6,9 +6,9 @@ Each phase is a small function over the `RunPlan`; the real processes of a phase
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
-import shutil
 from typing import Any
 
 from prism_megatron import files
@@ -44,38 +44,74 @@ class RunOutcome:
 def run(plan: RunPlan, progress: Progress | None = None) -> RunOutcome:
     """Run every phase; a failure ends the run with status "failed" and what was measured kept.
 
+    The run folder's lock is taken before anything is written and held to the end (a second run into
+    the folder is refused: `files.RunFolderBusy`). report.json is written last, so whatever ends the
+    run, the report phase included, it says so: "interrupted" or "failed", with what was written.
+
     Raises:
         StopRequested: the run was interrupted (Ctrl-C, SIGTERM; see `processes.stop_signals`); its
             processes are stopped and report.json says "interrupted", with what was measured.
+        RunFolderBusy: another run holds the folder.
     """
     progress = progress or Progress()
-    prepare_run_dir(plan)
-    outputs.write_running(plan)
-    walls: dict[str, float] = {}
-    sim_result = None
-    failure = None
-    summary = None
+    with files.run_folder_lock(plan.out_dir):
+        prepare_run_dir(plan)
+        outputs.write_running(plan)
+        done = _Done()
+        try:
+            try:
+                graph = obtain_graph(plan, progress, done.walls)
+                done.capture = outputs.capture_summary(
+                    plan, graph, done.walls, made_here=not plan.reuses_graph
+                )
+                done.sim_result = simulate(plan, graph, progress, done.walls)
+                emulate(plan, progress, done.walls)
+            except RunFailed as exc:
+                progress.end("failed")
+                failure = Failure(message=str(exc), dead_rank=exc.dead_rank, last_op=exc.last_op)
+            else:
+                failure = None
+            results = outputs.measured_results(plan) if failure else outputs.rank_results(plan.out_dir)
+            return _reported(plan, progress, done.walls, done.sim_result, results, failure, done.capture)
+        except KeyboardInterrupt as exc:  # the launch stopped its processes; the run folder says so
+            stop = processes.as_stop(exc)
+            phase = progress.phase
+            progress.end("interrupted")
+            _write_ended(plan, done, "interrupted",
+                         f"interrupted by {stop.signal_name} during {phase}; every process was stopped")  # fmt: skip
+            raise stop from None
+        except Exception as exc:
+            phase = progress.phase
+            progress.end("failed")
+            _write_ended(plan, done, "failed", f"{type(exc).__name__} during {phase}: {exc}")
+            raise
+
+
+@dataclasses.dataclass
+class _Done:
+    """What the run has made so far (for the report of a run that ends early)."""
+
+    walls: dict[str, float] = dataclasses.field(default_factory=dict)
+    sim_result: Any = None
+    capture: Any = None
+
+
+def _write_ended(plan: RunPlan, done: _Done, status: str, message: str) -> None:
+    """The report of a run that ended early; when the full report cannot be written (a full disk,
+    a second interrupt), report.json alone, which says so (it is written last, so the one on disk
+    still says "running" until then)."""
+    report = None
     try:
-        graph = obtain_graph(plan, progress, walls)
-        summary = outputs.capture_summary(plan, graph, walls, made_here=not plan.reuses_graph)
-        sim_result = simulate(plan, graph, progress, walls)
-        emulate(plan, progress, walls)
-    except RunFailed as exc:
-        progress.end("failed")
-        failure = Failure(message=str(exc), dead_rank=exc.dead_rank, last_op=exc.last_op)
-    except KeyboardInterrupt as exc:  # the launch stopped its processes; the run folder says so
-        stop = processes.as_stop(exc)
-        phase = progress.phase
-        progress.end("interrupted")
-        stopped = Failure(
-            message=f"interrupted by {stop.signal_name} during {phase}; every process was stopped"
-        )
-        outputs.write_final(plan, outputs.build_report(plan, status="interrupted", sim_result=sim_result,
-                                                       results=outputs.measured_results(plan),
-                                                       failure=stopped, capture=summary), sim_result)  # fmt: skip
-        raise stop from None
-    results = outputs.measured_results(plan) if failure else outputs.rank_results(plan.out_dir)
-    return _reported(plan, progress, walls, sim_result, results, failure, summary)
+        report = outputs.build_report(plan, status=status, sim_result=done.sim_result,
+                                      results=outputs.measured_results(plan),
+                                      failure=Failure(message=message), capture=done.capture)  # fmt: skip
+        outputs.write_final(plan, report, done.sim_result)
+    except BaseException as exc:  # the run is ending anyway: say what is true
+        why = f"{message}; the report could not be written in full ({type(exc).__name__}: {exc})"
+        with contextlib.suppress(Exception):
+            outputs.write_plain(
+                plan, status=status, message=why, sim_result=done.sim_result, capture=done.capture
+            )
 
 
 def report_existing(plan: RunPlan, progress: Progress | None = None) -> RunOutcome:
@@ -83,17 +119,20 @@ def report_existing(plan: RunPlan, progress: Progress | None = None) -> RunOutco
     --prism-graph (or the folder's graph/), simulated here; the real ranks' results and op logs
     from the run folder. Status "ok" when every real rank left its results, else "failed"."""
     progress = progress or Progress()
-    source = plan.config.capture.graph or plan.path(files.GRAPH_DIR)
-    graph = _load(source, plan)
-    if not os.path.isfile(os.path.join(plan.path(files.GRAPH_DIR), files.GRAPH_FILE)):
-        save_graph(graph, plan.path(files.GRAPH_DIR))
-    walls: dict[str, float] = {}
-    sim_result = simulate(plan, graph, progress, walls)
-    results = outputs.rank_results(plan.out_dir)
-    missing = [r for r in plan.real_ranks if r not in results]
-    failure = Failure(message=f"real ranks {missing} left no results in {plan.out_dir}") if missing else None
-    summary = outputs.capture_summary(plan, graph, walls, made_here=False)  # its passes ran elsewhere
-    return _reported(plan, progress, walls, sim_result, results, failure, summary)
+    with files.run_folder_lock(plan.out_dir):
+        source = plan.config.capture.graph or plan.path(files.GRAPH_DIR)
+        graph = _load(source, plan)
+        if not os.path.isfile(os.path.join(plan.path(files.GRAPH_DIR), files.GRAPH_FILE)):
+            save_graph(graph, plan.path(files.GRAPH_DIR))
+        walls: dict[str, float] = {}
+        sim_result = simulate(plan, graph, progress, walls)
+        results = outputs.rank_results(plan.out_dir)
+        missing = [r for r in plan.real_ranks if r not in results]
+        failure = (
+            Failure(message=f"real ranks {missing} left no results in {plan.out_dir}") if missing else None
+        )
+        summary = outputs.capture_summary(plan, graph, walls, made_here=False)  # its passes ran elsewhere
+        return _reported(plan, progress, walls, sim_result, results, failure, summary)
 
 
 def _reported(
@@ -115,12 +154,12 @@ def _reported(
 
 
 def prepare_run_dir(plan: RunPlan) -> None:
-    """Create the run folder; under --prism-overwrite, first remove what an earlier run wrote there."""
+    """Create the run folder; under --prism-overwrite, first remove what an earlier run wrote there.
+
+    Checked again here, under the run folder's lock: the folder may have changed since the plan."""
+    files.check_run_folder(plan.out_dir, overwrite=plan.config.output.overwrite)
     if plan.config.output.overwrite and os.path.isdir(plan.out_dir):
-        for name in os.listdir(plan.out_dir):
-            path = os.path.join(plan.out_dir, name)
-            if name in files.RUN_ENTRIES or files.is_rank_file(name):
-                shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
+        files.clear_run(plan.out_dir)
     os.makedirs(plan.out_dir, exist_ok=True)
 
 

@@ -155,14 +155,24 @@ def build_report(
 
 def write_running(plan: RunPlan) -> None:
     """report.json saying the run is under way (plain, without rendering: the run has just begun)."""
+    write_plain(plan, status="running")
+
+
+def write_plain(
+    plan: RunPlan, *, status: str, message: str | None = None, sim_result=None, capture=None
+) -> None:
+    """report.json alone (no rendering, no results read): the start of a run, or the last word of a
+    run whose full report could not be written."""
     from prism_megatron.report import schema
 
-    doc = build_report(plan, status="running").to_json()
+    failure = Failure(message=message) if message else None
+    doc = build_report(plan, status=status, sim_result=sim_result, failure=failure, capture=capture).to_json()
     schema.validate(doc)
     os.makedirs(plan.out_dir, exist_ok=True)
     files.write_json(doc, plan.path(files.REPORT_JSON), indent=1)
 
 
 def write_final(plan: RunPlan, report: RunReport, sim_result=None):
-    """report.json, report.md, timeline.json and the plots; returns what was written."""
+    """report.md, timeline.json, the plots, then report.json (last: see `write_report`); returns
+    what was written."""
     return write_report(report, plan.out_dir, sim_result=sim_result, layout=plan.layout)

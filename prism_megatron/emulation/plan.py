@@ -12,6 +12,7 @@ import os
 import time
 from collections.abc import Sequence
 
+from prism_megatron import files
 from prism_megatron.config import PrismConfig, RaisingParser, parse_prism_flags
 from prism_megatron.emulation import preflight
 from prism_megatron.emulation.capture_slice import with_slice
@@ -135,7 +136,7 @@ def plan_run(
     if existing_run and not os.path.isdir(out_dir):
         raise ValueError(f"--prism-out {out_dir} is not a run folder; give the one the passes wrote to")
     if not existing_run:
-        check_out_dir(out_dir, overwrite=config.output.overwrite)
+        files.check_run_folder(out_dir, overwrite=config.output.overwrite)  # again under the lock
     if config.capture.graph is not None and not os.path.exists(config.capture.graph):
         raise ValueError(f"--prism-graph {config.capture.graph}: no such graph directory")
     plan = RunPlan(
@@ -167,13 +168,11 @@ def _check_counts(flags: argparse.Namespace) -> None:
         value = getattr(flags, flag)
         if value is not None and value < 1:
             raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {value}")
+    from prism_megatron.passes.rank import NUM_WARMUP  # the passes' warm-up; it imports the replay
 
-
-def check_out_dir(out_dir: str, *, overwrite: bool) -> None:
-    """Refuse an existing non-empty run folder unless --prism-overwrite (a file is refused always)."""
-    if os.path.isfile(out_dir):
-        raise ValueError(f"--prism-out {out_dir} is a file; name a directory")
-    if os.path.isdir(out_dir) and os.listdir(out_dir) and not overwrite:
+    if flags.train_iters is not None and flags.train_iters <= NUM_WARMUP:
+        # Such a run would end "ok" with no emulated iteration time at all.
         raise ValueError(
-            f"--prism-out {out_dir} already holds a run; pass --prism-overwrite or another --prism-out"
+            f"--train-iters {flags.train_iters} leaves no iteration to measure: the first {NUM_WARMUP} "
+            f"is warm-up; give at least {NUM_WARMUP + 1}"
         )

@@ -1,4 +1,6 @@
-"""Files on the bottom floor: the one atomic writer, and every name inside a run folder.
+"""Files on the bottom floor: the one atomic writer, every name inside a run folder, and who owns one
+(a run holds its folder's lock from its first write to its end; --prism-overwrite replaces only a
+folder that holds a run of ours, never through a link: `ownership.py`).
 
 Both sit below every package (they import nothing of the project), so topology and replay up to the
 commands, the benchmarks and the tools all write files and name run-folder paths the same way:
@@ -14,6 +16,14 @@ from prism_megatron.files.atomic import (
     read_json,
     write_atomically,
     write_json,
+)
+from prism_megatron.files.ownership import (
+    LOCK_FILE,
+    RunFolderBusy,
+    check_run_folder,
+    clear_run,
+    holds_prism_run,
+    run_folder_lock,
 )
 from prism_megatron.files.run_folder import (
     CAPTURE_DIR,
@@ -66,6 +76,7 @@ __all__ = [
     "GRAPH_FILE",
     "HUNG_SUFFIX",
     "LAUNCHER_LOG",
+    "LOCK_FILE",
     "LOGS_DIR",
     "OPS_DIR",
     "PLOTS_DIR",
@@ -81,10 +92,14 @@ __all__ = [
     "TEMPORARY_PREFIX",
     "TIMELINE_JSON",
     "WATCHDOG_DIR",
+    "RunFolderBusy",
     "atomic_open",
     "capture_path",
     "capture_paths",
     "check_output",
+    "check_run_folder",
+    "clear_run",
+    "holds_prism_run",
     "is_rank_file",
     "op_log_dir",
     "op_log_path",
@@ -94,6 +109,7 @@ __all__ = [
     "results_path",
     "results_paths",
     "role_classes_path",
+    "run_folder_lock",
     "schedule_path",
     "watchdog_path",
     "watchdog_paths",

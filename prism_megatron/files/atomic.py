@@ -118,3 +118,5 @@ def read_json(path: str | os.PathLike, what: str) -> Any:
         raise ValueError(f"{os.fspath(path)}: no {what} here") from exc
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ValueError(f"{os.fspath(path)}: damaged {what} (not JSON: {exc})") from exc
+    except RecursionError as exc:  # thousands of nested brackets: no file of ours is shaped so
+        raise ValueError(f"{os.fspath(path)}: damaged {what} (nested too deeply to be one)") from exc

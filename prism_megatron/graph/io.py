@@ -16,6 +16,7 @@ import os
 from prism_megatron import files
 from prism_megatron.graph.printable import format_op, parse_op
 from prism_megatron.graph.schema import SCHEMA_VERSION, ExecutionGraph, GraphMetadata, RoleGraph
+from prism_megatron.topology.grid import MAX_WORLD_SIZE
 
 FORMAT = "prism-megatron execution graph"
 
@@ -56,6 +57,7 @@ def graph_from_json(data: object, *, source: str = "execution graph") -> Executi
         if data["sha256"] != _digest(content):
             raise ValueError("content does not match its sha256")
         meta = content["metadata"]
+        _check_layout(meta["layout"], source)
         metadata = GraphMetadata(
             layout=dict(meta["layout"]), source=str(meta["source"]), extra=dict(meta["extra"])
         )
@@ -64,8 +66,40 @@ def graph_from_json(data: object, *, source: str = "execution graph") -> Executi
             streams = {str(name): tuple(parse_op(text) for text in ops) for name, ops in entry["streams"]}
             roles[entry["role"]] = RoleGraph(role=str(entry["role"]), streams=streams)
         return ExecutionGraph(metadata=metadata, roles=roles)
+    except _OutOfRange:
+        raise
     except (KeyError, TypeError, ValueError) as exc:
         raise ValueError(f"{source}: damaged execution graph ({exc})") from exc
+
+
+class _OutOfRange(ValueError):
+    """A well-formed graph whose metadata holds a value out of range (not damage: said as is)."""
+
+
+_SIZES = ("world_size", "tp", "pp", "cp", "ep", "etp", "vpp")
+_FLAGS = ("untie_embeddings", "mtp")
+
+
+def _check_layout(layout: object, source: str) -> None:
+    """The metadata's layout before anything is built from it: known keys, sizes integers (not
+    booleans) from 1 to `MAX_WORLD_SIZE`, flags booleans. ValueError naming the file and the key."""
+    if not isinstance(layout, dict):
+        raise _OutOfRange(f"{source}: metadata.layout must be a mapping, got {type(layout).__name__}")
+    for key, value in layout.items():
+        where = f"{source}: metadata.layout.{key}"
+        if key in _SIZES:
+            if value is None and key in ("etp", "vpp"):
+                continue
+            if not (isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MAX_WORLD_SIZE):
+                raise _OutOfRange(f"{where} must be an integer from 1 to {MAX_WORLD_SIZE}, got {value!r}")
+        elif key in _FLAGS:
+            if not isinstance(value, bool):
+                raise _OutOfRange(f"{where} must be true or false, got {value!r}")
+        elif key == "order":
+            if not isinstance(value, str):
+                raise _OutOfRange(f"{where} must be a rank order such as tp-cp-ep-dp-pp, got {value!r}")
+        else:
+            raise _OutOfRange(f"{where}: unknown key; known: {', '.join((*_SIZES, *_FLAGS, 'order'))}")
 
 
 def save_graph(graph: ExecutionGraph, directory: str) -> str:

@@ -56,13 +56,25 @@ def format_duration(duration_ns: int) -> str:
     raise AssertionError("unreachable")
 
 
+MAX_DURATION_NS = 10**15
+"""The longest op a graph may hold (10^6 s, about 11.6 days): the simulator keeps times in int64
+nanoseconds (at most 9.2e18), so such an op even 1000 times slowed (the largest what-if factor)
+still fits."""
+MAX_SIZE_BYTES = 1 << 50
+"""The largest message a graph may hold (1 PiB)."""
+
+
 def parse_duration(text: str) -> int:
     match = _DURATION.match(text)
     if not match:
         raise ValueError(f"{text!r} is not a duration (like 1.2ms, 850us, 17ns)")
+    if len(match.group(1)) > 30:  # Decimal takes any length; no duration in range is written so long
+        raise ValueError(f"duration {text[:40]!r}... is longer than any op (at most 10^6 s)")
     value = Decimal(match.group(1)) * _TIME_SCALE[match.group(2)]
     if value != value.to_integral_value():
         raise ValueError(f"duration {text!r} is not a whole number of ns")
+    if value > MAX_DURATION_NS:
+        raise ValueError(f"duration {text!r} is longer than any op may be (at most 10^6 s)")
     return int(value)
 
 
@@ -78,6 +90,8 @@ def parse_size(text: str) -> int:
     match = _SIZE.match(text)
     if not match:
         raise ValueError(f"{text!r} is not a size (like 4MiB, 1000B)")
+    if len(match.group(1)) > 20 or int(match.group(1)) * _SIZE_SCALE[match.group(2)] > MAX_SIZE_BYTES:
+        raise ValueError(f"size {text[:40]!r} is larger than any message may be (at most {MAX_SIZE_BYTES} B)")
     return int(match.group(1)) * _SIZE_SCALE[match.group(2)]
 
 
@@ -127,18 +141,32 @@ def _parse(text: str) -> Op:
     elif match := _P2P_HEAD.match(head):
         letter, name, _arrow, group, offset, seq = match.groups()
         kind = NodeType.SEND if letter == "S" else NodeType.RECV
-        fields.update(type=kind, name=name or "", group=group, offset=int(offset), seq=int(seq))
+        fields.update(
+            type=kind, name=name or "", group=group, offset=_index(offset, "offset"), seq=_index(seq, "seq")
+        )
     elif (match := _COLL_HEAD.match(head)) and match.group(1) in _COMM_BY_CODE:
         if not rest or not (group := _COLL_GROUP.match(rest[0])):
             raise ValueError("a collective needs GROUP#SEQ after its code")
         fields.update(type=NodeType.COLLECTIVE, comm=_COMM_BY_CODE[match.group(1)], name=match.group(2) or "")
-        fields.update(group=group.group(1), seq=int(group.group(2)))
+        fields.update(group=group.group(1), seq=_index(group.group(2), "seq"))
         rest = rest[1:]
     else:
         raise ValueError(f"unknown head {head!r}")
     for token in rest:
         _parse_field(token, fields)
     return Op(**fields)
+
+
+MAX_INDEX = 1 << 40
+"""The largest sequence number, offset, dependency index or microbatch an op may carry: far above
+any graph's, and far below what the engine's 64-bit integers hold."""
+
+
+def _index(text: str, what: str) -> int:
+    if len(text) > 16 or abs(int(text)) > MAX_INDEX:
+        shown = text if len(text) <= 20 else text[:20] + "..."
+        raise ValueError(f"{what} {shown} is out of range (at most {MAX_INDEX})")
+    return int(text)
 
 
 def _parse_field(token: str, fields: dict) -> None:
@@ -148,10 +176,10 @@ def _parse_field(token: str, fields: dict) -> None:
         deps = []
         for item in token[1:].split(","):
             stream, _, index = item.rpartition(":")
-            deps.append(Dep(stream, int(index)))
+            deps.append(Dep(stream, _index(index, "dependency index")))
         fields["deps"] = tuple(deps)
     elif match := _MICROBATCH.match(token):
-        fields["microbatch"] = int(match.group(1))
+        fields["microbatch"] = _index(match.group(1), "microbatch")
     elif _DURATION.match(token) and fields["type"] == NodeType.COMPUTE:
         fields["duration_ns"] = parse_duration(token)
     elif _SIZE.match(token) and fields["type"] != NodeType.COMPUTE:

@@ -13,6 +13,7 @@ Parameters that no row depends on (no multi-node log: no network numbers) keep t
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -93,6 +94,11 @@ def observations(base: ClusterSpec, runs: Sequence[NcclTestsRun]) -> list[Observ
         shape = group_shape(base, members)
         candidates = tuple(candidates_for(base, run.kind, shape))
         for row in run.rows:  # the candidates cost bytes of S, the nccl-tests size column
+            if not (math.isfinite(row.time_us) and row.time_us > 0):  # a row built by hand, not parsed
+                raise ValueError(
+                    f"{run.source}:{row.line_number}: time {row.time_us!r} us is not a finite number > 0; "
+                    "the fit needs measured times"
+                )
             found.append(
                 Observation(run.source, row.line_number, candidates, row.size_bytes, row.time_us * 1e3)
             )

@@ -13,35 +13,48 @@ a NIC's 400 Gb/s line rate is 50 GB/s. Latencies are microseconds. A "node" is o
 from __future__ import annotations
 
 import dataclasses
-import math
+import reprlib
 
 TOPOLOGY_KINDS = ("rail-optimized-fat-tree", "fat-tree")
 
 
+MAX_BANDWIDTH_GB_PER_S = 1e6
+"""Upper bound of every bandwidth (GB/s): a thousand times any link built so far."""
+MAX_LATENCY_US = 1e6
+"""Upper bound of every latency (us): one second per step is a broken link, not a slow one."""
+MAX_COUNT = 1 << 20
+"""Upper bound of every count (GPUs or NICs per node, nodes per leaf, rails): the largest world."""
+MAX_OVERSUBSCRIPTION = 1024.0
+
+
 def _is_number(value: object) -> bool:
-    """An int or float, not a bool (YAML's `true` would otherwise pass as 1)."""
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
-def _check_positive(owner: str, name: str, value: float) -> None:
-    if not (_is_number(value) and math.isfinite(value) and value > 0):
-        raise ValueError(f"{owner}.{name} must be a finite number > 0, got {value!r}")
+def _check_positive(owner: str, name: str, value: float, high: float = MAX_LATENCY_US) -> None:
+    # Compared, never converted: a huge integer (10**400) is refused, not an OverflowError; NaN and
+    # infinity fail the comparison.
+    if not (_is_number(value) and 0 < value <= high):
+        raise ValueError(
+            f"{owner}.{name} must be a finite number > 0 and <= {high:g}, got {reprlib.repr(value)}"
+        )
 
 
 def _check_fraction(owner: str, name: str, value: float) -> None:
     if not (_is_number(value) and 0 < value <= 1):
-        raise ValueError(f"{owner}.{name} must be in (0, 1], got {value!r}")
+        raise ValueError(f"{owner}.{name} must be in (0, 1], got {reprlib.repr(value)}")
 
 
 def _check_bool(owner: str, name: str, value: object) -> None:
-    """A switch must be true or false: the string "false" is truthy and would switch it on."""
     if not isinstance(value, bool):
         raise ValueError(f"{owner}.{name} must be true or false (unquoted), got {value!r}")
 
 
-def _check_count(owner: str, name: str, value: int) -> None:
-    if not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
-        raise ValueError(f"{owner}.{name} must be an integer >= 1, got {value!r}")
+def _check_count(owner: str, name: str, value: int, low: int = 1) -> None:
+    if not (isinstance(value, int) and not isinstance(value, bool) and low <= value <= MAX_COUNT):
+        raise ValueError(
+            f"{owner}.{name} must be an integer from {low} to {MAX_COUNT}, got {reprlib.repr(value)}"
+        )
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -73,7 +86,9 @@ class IntraNodeFabric:
         owner = "intra_node"
         _check_bool(owner, "nvswitch", self.nvswitch)
         _check_bool(owner, "nvls", self.nvls)
-        _check_positive(owner, "nvlink_bandwidth_gb_per_s", self.nvlink_bandwidth_gb_per_s)
+        _check_positive(
+            owner, "nvlink_bandwidth_gb_per_s", self.nvlink_bandwidth_gb_per_s, MAX_BANDWIDTH_GB_PER_S
+        )
         _check_fraction(owner, "nvlink_efficiency", self.nvlink_efficiency)
         _check_positive(owner, "step_latency_us", self.step_latency_us)
         _check_fraction(owner, "nvls_efficiency", self.nvls_efficiency)
@@ -101,7 +116,7 @@ class NetworkFabric:
     def __post_init__(self) -> None:
         owner = "network"
         _check_count(owner, "nics_per_node", self.nics_per_node)
-        _check_positive(owner, "nic_bandwidth_gb_per_s", self.nic_bandwidth_gb_per_s)
+        _check_positive(owner, "nic_bandwidth_gb_per_s", self.nic_bandwidth_gb_per_s, MAX_BANDWIDTH_GB_PER_S)
         _check_fraction(owner, "nic_efficiency", self.nic_efficiency)
         _check_positive(owner, "step_latency_us", self.step_latency_us)
 
@@ -131,16 +146,16 @@ class Topology:
         if not isinstance(self.kind, str) or self.kind not in TOPOLOGY_KINDS:
             raise ValueError(f"topology.kind must be one of {', '.join(TOPOLOGY_KINDS)}, got {self.kind!r}")
         _check_count("topology", "nodes_per_leaf", self.nodes_per_leaf)
-        if not (
-            isinstance(self.num_rails, int) and not isinstance(self.num_rails, bool) and self.num_rails >= 0
-        ):
-            raise ValueError(f"topology.num_rails must be an integer >= 0, got {self.num_rails!r}")
-        if not (_is_number(self.oversubscription) and self.oversubscription >= 1):
+        _check_count("topology", "num_rails", self.num_rails, low=0)
+        if not (_is_number(self.oversubscription) and 1 <= self.oversubscription <= MAX_OVERSUBSCRIPTION):
             raise ValueError(
-                f"topology.oversubscription must be >= 1 (1 = non-blocking), got {self.oversubscription!r}"
+                f"topology.oversubscription must be from 1 (non-blocking) to {MAX_OVERSUBSCRIPTION:g}, "
+                f"got {reprlib.repr(self.oversubscription)}"
             )
-        if not (_is_number(self.spine_latency_us) and self.spine_latency_us >= 0):
-            raise ValueError(f"topology.spine_latency_us must be >= 0, got {self.spine_latency_us!r}")
+        if not (_is_number(self.spine_latency_us) and 0 <= self.spine_latency_us <= MAX_LATENCY_US):
+            raise ValueError(
+                f"topology.spine_latency_us must be from 0 to {MAX_LATENCY_US:g}, got {reprlib.repr(self.spine_latency_us)}"
+            )
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

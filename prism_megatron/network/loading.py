@@ -50,12 +50,18 @@ def load_cluster(source: str | os.PathLike) -> ClusterSpec:
             f"cluster {text!r} is neither a preset ({', '.join(sorted(PRESETS))}, or default = "
             f"{DEFAULT_PRESET}) nor a YAML/JSON file"
         )
-    with open(text, encoding="utf-8") as f:
-        raw = f.read()
     try:
+        with open(text, encoding="utf-8") as f:
+            raw = f.read()
         data = json.loads(raw) if text.endswith(".json") else yaml.safe_load(raw)
+    except UnicodeDecodeError as exc:
+        raise ValueError(
+            f"{text}: not a readable cluster file (not UTF-8 text: {exc.reason} at byte {exc.start})"
+        ) from exc
     except (json.JSONDecodeError, yaml.YAMLError) as exc:
         raise ValueError(f"{text}: not a readable cluster file ({exc})") from exc
+    except RecursionError as exc:
+        raise ValueError(f"{text}: not a readable cluster file (nested too deeply)") from exc
     return cluster_from_dict(data, source=text)
 
 

@@ -32,11 +32,13 @@ import dataclasses
 import itertools
 import json
 import os
+import reprlib
 from collections.abc import Mapping, Sequence
 
 import yaml
 
 from prism_megatron.replay.schedule import OpKind
+from prism_megatron.topology.grid import MAX_WORLD_SIZE
 
 SCHEMA_VERSION = 1
 KIND = "measured"
@@ -106,13 +108,37 @@ class MeasuredCost:
         }
 
 
+MAX_SIZE_BYTES = 1 << 50
+"""A cost table's largest message size (1 PiB), so a size always converts to a float exactly enough."""
+MAX_COST_US = 1e9
+"""A cost table's largest time (1000 s for one collective): more is a typo or a unit mistake."""
+
+
 def _read(path: str) -> object:
-    with open(path, encoding="utf-8") as f:
-        raw = f.read()
     try:
+        with open(path, encoding="utf-8") as f:
+            raw = f.read()
         return json.loads(raw) if path.endswith(".json") else yaml.safe_load(raw)
+    except UnicodeDecodeError as exc:
+        raise ValueError(
+            f"{path}: not a readable cluster file (not UTF-8 text: {exc.reason} at byte {exc.start})"
+        ) from exc
     except (json.JSONDecodeError, yaml.YAMLError) as exc:
         raise ValueError(f"{path}: not a readable cluster file ({exc})") from exc
+    except RecursionError as exc:
+        raise ValueError(f"{path}: not a readable cluster file (nested too deeply)") from exc
+
+
+def _is_pair(row: object) -> bool:
+    """[bytes, microseconds]: numbers (a boolean is not one), finite and in range. Compared before
+    any conversion, so a huge integer or an infinity is refused rather than overflowing."""
+    return (
+        isinstance(row, list)
+        and len(row) == 2
+        and all(isinstance(v, int | float) and not isinstance(v, bool) for v in row)
+        and 0 <= row[0] <= MAX_SIZE_BYTES
+        and 0 <= row[1] <= MAX_COST_US
+    )
 
 
 def is_measured(source: str | os.PathLike) -> bool:
@@ -126,21 +152,22 @@ def is_measured(source: str | os.PathLike) -> bool:
 
 def _table(path: str, key: str, rows: object) -> tuple[tuple[OpKind, int], Points]:
     kind_name, _, size_text = str(key).partition("/")
-    if kind_name not in OpKind.__members__ or not size_text.isdigit() or int(size_text) < 2:
+    if (
+        kind_name not in OpKind.__members__
+        or not (size_text.isascii() and size_text.isdigit())
+        or not 2 <= int(size_text) <= MAX_WORLD_SIZE
+    ):
         raise ValueError(
             f"{path}: costs_us key {key!r} must read KIND/GROUP_SIZE with KIND one of "
-            f"{', '.join(OpKind.__members__)} and GROUP_SIZE >= 2, e.g. ALL_REDUCE/2"
+            f"{', '.join(OpKind.__members__)} and GROUP_SIZE from 2 to {MAX_WORLD_SIZE}, e.g. ALL_REDUCE/2"
         )
     points = []
     for row in rows if isinstance(rows, list) else [None]:
-        if not (
-            isinstance(row, list)
-            and len(row) == 2
-            and all(isinstance(v, int | float) for v in row)
-            and row[0] >= 0
-            and row[1] >= 0
-        ):
-            raise ValueError(f"{path}: costs_us.{key} must be a list of [bytes, microseconds] pairs >= 0")
+        if not _is_pair(row):
+            raise ValueError(
+                f"{path}: costs_us.{key} must be a list of [bytes, microseconds] pairs of numbers (not "
+                f"true/false), bytes 0..{MAX_SIZE_BYTES}, microseconds 0..{MAX_COST_US:g}; got {reprlib.repr(row)}"
+            )
         points.append((int(row[0]), float(row[1]) * 1e3))
     return (OpKind[kind_name], int(size_text)), monotone(points)
 

@@ -23,7 +23,9 @@ import json
 import os
 import re
 
+from prism_megatron.network.measured import MAX_COST_US, MAX_SIZE_BYTES
 from prism_megatron.replay.schedule import OpKind
+from prism_megatron.topology.grid import MAX_WORLD_SIZE
 
 OPS: dict[str, OpKind] = {
     "all_reduce": OpKind.ALL_REDUCE,
@@ -107,7 +109,7 @@ def read_nccl_tests(path: str, op: str | None = None) -> list[NcclTestsRun]:
     if text.lstrip().startswith("{"):
         try:
             doc = json.loads(text)
-        except json.JSONDecodeError as exc:
+        except (json.JSONDecodeError, RecursionError) as exc:
             raise ValueError(f"{path}: looks like nccl-tests JSON (-J) but is not JSON ({exc})") from exc
         return [parse_nccl_tests_json(doc, source=path, op=op)]
     return parse_nccl_tests(text, source=path, op=op)
@@ -133,7 +135,15 @@ def parse_nccl_tests_json(doc: object, *, source: str, op: str | None = None) ->
     config = doc.get("config")
     if not isinstance(config, dict) or not config.get("devices"):
         raise ValueError(f"{source}: config.devices is missing; the ranks' hosts cannot be told")
-    per_process = int(config.get("nthreads", 1)) * int(config.get("ngpus", 1))
+    counts = {key: config.get(key, 1) for key in ("nthreads", "ngpus")}
+    for key, value in counts.items():
+        if not _is_int(value) or not 1 <= value <= MAX_WORLD_SIZE:
+            raise ValueError(
+                f"{source}: config.{key} must be an integer from 1 to {MAX_WORLD_SIZE}, got {value!r}"
+            )
+    per_process = counts["nthreads"] * counts["ngpus"]
+    if per_process * len(config["devices"]) > MAX_WORLD_SIZE:
+        raise ValueError(f"{source}: config describes more than {MAX_WORLD_SIZE} ranks")
     ranks: dict[int, tuple[str, int]] = {}
     try:
         for device in config["devices"]:
@@ -152,17 +162,30 @@ def parse_nccl_tests_json(doc: object, *, source: str, op: str | None = None) ->
     return run
 
 
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_time_us(value: object) -> bool:
+    """A time as nccl-tests prints it: a number (not a boolean), > 0, finite and in range (NaN and
+    infinity fail the comparison)."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and 0 < value <= MAX_COST_US
+
+
 def _json_row(result: object, index: int, source: str) -> NcclTestsRow:
     where = f"{source}: results[{index}]"
-    if not isinstance(result, dict) or not isinstance(result.get("size"), int):
-        raise ValueError(f"{where}: needs an integer 'size'")
+    size = result.get("size") if isinstance(result, dict) else None
+    if not _is_int(size) or not 0 <= size <= MAX_SIZE_BYTES:
+        raise ValueError(f"{where}: needs an integer 'size' from 0 to {MAX_SIZE_BYTES} bytes, got {size!r}")
     times = []
     for placement in ("out_of_place", "in_place"):
         entry = result.get(placement)
         if isinstance(entry, dict):
             value = entry.get("time", entry.get("cpu_time"))
-            if not isinstance(value, int | float) or value <= 0:
-                raise ValueError(f"{where}.{placement}: needs a time > 0 in us, got {value!r}")
+            if not _is_time_us(value):
+                raise ValueError(
+                    f"{where}.{placement}: needs a time > 0 in us, a number up to {MAX_COST_US:g} (not true/false), got {value!r}"
+                )
             times.append(float(value))
     if not times:
         raise ValueError(f"{where}: neither out_of_place nor in_place has a time")
@@ -255,8 +278,15 @@ def _parse_row(line: str, columns: list[str], line_number: int, source: str) -> 
         times = [float(fields[i]) for i in time_columns if i < len(fields) and fields[i] != "N/A"]
     except ValueError as exc:
         raise ValueError(f"{source}:{line_number}: unreadable result row ({exc})") from exc
-    if not times or min(times) <= 0:
-        raise ValueError(f"{source}:{line_number}: a result row needs a time > 0 in us")
+    if not times or not all(_is_time_us(t) for t in times):
+        raise ValueError(
+            f"{source}:{line_number}: a result row needs a time > 0 in us, a number up to {MAX_COST_US:g} "
+            f"(not nan or inf), got {' '.join(fields[i] for i in time_columns if i < len(fields))}"
+        )
+    if not 0 <= size_bytes <= MAX_SIZE_BYTES:
+        raise ValueError(
+            f"{source}:{line_number}: a result row's size must be 0 to {MAX_SIZE_BYTES} bytes, got {size_bytes}"
+        )
     return NcclTestsRow(size_bytes=size_bytes, time_us=sum(times) / len(times), line_number=line_number)
 
 

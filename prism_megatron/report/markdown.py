@@ -3,10 +3,15 @@
 It states everything report.json holds that a person reads (status and failure first), and for each
 output that could not be made (no simulation, nothing measured) one line saying why, so a missing
 plot is never a mystery.
+
+Text that comes from inputs (role names from a graph file, a failure's message, a setting's value)
+goes through `escape` or `code`, so it reads as the text it is: a role named `a|b` or `**x**` neither
+splits a table cell nor turns bold, and a newline does not end a table row.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 
 from prism_megatron.report.model import MEGATRON_NAMES, RunReport, target_to_json
@@ -33,6 +38,25 @@ def _bytes(value: int | None) -> str:
         if value >= size:
             return f"{value / size:.2f} {unit}"
     return f"{value} B"
+
+
+_INLINE_SPECIAL = re.compile(r"([\\`*_\[\]<>|#!~])")
+
+
+def escape(text: object) -> str:
+    """`text` as literal Markdown on one line (a table cell or prose): every character Markdown
+    would act on inline is backslash-escaped, and line breaks become spaces."""
+    return _INLINE_SPECIAL.sub(r"\\\1", " ".join(str(text).splitlines()))
+
+
+def code(text: object) -> str:
+    """`text` as a code span on one line, whatever backticks it holds (a fence one longer than its
+    longest run of them); a pipe is escaped, as a table cell needs even inside code."""
+    text = " ".join(str(text).splitlines()).replace("|", "\\|")
+    longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
+    fence = "`" * (longest + 1)
+    padding = " " if longest else ""
+    return f"{fence}{padding}{text}{padding}{fence}"
 
 
 def _table(header: list[str], rows: list[list[object]]) -> list[str]:
@@ -69,18 +93,18 @@ def _status(report: RunReport) -> list[str]:
     if report.status == "running":
         return [f"Status: **running**: the run had not finished when this was written ({report.created})."]
     if report.status == "interrupted":
-        why = report.failure.message if report.failure else "stopped by a signal"
+        why = escape(report.failure.message) if report.failure else "stopped by a signal"
         return [
             f"Status: **interrupted**: {why}.",
             "",
             "- everything below is what was measured before it stopped.",
         ]
     failure = report.failure
-    lines = [f"Status: **failed**: {failure.message if failure else 'no reason recorded'}", ""]
+    lines = [f"Status: **failed**: {escape(failure.message) if failure else 'no reason recorded'}", ""]
     if failure and failure.dead_rank is not None:
         lines.append(f"- rank that died or stopped answering: virtual rank {failure.dead_rank}")
     if failure and failure.last_op:
-        lines.append(f"- last op in flight: `{failure.last_op}`")
+        lines.append(f"- last op in flight: {code(failure.last_op)}")
     lines.append("- everything below is what was measured before the failure.")
     return lines
 
@@ -136,10 +160,13 @@ def _capture(report: RunReport) -> list[str]:
     lines = ["## Capture", "", capture.describe() + "."]
     shared = {rep: members for rep, members in capture.classes.items() if len(members) > 1}
     if shared:
-        rows = [[rep, len(members), _some(members)] for rep, members in shared.items()]
+        rows = [
+            [escape(rep), len(members), _some([escape(m) for m in members])]
+            for rep, members in shared.items()
+        ]
         lines += ["", "Roles that run the same program share the captured spans of their class:", ""]
         lines += _table(["class of", "roles", "members"], rows)
-    captured = _some([f"{role} (rank {rank})" for role, rank in capture.captured_ranks.items()])
+    captured = _some([f"{escape(role)} (rank {rank})" for role, rank in capture.captured_ranks.items()])
     return [*lines, "", f"Captured: {captured or 'nothing'}."]
 
 
@@ -168,7 +195,7 @@ def _ranks(report: RunReport) -> list[str]:
             rows.append(
                 [
                     virtual_rank,
-                    rank.role or "-",
+                    escape(rank.role) if rank.role else "-",
                     _bytes(rank.peak_memory_allocated_bytes),
                     _bytes(rank.peak_memory_reserved_bytes),
                     _seconds(rank.compute_s),
@@ -194,7 +221,7 @@ def _roles(report: RunReport) -> list[str]:
         return [*lines, "Skipped: the run has no simulation result."]
     rows = [
         [
-            r.role,
+            escape(r.role),
             r.count,
             r.virtual_rank,
             _seconds(r.compute_s),
@@ -242,7 +269,7 @@ def _settings(report: RunReport) -> list[str]:
     lines = []
     if report.prism:
         rows = [
-            [f"{section}.{key}" if isinstance(values, Mapping) else section, f"`{value}`"]
+            [escape(f"{section}.{key}" if isinstance(values, Mapping) else section), code(value)]
             for section, values in report.prism.items()
             for key, value in (values.items() if isinstance(values, Mapping) else [("", values)])
         ]
@@ -252,10 +279,13 @@ def _settings(report: RunReport) -> list[str]:
         ("Shims used (calls)", report.shims_used),
     ):
         if counts:
-            lines += [f"## {title}", "", *_table(["name", "calls"], sorted(map(list, counts.items()))), ""]
+            rows = [[escape(name), calls] for name, calls in sorted(counts.items())]
+            lines += [f"## {title}", "", *_table(["name", "calls"], rows), ""]
     lines += [
         "## Versions",
         "",
-        *_table(["package", "version"], [[k, v or "-"] for k, v in report.versions.items()]),
+        *_table(
+            ["package", "version"], [[escape(k), escape(v) if v else "-"] for k, v in report.versions.items()]
+        ),
     ]
     return lines

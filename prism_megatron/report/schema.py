@@ -22,6 +22,7 @@ import itertools
 import json
 import math
 import os
+import reprlib
 import statistics
 from collections.abc import Iterable
 from typing import Any
@@ -101,7 +102,10 @@ def _message(error) -> list[str]:
         shown = type(value).__name__ if "object" in kinds or "array" in kinds else repr(value)
         return [f"{path}: must be {' or '.join(_TYPE_WORDS[k] for k in kinds)}, got {shown}"]
     if rule == "minimum":
-        return [f"{path}: must be >= {expected}, got {value!r}"]
+        return [f"{path}: must be >= {expected}, got {reprlib.repr(value)}"]
+    if rule == "maximum":  # a huge number is shown shortened: the message stays one readable line
+        bound = f"{expected:g}" if isinstance(expected, float) else str(expected)
+        return [f"{path}: must be <= {bound}, got {reprlib.repr(value)}"]
     if rule == "enum":
         return [f"{path}: must be one of {', '.join(map(str, expected))}, got {value!r}"]
     if (
@@ -146,6 +150,7 @@ _TOP_LEVEL_ORDER = (
     "capture",
     "versions",
     "created",
+    "artefacts",
 )
 
 

@@ -1,9 +1,11 @@
 """Write a run folder's report: report.json, report.md, timeline.json and the plots.
 
 `write_report` is what the orchestrator calls at the end of a run (and on failure, with what was
-measured, and while running, with status "running"). It validates the report first, so nothing
-malformed reaches disk, then writes report.json, keeps the inputs the timeline needs (each real
-rank's op log under ops/, the simulated virtual tracks under spans/), and renders the rest.
+measured). It validates the report first, so nothing malformed reaches disk, keeps the inputs the
+timeline needs (each real rank's op log under ops/, the simulated virtual tracks under spans/),
+renders the rest, and writes report.json last, listing what it wrote (`artefacts`): a report phase
+that is interrupted or fails (a full disk) leaves the report.json that was there (status "running"
+while a run is under way), never one that says "ok" beside a missing report.md.
 `rerender` renders again from those files alone; that is `prism-megatron report RUN_DIR`.
 
 Every piece that cannot be made (no simulation in a failed run, no op logs, a plot that fails to
@@ -69,7 +71,6 @@ def write_report(
     doc = report.to_json()
     schema.validate(doc)
     os.makedirs(out_dir, exist_ok=True)
-    files.write_json(doc, os.path.join(out_dir, files.REPORT_JSON), indent=1)
     logs = as_op_logs(measured_ops)
     for log in logs.values():
         save_op_log(out_dir, log)
@@ -84,7 +85,18 @@ def write_report(
         )
         simulated = SimulatedTracks.from_result(sim_result, ranks[:max_virtual_tracks])
         simulated.save(out_dir)
-    return render(report, out_dir, logs=logs, simulated=simulated, layout=layout)
+    written = render(report, out_dir, logs=logs, simulated=simulated, layout=layout)
+    _write_report_json(doc, out_dir, written)
+    return written
+
+
+def _write_report_json(doc: dict, out_dir: str, written: WrittenReport) -> None:
+    """report.json, last, listing the files written beside it (relative to the run folder)."""
+    path = os.path.join(out_dir, files.REPORT_JSON)
+    listed = sorted(os.path.relpath(p, out_dir) for name, p in written.paths.items() if p != path)
+    doc = {**doc, "artefacts": listed}
+    schema.validate(doc, path)
+    files.write_json(doc, path, indent=1)
 
 
 def load_report(run_dir: str) -> RunReport:
@@ -98,13 +110,16 @@ def rerender(run_dir: str, *, simulated: SimulatedTracks | None = None) -> Writt
 
     `simulated` replaces the saved virtual tracks (spans/simulated.json) when given.
     """
-    return render(
+    doc = files.read_json(os.path.join(run_dir, files.REPORT_JSON), "run report")
+    written = render(
         load_report(run_dir),
         run_dir,
         logs=load_op_logs(run_dir),
         simulated=simulated if simulated is not None else SimulatedTracks.load(run_dir),
         layout=None,
     )
+    _write_report_json(doc, run_dir, written)
+    return written
 
 
 def render(
@@ -115,7 +130,11 @@ def render(
     simulated: SimulatedTracks | None,
     layout: Layout | None,
 ) -> WrittenReport:
-    """Write the plots, the timeline and report.md (report.json is already there)."""
+    """Write the plots, the timeline and report.md (report.json comes after them).
+
+    A plot or a timeline that cannot be made is skipped with the reason in report.md; a file that
+    cannot be written (OSError: a full disk) ends the rendering, since the report would be missing
+    a piece without saying so."""
     paths: dict[str, str] = {os.path.basename(files.REPORT_JSON): os.path.join(out_dir, files.REPORT_JSON)}
     relative: dict[str, str] = {}
     skipped: dict[str, str] = {}
@@ -125,6 +144,8 @@ def render(
             files.write_atomically(path, plot(report))
         except NothingToPlot as exc:
             skipped[name] = str(exc)
+        except OSError:
+            raise
         except Exception as exc:  # a plot must never cost the report (see the module docstring)
             skipped[name] = f"could not be drawn ({type(exc).__name__}: {exc})"
         else:
@@ -137,6 +158,8 @@ def render(
             trace = timeline_trace(report.real_ranks, logs, simulated, layout or _layout_of(report))
             files.write_json(trace, path)
             relative["timeline"] = files.TIMELINE_JSON
+        except OSError:
+            raise
         except Exception as exc:  # as for plots
             skipped["timeline"] = f"could not be written ({type(exc).__name__}: {exc})"
     else:

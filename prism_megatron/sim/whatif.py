@@ -18,6 +18,8 @@ from collections.abc import Iterable, Mapping
 
 import numpy as np
 
+from prism_megatron.config import SLOWDOWN_FACTOR_RANGE, check_slowdown_factor
+
 EXPERT_PREFIX = "expert"
 """Compute ops whose name starts with this are expert compute (for `expert_slowdowns`)."""
 
@@ -39,9 +41,12 @@ class WhatIf:
 
     def __post_init__(self) -> None:
         for what, table in self._tables():
+            low, high = SLOWDOWN_FACTOR_RANGE
             for rank, factor in table.items():
-                if not (math.isfinite(factor) and factor > 0):
-                    raise ValueError(f"{what} factor for virtual rank {rank} must be > 0, got {factor}")
+                if not (math.isfinite(factor) and low <= factor <= high):
+                    raise ValueError(
+                        f"{what} factor for virtual rank {rank} must be from {low:g} to {high:g}, got {factor}"
+                    )
 
     def _tables(self):
         return (
@@ -99,8 +104,9 @@ def parse_rank_factors(values: Iterable[str], flag: str) -> dict[int, float]:
             rank_value, factor_value = int(rank), float(factor)
         except ValueError:
             raise ValueError(f"{flag} {text!r}: expected RANK:FACTOR, for example {flag} 17:1.5") from None
-        if rank_value < 0 or not (math.isfinite(factor_value) and factor_value > 0):
-            raise ValueError(f"{flag} {text!r}: the rank must be >= 0 and the factor a positive number")
+        if rank_value < 0:
+            raise ValueError(f"{flag} {text!r}: the rank must be >= 0")
+        check_slowdown_factor(factor_value, flag, text)
         if rank_value in out:
             raise ValueError(
                 f"{flag} {text!r}: rank {rank_value} is already given ({flag} {rank_value}:{out[rank_value]:g}); "

@@ -9,6 +9,7 @@
 """
 
 from prism_megatron.topology.equivalence import JobModel, RoleClass, role_classes
+from prism_megatron.topology.grid import MAX_WORLD_SIZE
 from prism_megatron.topology.layout import (
     COORD_NAMES,
     GROUP_KINDS,
@@ -24,6 +25,7 @@ from prism_megatron.topology.selection import select_ranks
 __all__ = [
     "COORD_NAMES",
     "GROUP_KINDS",
+    "MAX_WORLD_SIZE",
     "ORDERS",
     "Coords",
     "JobModel",

@@ -22,6 +22,11 @@ import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+MAX_WORLD_SIZE = 1 << 20
+"""The largest world the project takes (1,048,576 ranks, several times any job trained so far): a
+group of such a world is a list of at most that many ranks. Every world size a user gives (a flag,
+a graph's metadata, a report) is checked against it before anything is built from it."""
+
 
 @dataclass(frozen=True)
 class RankGrid:
@@ -43,6 +48,10 @@ class RankGrid:
     def __post_init__(self) -> None:
         assert len(self.names) == len(self.sizes), (self.names, self.sizes)
         assert all(size >= 1 for size in self.sizes), self.sizes
+        if math.prod(self.sizes) > MAX_WORLD_SIZE:  # a caller that skipped Layout's check
+            raise ValueError(
+                f"a world of {math.prod(self.sizes)} ranks is above the largest supported, {MAX_WORLD_SIZE}"
+            )
         strides = [1]
         for size in self.sizes[:-1]:
             strides.append(strides[-1] * size)

@@ -24,7 +24,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from prism_megatron.topology import roles as _roles
-from prism_megatron.topology.grid import RankGrid
+from prism_megatron.topology.grid import MAX_WORLD_SIZE, RankGrid
 from prism_megatron.topology.roles import Role
 
 ORDERS = ("tp-cp-ep-dp-pp", "tp-cp-ep-pp-dp")
@@ -119,6 +119,11 @@ def embedding_ranks(pp_group: Sequence[int], *, untie_embeddings: bool, mtp: boo
     return (pp_group[0],)
 
 
+def _is_count(value) -> bool:
+    """An integer, not a boolean (True is an int to Python, never a size to a user)."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
 @dataclass(frozen=True, kw_only=True)
 class Layout:
     """The target job's world and parallel sizes; raises ValueError for a job Megatron would refuse."""
@@ -177,11 +182,16 @@ class Layout:
         )
 
     def _validate_sizes(self) -> None:
-        if not isinstance(self.world_size, int) or self.world_size < 1:
+        if not _is_count(self.world_size) or self.world_size < 1:
             raise ValueError(f"--world-size must be a positive integer, got {self.world_size!r}")
+        if self.world_size > MAX_WORLD_SIZE:
+            raise ValueError(
+                f"--world-size {self.world_size} is above the largest supported world, {MAX_WORLD_SIZE} "
+                "ranks (2^20)"
+            )
         for name in ("tp", "pp", "cp", "ep", "etp"):
             value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
+            if not _is_count(value) or value < 1:
                 raise ValueError(f"{_FLAGS[name]} must be a positive integer, got {value!r}")
         if self.order not in ORDERS:
             raise ValueError(f"rank order {self.order!r} is not supported; valid orders: {', '.join(ORDERS)}")
@@ -201,7 +211,7 @@ class Layout:
                 f"divides the world size"
             )
         if self.vpp is not None:
-            if not isinstance(self.vpp, int) or self.vpp < 1:
+            if not _is_count(self.vpp) or self.vpp < 1:
                 raise ValueError(f"{_FLAGS['vpp']} must be a positive integer, got {self.vpp!r}")
             if self.pp == 1:
                 raise ValueError(

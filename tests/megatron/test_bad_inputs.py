@@ -69,7 +69,8 @@ CASES = [
     ("simulate-straggler-form", ("simulate", "{d}/graph", "--straggler", "x"), 2, ["RANK:FACTOR"]),
     ("simulate-straggler-outside", ("simulate", "{d}/graph", "--straggler", "999:2"), 2,
      ["--straggler rank 999", "outside"]),
-    ("simulate-slow-nic-zero", ("simulate", "{d}/graph", "--slow-nic", "1:0"), 2, ["--slow-nic", "positive"]),
+    ("simulate-slow-nic-zero", ("simulate", "{d}/graph", "--slow-nic", "1:0"), 2,
+     ["--slow-nic", "from 0.001 to 1000"]),
     ("simulate-slow-nic-twice", ("simulate", "{d}/graph", "--slow-nic", "1:2", "--slow-nic", "1:3"), 2,
      ["--slow-nic", "already given"]),
     ("simulate-expert-outside", ("simulate", "{d}/graph", "--expert-imbalance", "9:2"), 2,
@@ -154,7 +155,7 @@ CASES = [
     ("emulate-timeout-zero", emulate("--prism-timeout", "0"), 2, ["--prism-timeout", "positive"]),
     ("emulate-timeout-not-a-number", emulate("--prism-timeout", "abc"), 2, ["--prism-timeout", "invalid float"]),
     ("emulate-unknown-device", emulate("--prism-device", "tpu"), 2, ["--prism-device", "invalid choice"]),
-    ("emulate-capture-iters-zero", emulate("--prism-capture-iters", "0"), 2, ["--prism-capture-iters must be >= 1"]),
+    ("emulate-capture-iters-zero", emulate("--prism-capture-iters", "0"), 2, ["--prism-capture-iters must be >= 2"]),
     ("emulate-phase-without-graph", emulate("--prism-phase", "emulate"), 2, ["needs --prism-graph"]),
     ("emulate-report-only-without-out", ("emulate", "--report-only", "--", *JOB), 2,
      ["--report-only needs --prism-out"]),
@@ -185,6 +186,75 @@ CASES = [
     ("emulate-out-is-a-file", emulate("--prism-out", "{d}/afile"), 2, ["--prism-out", "is a file"]),
     ("emulate-out-under-a-file", emulate("--prism-out", "{d}/afile/run"), 2, ["--prism-out", "is a file, so"]),
     ("emulate-out-holds-a-run", emulate("--prism-out", "{d}/running"), 2, ["--prism-overwrite"]),
+    # issue 30: numbers checked for type, finiteness and range; paths kept where they are told
+    ("topology-world-size-huge", ("topology", "--world-size", "2147483648"), 2,
+     ["--world-size 2147483648", "largest supported world, 1048576"]),
+    ("simulate-graph-world-huge", ("simulate", "{d}/graph_w31"), 2,
+     ["graph.json: metadata.layout.world_size", "from 1 to 1048576", "2147483648"]),
+    ("simulate-graph-tp-nan", ("simulate", "{d}/graph_tp_nan"), 2, ["metadata.layout.tp", "got nan"]),
+    ("simulate-graph-tp-boolean", ("simulate", "{d}/graph_tp_bool"), 2, ["metadata.layout.tp", "got True"]),
+    ("simulate-graph-duration-huge", ("simulate", "{d}/graph_long_op"), 2, ["longer than any op"]),
+    ("simulate-graph-offset-huge", ("simulate", "{d}/graph_far_peer"), 2, ["offset +9999999999999999999", "out of range"]),
+    ("simulate-straggler-huge", ("simulate", "{d}/graph", "--straggler", "1:1e308"), 2,
+     ["--straggler '1:1e308'", "from 0.001 to 1000"]),
+    ("simulate-slow-nic-huge", ("simulate", "{d}/graph", "--slow-nic", "1:1e308"), 2,
+     ["--slow-nic '1:1e308'", "from 0.001 to 1000"]),
+    ("simulate-slow-nic-int64", ("simulate", "{d}/graph", "--slow-nic", "1:1e12"), 2, ["--slow-nic '1:1e12'"]),
+    ("simulate-cluster-infinite-oversubscription", ("simulate", "{d}/graph", "--cluster", "{d}/inf_oversub.yaml"),
+     2, ["inf_oversub.yaml: topology.oversubscription", "got inf"]),
+    ("simulate-cluster-infinite-latency", ("simulate", "{d}/graph", "--cluster", "{d}/inf_spine.yaml"), 2,
+     ["inf_spine.yaml: topology.spine_latency_us", "got inf"]),
+    ("simulate-cluster-huge-integer", ("simulate", "{d}/graph", "--cluster", "{d}/huge_int.yaml"), 2,
+     ["huge_int.yaml: cluster.base_latency_us", "..."]),
+    ("simulate-cluster-boolean", ("simulate", "{d}/graph", "--cluster", "{d}/bool_count.yaml"), 2,
+     ["bool_count.yaml: network.nics_per_node", "got True"]),
+    ("simulate-cluster-not-utf8", ("simulate", "{d}/graph", "--cluster", "{d}/latin1.yaml"), 2,
+     ["latin1.yaml: not a readable cluster file", "not UTF-8"]),
+    ("simulate-cluster-nested-deep", ("simulate", "{d}/graph", "--cluster", "{d}/deep.yaml"), 2,
+     ["deep.yaml: not a readable cluster file", "nested too deeply"]),
+    ("simulate-costs-boolean", ("simulate", "{d}/graph", "--cluster", "{d}/costs_bool.json"), 2,
+     ["costs_bool.json: costs_us.SEND/2", "not true/false", "[True, 5]"]),
+    ("simulate-costs-huge", ("simulate", "{d}/graph", "--cluster", "{d}/costs_huge.json"), 2,
+     ["costs_huge.json: costs_us.SEND/2", "bytes 0..1125899906842624"]),
+    ("calibrate-nan-time", ("calibrate", "{d}/nan_row.log", "--out", "{w}/c.yaml"), 2,
+     ["nan_row.log:14", "time > 0", "nan"]),
+    ("calibrate-json-boolean-size", ("calibrate", "{d}/bool_size.json", "--out", "{w}/c.yaml"), 2,
+     ["bool_size.json: results[0]", "integer 'size'", "got True"]),
+    ("report-check-world-huge", ("report", "{d}/report_w31", "--check"), 1,
+     ["report_w31/report.json: invalid (1 problem(s))"]),
+    ("report-check-nested-deep", ("report", "{d}/report_deep", "--check"), 2,
+     ["damaged run report", "nested too deeply"]),
+    ("report-check-artefact-missing", ("report", "{d}/report_without_md", "--check"), 1,
+     ["not finished", "report.md missing"]),
+    ("export-network-infinite-cluster", ("export", "astra-network", "{d}/inf_oversub.yaml", "--world-size", "16",
+                                         "--out", "{w}/n.yaml"), 2, ["topology.oversubscription", "got inf"]),
+    ("export-network-world-huge", ("export", "astra-network", "dgx-h100", "--world-size", "2147483648",
+                                   "--out", "{w}/n.yaml"), 2, ["--world-size must be from 1 to 1048576"]),
+    ("export-chakra-prefix-escapes", ("export", "chakra", "{d}/graph", "--out", "{w}/et", "--prefix",
+                                      "../../escape"), 2, ["--prefix '../../escape'", "inside --out"]),
+    ("export-chakra-max-size-infinite", ("export", "chakra", "{d}/graph", "--out", "{w}/et", "--max-size",
+                                         "1e400"), 2, ["--max-size '1e400'"]),
+    ("export-chakra-duration-huge", ("export", "chakra", "{d}/graph_long_op", "--out", "{w}/et"), 2,
+     ["longer than any op"]),
+    ("emulate-world-size-huge", emulate("--prism-world-size", "2147483648"), 2,
+     ["--prism-world-size 2147483648", "largest supported world"]),
+    ("emulate-cpu-threads-huge", emulate("--prism-cpu-threads-per-rank", "100000"), 2,
+     ["--prism-cpu-threads-per-rank must be from 1 to 1024, got 100000"]),
+    ("emulate-straggler-zero", emulate("--prism-straggler", "1:0"), 2,
+     ["--prism-straggler '1:0'", "the factor must be a number from 0.001 to 1000", "got 0"]),
+    ("emulate-straggler-huge", emulate("--prism-straggler", "1:1e308"), 2, ["--prism-straggler '1:1e308'"]),
+    ("emulate-train-iters-one", emulate("--train-iters", "1"), 2,
+     ["--train-iters 1 leaves no iteration to measure", "at least 2"]),
+    ("emulate-capture-iters-one", emulate("--prism-capture-iters", "1"), 2,
+     ["--prism-capture-iters must be >= 2", "warm-up"]),
+    ("emulate-cluster-infinite", emulate("--prism-cluster", "{d}/inf_oversub.yaml"), 2,
+     ["--prism-cluster", "topology.oversubscription", "got inf"]),
+    ("emulate-graph-world-huge", emulate("--prism-graph", "{d}/graph_w31"), 2,
+     ["--prism-graph", "metadata.layout.world_size", "1048576"]),
+    ("emulate-overwrite-user-files", emulate("--prism-out", "{d}/user_files", "--prism-overwrite"), 2,
+     ["--prism-out", "no run of ours", "--prism-overwrite replaces only a prism run folder"]),
+    ("emulate-overwrite-linked-folder", emulate("--prism-out", "{d}/linked_run", "--prism-overwrite"), 2,
+     ["--prism-out", "is a symbolic link"]),
     # the entry every real process runs
     ("launch-no-such-script", ("launch", "{w}/pretrain_gpt.py", "--num-layers", "2"), 2, ["is not a file"]),
     ("launch-script-outside-megatron-lm", ("launch", "{d}/train.py", "--num-layers", "2"), 2,
@@ -192,7 +262,7 @@ CASES = [
 ]  # fmt: skip
 
 
-MULTI_LINE = {"report-check-invalid"}
+MULTI_LINE = {"report-check-invalid", "report-check-world-huge"}
 """Rows whose refusal goes on to list each problem on a line of its own (the first line says it)."""
 
 
@@ -229,16 +299,45 @@ def data(tmp_path_factory) -> str:
     metadata = GraphMetadata(layout=JOB_LAYOUT.kwargs(), source="capture", extra={"num_layers": 8})
     save_graph(dataclasses.replace(job_graph, metadata=metadata), os.path.join(d, "other_model_graph"))
     os.makedirs(os.path.join(d, "empty"))
+    for name, change in (("graph_w31", {"world_size": 2**31}), ("graph_tp_nan", {"tp": float("nan")}),
+                         ("graph_tp_bool", {"tp": True})):  # fmt: skip
+        metadata = GraphMetadata(layout={**JOB_LAYOUT.kwargs(), **change}, source="edited")
+        save_graph(dataclasses.replace(job_graph, metadata=metadata), os.path.join(d, name))
+    # an op of 10^9 s (past the 10^6 s any op may); a pipeline offset past any world
+    _edited_op_graph(
+        job_graph, os.path.join(d, "graph_long_op"), "c:", lambda w: [w[0], "1000000000s", *w[2:]]
+    )
+    _edited_op_graph(job_graph, os.path.join(d, "graph_far_peer"), "R",
+                     lambda w: [w[0].replace("+1#", "+99999999999999999999#"), *w[1:]])  # fmt: skip
     files = {
         "afile": "not a folder\n",
         "nvls_string.yaml": 'base: dgx-h100\nintra_node:\n  nvls: "false"\n',
         "unknown_key.yaml": "base: dgx-h100\nintra_node:\n  nvlnk_efficiency: 0.8\n",
         "train.py": "print('a training script outside any Megatron-LM checkout')\n",
         "falling.log": _falling_log(),
+        "inf_oversub.yaml": "base: dgx-h100\ntopology:\n  oversubscription: .inf\n",
+        "inf_spine.yaml": "base: dgx-h100\ntopology:\n  spine_latency_us: .inf\n",
+        "huge_int.yaml": "base: dgx-h100\nbase_latency_us: 1" + "0" * 400 + "\n",
+        "bool_count.yaml": "base: dgx-h100\nnetwork:\n  nics_per_node: true\n",
+        "deep.yaml": "base: " + "[" * 100_000 + "\n",
+        "costs_bool.json": json.dumps(
+            {"kind": "measured", "schema_version": 1, "costs_us": {"SEND/2": [[True, 5]]}}
+        ),
+        "costs_huge.json": '{"kind": "measured", "schema_version": 1, "costs_us": {"SEND/2": [[1'
+        + "0" * 400
+        + ", 1]]}}",
+        "nan_row.log": _nan_log(),
+        "bool_size.json": _bool_size_json(),
     }
     for name, text in files.items():
         with open(os.path.join(d, name), "w", encoding="utf-8") as f:
             f.write(text)
+    with open(os.path.join(d, "latin1.yaml"), "wb") as f:
+        f.write("base: dgx-h100\nname: Grüße\n".encode("latin-1"))
+    os.makedirs(os.path.join(d, "user_files", "logs"))  # a user's folder, named as a run's entries are
+    for name in ("logs/train.log", "notes.md"):
+        with open(os.path.join(d, "user_files", name), "w", encoding="utf-8") as f:
+            f.write("mine\n")
     _report(os.path.join(d, "running"), "running")
     _report(
         os.path.join(d, "interrupted"),
@@ -249,9 +348,60 @@ def data(tmp_path_factory) -> str:
     with open(os.path.join(d, "damaged_report", "report.json"), "w", encoding="utf-8") as f:
         f.write("{")
     shutil.copytree(os.path.join(d, "running"), os.path.join(d, "invalid"))
+    _report(os.path.join(d, "finished"), "failed", Failure(message="a rank died"))
+    os.symlink(os.path.join(d, "finished"), os.path.join(d, "linked_run"))
+    shutil.copytree(os.path.join(d, "finished"), os.path.join(d, "report_without_md"))
+    os.remove(os.path.join(d, "report_without_md", "report.md"))
+    shutil.copytree(os.path.join(d, "finished"), os.path.join(d, "report_w31"))
+    _edit_json(
+        os.path.join(d, "report_w31", "report.json"), lambda doc: doc["target"].update(world_size=2**31)
+    )
+    os.makedirs(os.path.join(d, "report_deep"))
+    with open(os.path.join(d, "report_deep", "report.json"), "w", encoding="utf-8") as f:
+        f.write("[" * 100_000)
     with open(os.path.join(d, "invalid", "report.json"), "w", encoding="utf-8") as f:
         json.dump({"schema_version": 1, "status": "ok"}, f)
     return d
+
+
+def _edit_json(path: str, edit) -> None:
+    with open(path, encoding="utf-8") as f:
+        doc = json.load(f)
+    edit(doc)
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(doc, f)
+
+
+def _edited_op_graph(graph, directory: str, kind: str, edit) -> None:
+    """A graph whose first op starting with `kind` is `edit`ed (its words), its sha256 made right."""
+    from prism_megatron.graph.io import _digest
+
+    save_graph(graph, directory)
+    path = os.path.join(directory, "graph.json")
+    with open(path, encoding="utf-8") as f:
+        doc = json.load(f)
+    ops = doc["roles"][0]["streams"][0][1]
+    first = next(i for i, op in enumerate(ops) if op.startswith(kind))
+    ops[first] = " ".join(edit(ops[first].split()))
+    doc["sha256"] = _digest({"metadata": doc["metadata"], "roles": doc["roles"]})
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(doc, f)
+
+
+def _nan_log() -> str:
+    """all_reduce_2nodes.log with one time (line 14, the first row's out-of-place time) nan."""
+    with open(os.path.join(DATA, "all_reduce_2nodes.log"), encoding="utf-8") as f:
+        text = f.read()
+    assert "    20.00    0.05" in text
+    return text.replace("    20.00    0.05", "      nan    0.05")
+
+
+def _bool_size_json() -> str:
+    """all_reduce_2nodes.json with its first result's size `true`."""
+    with open(os.path.join(DATA, "all_reduce_2nodes.json"), encoding="utf-8") as f:
+        doc = json.load(f)
+    doc["results"][0]["size"] = True
+    return json.dumps(doc)
 
 
 def _falling_log() -> str:

@@ -200,3 +200,26 @@ def test_a_preset_as_astra_sims_analytical_network(tmp_path, capsys):
     assert "npus_count: [ 8, 8 ]" in text and "topology: [ Switch, Switch ]" in text
     assert main(["export", "astra-network", "dgx-h100", "--world-size", "12", "--out", str(out)]) == 2
     assert "--world-size 12 must fill whole nodes of 8 GPUs" in capsys.readouterr().err
+
+
+def test_an_export_that_fails_half_way_leaves_no_folder_and_a_prefix_cannot_leave_out(tmp_path, monkeypatch):
+    from prism_megatron.graph import chakra
+
+    graph = layout_pipeline_graph(
+        Layout(world_size=16, tp=2, pp=2),
+        PipelineSpec(num_microbatches=2, fwd_ns=1_000_000, bwd_ns=2_000_000, activation_bytes=1 << 16),
+    )
+    save_graph(graph, str(tmp_path / "graph"))
+
+    def half_way(expanded, directory, **kwargs):
+        os.makedirs(directory)
+        (open(os.path.join(directory, "chakra.0.et"), "wb")).close()
+        raise OverflowError("a duration does not fit the trace's integer")
+
+    monkeypatch.setattr(chakra, "export_chakra", half_way)
+    assert main(["export", "chakra", str(tmp_path / "graph"), "--out", str(tmp_path / "et")]) == 1
+    assert not (tmp_path / "et").exists()
+    for prefix in ("../../escape", "a/b", "..", "x\ny"):
+        assert main(["export", "chakra", str(tmp_path / "graph"), "--out", str(tmp_path / "et"),
+                     "--prefix", prefix]) == 2  # fmt: skip
+    assert sorted(os.listdir(tmp_path)) == ["graph"]

@@ -57,9 +57,13 @@ def test_the_default_run_folder_is_a_new_timestamped_one_under_prism_out(tmp_pat
 
 
 def test_a_run_folder_that_holds_files_is_refused_unless_overwrite(tmp_path):
-    (tmp_path / "report.json").write_text("{}")
+    (tmp_path / "report.json").write_text('{"schema_version": 1, "status": "ok", "target": {}}')
     with pytest.raises(ValueError, match="already holds a run; pass --prism-overwrite"):
         plan_run([*JOB, "--prism-out", str(tmp_path)])
+    (tmp_path / "report.json").write_text("{}")  # not a report of ours: overwrite would remove user files
+    with pytest.raises(ValueError, match="holds files but no run of ours"):
+        plan_run([*JOB, "--prism-out", str(tmp_path), "--prism-overwrite"])
+    (tmp_path / "report.json").write_text('{"schema_version": 1, "status": "ok", "target": {}}')
     assert plan_run([*JOB, "--prism-out", str(tmp_path), "--prism-overwrite"]).out_dir == str(tmp_path)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
 import yaml
@@ -90,7 +91,7 @@ def test_the_default_cluster_is_a_dgx_h100():
 
 def test_validation_names_the_field():
     h100 = PRESETS["dgx-h100"]
-    with pytest.raises(ValueError, match=r"cluster\.gpus_per_node must be an integer >= 1"):
+    with pytest.raises(ValueError, match=r"cluster\.gpus_per_node must be an integer from 1 to 1048576"):
         dataclasses.replace(h100, gpus_per_node=0)
     with pytest.raises(ValueError, match=r"network\.nic_bandwidth_gb_per_s must be a finite number > 0"):
         NetworkFabric(nics_per_node=8, nic_bandwidth_gb_per_s=-1.0, nic_efficiency=0.9, step_latency_us=1.0)
@@ -102,6 +103,47 @@ def test_validation_names_the_field():
             nvswitch=False,
             nvls=True,
         )
+
+
+@pytest.mark.parametrize(
+    "section, key, value, words",
+    [
+        ("topology", "oversubscription", math.inf, "topology.oversubscription must be from 1"),
+        ("topology", "spine_latency_us", math.inf, "topology.spine_latency_us must be from 0 to 1e+06"),
+        ("topology", "nodes_per_leaf", True, "topology.nodes_per_leaf must be an integer"),
+        ("network", "nic_bandwidth_gb_per_s", math.nan, "network.nic_bandwidth_gb_per_s must be a finite"),
+        (
+            "network",
+            "step_latency_us",
+            10**400,
+            "network.step_latency_us must be a finite number > 0 and <= 1e+06",
+        ),
+        ("intra_node", "nvlink_efficiency", math.inf, "intra_node.nvlink_efficiency must be in (0, 1]"),
+        (None, "base_latency_us", True, "cluster.base_latency_us must be a finite number"),
+    ],
+)
+def test_every_number_is_checked_for_type_finiteness_and_range(tmp_path, section, key, value, words):
+    """Infinity, NaN, a boolean or a huge integer is refused naming the file and the key, never
+    passed on (an infinite oversubscription used to reach the exported network as inf)."""
+    path = tmp_path / "c.yaml"
+    path.write_text(
+        yaml.safe_dump({"base": "dgx-h100", **({section: {key: value}} if section else {key: value})})
+    )
+    with pytest.raises(ValueError) as info:
+        load_cluster(str(path))
+    message = str(info.value)
+    assert message.startswith(f"{path}: ") and words in message and "\n" not in message
+    assert len(message) < 300  # a huge integer is shown shortened
+
+
+def test_an_unreadable_cluster_file_is_named(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_bytes(b"base: dgx-h100\n\xff\xfe\n")
+    with pytest.raises(ValueError, match=rf"{path}: not a readable cluster file \(not UTF-8"):
+        load_cluster(str(path))
+    path.write_text("base: " + "[" * 100_000)
+    with pytest.raises(ValueError, match=rf"{path}: not a readable cluster file"):
+        load_cluster(str(path))
 
 
 def test_the_old_gbps_keys_load_as_gb_per_s_with_a_one_line_warning(tmp_path, capsys):

@@ -73,6 +73,16 @@ def test_negative_times_and_sizes_are_refused_with_their_key_path():
     ]
 
 
+def test_huge_numbers_are_refused_shortened_and_the_world_size_is_bounded():
+    doc = _doc()
+    doc["target"]["world_size"] = 2**31
+    doc["ranks"]["0"]["compute_s"] = 10**400  # a JSON integer: no float, so never infinity
+    errors = _errors(doc)
+    assert "$.target.world_size: must be <= 1048576, got 2147483648" in errors
+    (long,) = [e for e in errors if e.startswith("$.ranks.0.compute_s")]
+    assert long.startswith("$.ranks.0.compute_s: must be <= 1e+30, got 1000") and len(long) < 120
+
+
 def test_types_are_json_types_and_a_boolean_is_not_a_number():
     doc = _doc(real_ranks=[0, True], iterations="four")
     doc["target"]["seq_length"] = "128"

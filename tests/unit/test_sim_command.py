@@ -72,7 +72,9 @@ def test_a_straggler_simulates_every_rank_and_slows_the_iteration(capsys, graph_
     ("argv", "message"),
     [
         (["--straggler", "77"], "--straggler '77': expected RANK:FACTOR"),
-        (["--straggler", "77:-1"], "the factor a positive number"),
+        (["--straggler", "77:-1"], "the factor must be a number from 0.001 to 1000"),
+        (["--straggler", "1:1e308"], "--straggler '1:1e308': the factor must be a number from 0.001 to 1000"),
+        (["--slow-nic", "1:1e12"], "--slow-nic '1:1e12': the factor must be"),
         (["--slow-nic", "9999:2"], "--slow-nic rank 9999 is outside the world"),
         (["--cluster", "no-such-cluster"], "no-such-cluster"),
         (["--expert-imbalance", "1:2"], "--expert-imbalance EP rank 1 is outside 0..0"),

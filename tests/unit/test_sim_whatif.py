@@ -75,7 +75,15 @@ def test_a_slow_nic_slows_every_op_its_rank_takes_part_in(moe):
 
 @pytest.mark.parametrize(
     ("values", "message"),
-    [(["5"], "expected RANK:FACTOR"), (["x:2"], "expected RANK:FACTOR"), (["5:0"], "a positive number")],
+    [
+        (["5"], "expected RANK:FACTOR"),
+        (["x:2"], "expected RANK:FACTOR"),
+        (["5:0"], "the factor must be a number from 0.001 to 1000"),
+        (["5:1e308"], "from 0.001 to 1000 .*got 1e\\+308"),  # answered -1.9e14 ms with exit 0
+        (["5:1e12"], "got 1e\\+12"),  # overflowed int64 nanoseconds
+        (["5:inf"], "got inf"),
+        (["-1:2"], "the rank must be >= 0"),
+    ],
 )
 def test_rank_factor_flags_name_themselves_when_malformed(values, message):
     with pytest.raises(ValueError, match=f"--straggler .*{message}"):
@@ -86,5 +94,7 @@ def test_what_ifs_reject_ranks_outside_the_world_and_bad_factors(moe):
     _, graph, world = moe
     with pytest.raises(ValueError, match="outside the world"):
         simulate(graph, world, COST, WhatIf(stragglers={64: 2.0}))
-    with pytest.raises(ValueError, match="must be > 0"):
+    with pytest.raises(ValueError, match=r"must be from 0\.001 to 1000"):
         WhatIf(slow_nics={1: 0.0})
+    with pytest.raises(ValueError, match=r"must be from 0\.001 to 1000, got 1e\+308"):
+        WhatIf(stragglers={1: 1e308})
