@@ -10,6 +10,7 @@ per role and every node points at its role. Arrays (all C-contiguous, checked by
     op_coalesced[O] uint8
     op_expert[O] uint8          expert compute (scaled by expert_factor too)
     op_duration_ns, op_cost_ns, op_size_bytes[O] int64
+    op_overhead_ns[O] int64     host part of a compute op's duration (a straggler stretches the rest)
     op_spec[O] int32            row of coll_instance (collectives) or p2p_peer (SEND/RECV)
     op_seq[O] int32             matching sequence number
     op_dep_begin[O+1] int32, dep_stream[D], dep_index[D] int32   cross-stream dependencies
@@ -228,6 +229,7 @@ class _Flattener:
                 dtype=np.uint8,
             ),
             "op_duration_ns": np.asarray([op.duration_ns for op in ops], dtype=np.int64),
+            "op_overhead_ns": np.asarray([op.overhead_ns for op in ops], dtype=np.int64),
             "op_size_bytes": np.asarray([op.size_bytes for op in ops], dtype=np.int64),
             "op_spec": np.asarray([self.spec(op) for op in ops], dtype=np.int32),
             "op_seq": np.asarray([op.seq for op in ops], dtype=np.int32),
