@@ -256,11 +256,13 @@ def _check_p2p_seqs(role: str, keyed: list[tuple[tuple[str, int], Op]]) -> None:
 
 
 def _costs(flat: _Flattener, world: World, cost_fn: CostFn) -> np.ndarray:
-    """Each op's communication cost, asked of `cost_fn` for the role's representative's group."""
+    """Each op's communication cost, asked of `cost_fn` for the role's representative's group; a
+    pipeline batch with two peers at the cost `cost_fn.batch_cost` gives it, where it gives one."""
     costs: list[int] = []
     for name, role_ops in zip(world.roles(), flat.role_ops, strict=True):
         rep = world.representative(name)
         cache: dict[tuple, int] = {}
+        first = len(costs)
         for _, _, op in role_ops:
             if op.type not in (NodeType.COLLECTIVE, NodeType.SEND, NodeType.RECV):
                 costs.append(0)
@@ -269,7 +271,43 @@ def _costs(flat: _Flattener, world: World, cost_fn: CostFn) -> np.ndarray:
             if key not in cache:
                 cache[key] = _cost(world, cost_fn, rep, op)
             costs.append(cache[key])
+        for batch in _two_peer_batches(world, rep, role_ops):
+            sizes = [role_ops[i][2].size_bytes for i in batch]
+            cost = batch_cost(cost_fn, len(batch), max(sizes))
+            if cost is not None:
+                for i in batch:
+                    costs[first + i] = round(cost)
     return np.asarray(costs, dtype=np.int64)
+
+
+def batch_cost(cost_fn: CostFn, num_ops: int, size_bytes: int) -> float | None:
+    """The cost of each op of a batch of `num_ops` p2p ops with two peers, if `cost_fn` knows one."""
+    known = getattr(cost_fn, "batch_cost", None)
+    return None if known is None else known(num_ops, size_bytes)
+
+
+def _two_peer_batches(world: World, rep: int, role_ops) -> list[list[int]]:
+    """Role-local indices of the p2p ops of each coalesced batch whose ops go to two or more peers."""
+    batches: list[list[int]] = []
+    current: list[int] = []
+    stream = None
+    for local, (name, _, op) in enumerate(role_ops):
+        if name != stream:
+            current, stream = [], name
+        current.append(local)
+        if op.coalesced:
+            continue
+        p2p = [
+            i
+            for i in current
+            if role_ops[i][2].type in (NodeType.SEND, NodeType.RECV)
+            and world.group(role_ops[i][2].group, rep)
+        ]
+        peers = {peer_of(world, role_ops[i][2].group, rep, role_ops[i][2].offset) for i in p2p}
+        if len(peers) >= 2:
+            batches.append(p2p)
+        current = []
+    return batches
 
 
 def _cost(world: World, cost_fn: CostFn, rep: int, op: Op) -> int:
