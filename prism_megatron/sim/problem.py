@@ -31,6 +31,7 @@ from prism_megatron.graph.schema import ExecutionGraph, NodeType, Op
 from prism_megatron.graph.world import World, peer_of
 from prism_megatron.replay.schedule import OpKind
 from prism_megatron.sim import groups, whatif
+from prism_megatron.sim.concurrency import ConcurrencyFactor
 from prism_megatron.sim.cost import CostFn
 from prism_megatron.sim.whatif import WhatIf
 
@@ -53,6 +54,9 @@ class Problem:
     coll_specs: tuple[str, ...]
     p2p_specs: tuple[tuple[str, int], ...]
     arrays: dict[str, np.ndarray]
+    concurrency: ConcurrencyFactor | None = None
+    """The cost model's concurrency term (`sim.concurrency`); None: every op costs what it costs alone
+    (`op_cost_ns`), whatever runs beside it."""
 
     @property
     def num_nodes(self) -> int:
@@ -159,6 +163,7 @@ def build_problem(
         coll_specs=flat.coll_specs,
         p2p_specs=flat.p2p_specs,
         arrays=arrays,
+        concurrency=getattr(cost_fn, "concurrency_factor", None),
     )
 
 
