@@ -24,7 +24,7 @@ sleep-compute mean |error| <= 0.5 %, every case <= 2 %, memory difference 0 B; r
 case <= 3 % with an inter-quartile range under 2 %. Every case is reported, misses included, with
 how many processes competed for the cores.
 
-Run: ``python -m benchmarks.fidelity.run [--quick | --smoke] [--only NAME ...] [--models job]
+Run: ``python -m benchmarks.fidelity.run [--quick | --smoke] [--only NAME ...] [--models job] [--offline DIR]
 [--plan] [--out DIR]``. The full suite takes about an hour on a quiet 2-core machine (``--plan``
 prints the estimate of any selection without running it). Writes
 ``<DIR>/<YYYY-MM-DD>-fidelity.json`` and ``.md`` (``-fidelity-quick``, ``-fidelity-smoke`` for the
@@ -170,13 +170,26 @@ def run_cases(selection: Selection, files: dict, calibrations: dict, work: str) 
     return records, failures
 
 
-def run_suite(selection: Selection, keep_work: str | None = None) -> dict:
+def run_suite(selection: Selection, keep_work: str | None = None, offline: str | None = None) -> dict:
+    """Calibrate and run the selection; with `offline`, keep what re-simulates it (`offline.py`)."""
     begin = time.monotonic()
     work = keep_work or tempfile.mkdtemp(prefix="prism-fidelity-")
     try:
         files, calibrations = calibrate_all(selection, work)
         calibration_s = time.monotonic() - begin
         records, failures = run_cases(selection, files, calibrations, work)
+        if offline is not None:
+            from benchmarks.fidelity.offline import keep
+
+            by_case = {
+                case.name: {model: files[_cost_key(model, case)] for model in selection.models}
+                for case in selection.cases
+            }
+            print(
+                "fidelity: kept for offline re-simulation:",
+                keep(records, work, by_case, offline),
+                file=sys.stderr,
+            )
     finally:
         if keep_work is None:
             shutil.rmtree(work, ignore_errors=True)
@@ -229,6 +242,12 @@ def main(argv: list[str] | None = None) -> int:
         "--plan", action="store_true", help="print the cases and the expected duration, and exit"
     )
     parser.add_argument("--keep", default=None, metavar="DIR", help="keep the run folders in DIR")
+    parser.add_argument(
+        "--offline",
+        default=None,
+        metavar="DIR",
+        help="keep every case's graph, cost files and real medians in DIR (python -m benchmarks.fidelity.offline DIR)",
+    )
     parser.add_argument("--out", default=RESULTS_DIR, help="directory for the JSON and Markdown results")
     args = parser.parse_args(argv)
     if "job" not in args.models:
@@ -245,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.plan:
         return 0
     _imports()
-    record = run_suite(selection, args.keep)
+    record = run_suite(selection, args.keep, args.offline)
     suite = "fidelity" if selection.form == "full" else f"fidelity-{selection.form}"
     paths = write_results(suite, record, report.markdown(record), args.out)
     print(report.markdown(record))
