@@ -105,7 +105,11 @@ class MeasuredCost:
         """The concurrency term (`sim.concurrency`), or None when the file measured none."""
         return self._factor if self.concurrency else None
 
-    def _factor(self, kind: OpKind, group_size: int, groups: float) -> float:
+    def _factor(self, kind: OpKind, members: tuple[int, ...], size_bytes: int, groups: float) -> float:
+        """The factor of `kind`'s table at the nearest group size (the size of the message aside:
+        a factor is measured as the median over sizes)."""
+        del size_bytes
+        group_size = len(members)
         if groups <= 1.0:
             return 1.0
         kind = OpKind.SEND if OpKind(kind) == OpKind.RECV else OpKind(kind)

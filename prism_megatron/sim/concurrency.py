@@ -12,7 +12,7 @@ schedule itself:
 * concurrent groups of an op: the ranks in flight when it becomes ready (its own members among
   them) over its group size (2 for a p2p transfer): 1 when it runs alone.
 * its cost: the cost alone (the problem's base cost) times the cost model's
-  `concurrency_factor(kind, group_size, groups)` (1.0 at one group).
+  `concurrency_factor(kind, members, size_bytes, groups)` (exactly 1 at one group, never asked).
 
 Changing costs moves the schedule, which changes who overlaps whom, so the run repeats with the
 costs its own timeline gives until the costs stop changing (a fixed point) or `MAX_ROUNDS` pass
@@ -27,13 +27,15 @@ from collections.abc import Callable
 import numpy as np
 
 from prism_megatron.graph.schema import COMMUNICATION, NodeType
+from prism_megatron.graph.world import peer_of
 from prism_megatron.replay.schedule import OpKind
 
 MAX_ROUNDS = 12
 """Re-simulations before the fixed point is given up (the last is kept, marked unconverged)."""
 
-ConcurrencyFactor = Callable[[OpKind, int, float], float]
-"""(op kind, group size, concurrent groups) -> factor on the op's cost alone."""
+ConcurrencyFactor = Callable[[OpKind, tuple[int, ...], int, float], float]
+"""(op kind, members in group order, size in bytes, concurrent groups) -> factor on the op's cost
+alone; members as `CostFn` takes them (SEND/RECV: source, destination)."""
 
 
 def op_kinds_and_sizes(problem) -> tuple[np.ndarray, np.ndarray]:
@@ -52,6 +54,14 @@ def op_kinds_and_sizes(problem) -> tuple[np.ndarray, np.ndarray]:
                 kinds.append(-1)
                 sizes.append(1)
     return np.asarray(kinds, dtype=np.int64), np.asarray(sizes, dtype=np.int64)
+
+
+def _members(problem, virtual_rank: int, op) -> tuple[int, ...]:
+    """The op's members for the cost model, from `virtual_rank`'s view."""
+    if op.type == NodeType.COLLECTIVE:
+        return problem.world.group(op.group, virtual_rank)
+    peer = peer_of(problem.world, op.group, virtual_rank, op.offset)
+    return (virtual_rank, peer) if op.type == NodeType.SEND else (peer, virtual_rank)
 
 
 def node_weights(problem) -> np.ndarray:
@@ -110,20 +120,29 @@ def concurrent_costs(result, base_cost_ns: np.ndarray, factor: ConcurrencyFactor
     in_flight = ranks_in_flight(result, node_weights(problem))
     costs = base_cost_ns.copy()
     highest = np.zeros(len(base_cost_ns), dtype=np.float64)
-    cache: dict[tuple[int, int, float], float] = {}
+    cache: dict[tuple, float] = {}
     for node in range(problem.num_nodes):
         window = result.node_slice(node)
-        base = problem.role_base(int(problem.arrays["node_role"][node]))
+        role = int(problem.arrays["node_role"][node])
+        base = problem.role_base(role)
         flat = np.arange(base, base + (window.stop - window.start))
         comm = kinds[flat] >= 0
         if not comm.any():
             continue
         ready = result.ready_ns[window][comm]
         groups = np.maximum(in_flight(ready) / sizes[flat][comm], 1.0)
+        rank = int(problem.node_rank[node])
         for op, group_count in zip(flat[comm].tolist(), groups.tolist(), strict=True):
-            key = (int(kinds[op]), int(sizes[op]), group_count)
+            if group_count <= 1.0:
+                highest[op] = max(highest[op], 1.0)
+                continue
+            graph_op = problem.role_ops[role][op - base][2]
+            if not problem.world.group(graph_op.group, rank):
+                continue  # the core reports the op as having no group or peer
+            members = _members(problem, rank, graph_op)
+            key = (int(kinds[op]), members, graph_op.size_bytes, group_count)
             if key not in cache:
-                cache[key] = float(factor(OpKind(key[0]), key[1], group_count))
+                cache[key] = float(factor(OpKind(key[0]), members, key[2], group_count))
             highest[op] = max(highest[op], cache[key])
     scaled = highest > 0
     costs[scaled] = np.round(base_cost_ns[scaled] * highest[scaled]).astype(np.int64)

@@ -72,8 +72,59 @@ def test_without_a_concurrency_table_every_op_costs_what_it_costs_alone():
 
 def test_a_factor_needs_other_groups_and_interpolates_between_measured_counts():
     factor = CONCURRENT.concurrency_factor
-    assert factor(OpKind.ALL_REDUCE, 2, 1.0) == 1.0
-    assert factor(OpKind.ALL_REDUCE, 2, 3.0) == pytest.approx(1.75)
-    assert factor(OpKind.ALL_REDUCE, 2, 64.0) == 2.0  # flat beyond the last measured count
-    assert factor(OpKind.REDUCE_SCATTER, 8, 2.0) == 1.5  # no table of its own: the all-reduce's
+    assert factor(OpKind.ALL_REDUCE, (0, 1), 1024, 1.0) == 1.0
+    assert factor(OpKind.ALL_REDUCE, (0, 1), 1024, 3.0) == pytest.approx(1.75)
+    assert factor(OpKind.ALL_REDUCE, (0, 1), 1024, 64.0) == 2.0  # flat beyond the last measured count
+    assert factor(OpKind.REDUCE_SCATTER, tuple(range(8)), 8, 2.0) == 1.5  # the all-reduce's table
     assert MeasuredCost(ALONE).concurrency_factor is None
+
+
+def _nccl(nics_per_node: int):
+    from prism_megatron.network import ClusterSpec, CostModel, IntraNodeFabric, NetworkFabric, Topology
+    from prism_megatron.sim import NetworkCost
+
+    spec = ClusterSpec(
+        name=f"{nics_per_node}-nics",
+        gpus_per_node=4,
+        base_latency_us=6.6,
+        intra_node=IntraNodeFabric(
+            nvlink_bandwidth_gb_per_s=100.0, nvlink_efficiency=1.0, step_latency_us=3.4
+        ),
+        network=NetworkFabric(
+            nics_per_node=nics_per_node, nic_bandwidth_gb_per_s=10.0, nic_efficiency=1.0, step_latency_us=14.0
+        ),
+        topology=Topology(nodes_per_leaf=2, spine_latency_us=0.5),
+    )
+    return NetworkCost(CostModel(spec))
+
+
+def _cross_node_pairs():
+    """Four DP pairs across two nodes of 4 GPUs (W = 8, TP 4: ranks 0-4, 1-5, 2-6, 3-7), 16 MiB each."""
+    layout = Layout(world_size=8, tp=4, pp=1)
+    world = LayoutWorld(layout)
+    ops = (
+        Op(type=NodeType.COMPUTE, name="fwd", duration_ns=MS),
+        Op(type=NodeType.COLLECTIVE, comm=OpKind.ALL_REDUCE, group="dp", seq=0, size_bytes=16 << 20),
+    )
+    roles = {name: RoleGraph(name, {COMPUTE_STREAM: ops}) for name in world.roles()}
+    return ExecutionGraph(GraphMetadata(layout=layout.kwargs()), roles), world
+
+
+def _dp_costs(result) -> list[int]:
+    return [result.timeline(r)[1].end_ns - result.timeline(r)[1].ready_ns for r in range(4)]
+
+
+def test_nccl_rings_that_share_a_nodes_nic_pay_for_it_and_rings_on_their_own_nics_do_not():
+    graph, world = _cross_node_pairs()
+    assert world.group("dp", 1) == (1, 5)
+    one_nic, own_nics = _nccl(nics_per_node=1), _nccl(nics_per_node=4)
+    alone = one_nic(OpKind.ALL_REDUCE, (0, 4), 16 << 20)
+    assert alone == own_nics(OpKind.ALL_REDUCE, (0, 4), 16 << 20), "alone, one NIC serves a ring as four do"
+    in_step = simulate(graph, world, one_nic, symmetric=False)
+    expected = round(round(alone) * one_nic.concurrency_factor(OpKind.ALL_REDUCE, (0, 4), 16 << 20, 4.0))
+    assert _dp_costs(in_step) == [expected] * 4 and expected > 3 * alone  # four rings on one NIC
+    assert _dp_costs(simulate(graph, world, own_nics, symmetric=False)) == [round(alone)] * 4
+    slow = {rank: 1.0 + 2 * rank for rank in range(1, 4)} | {rank + 4: 1.0 + 2 * rank for rank in range(1, 4)}
+    apart = simulate(graph, world, one_nic, WhatIf(stragglers=slow), symmetric=False)
+    assert _dp_costs(apart) == [round(alone)] * 4, "out of step, each ring has the NIC to itself"
+    assert one_nic.concurrency_factor(OpKind.SEND, (0, 4), 16 << 20, 2.0) == pytest.approx(2.0, rel=0.05)
