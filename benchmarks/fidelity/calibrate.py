@@ -300,7 +300,15 @@ class Calibration:
             batches[key] = monotone(
                 [(column[0][0], statistics.median(ns for _, ns in column)) for column in columns]
             )
-        return MeasuredCost(tables, name=self.name, description=self.description, batches=batches)
+        concurrency = {}
+        for key in self.draws[0].concurrency:
+            columns = zip(*(draw.concurrency[key] for draw in self.draws), strict=True)
+            concurrency[key] = tuple(
+                (column[0][0], statistics.median(f for _, f in column)) for column in columns
+            )
+        return MeasuredCost(
+            tables, name=self.name, description=self.description, batches=batches, concurrency=concurrency
+        )
 
     @property
     def name(self) -> str:

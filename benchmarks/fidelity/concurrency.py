@@ -123,21 +123,20 @@ def fit(per_process: Sequence[dict[str, list[float]]], name: str) -> MeasuredCos
     return MeasuredCost(tables, name=name, concurrency=concurrency)
 
 
-def calibrate_concurrency(plan: ConcurrencyPlan, *, num_processes: int, repeats: int = 1) -> MeasuredCost:
-    """`repeats` calibrations in forked gloo processes; costs and factors their medians."""
+def calibrate_concurrency(
+    plan: ConcurrencyPlan, *, num_processes: int, repeats: int = 1
+) -> calibrate.Calibration:
+    """`repeats` calibrations in forked gloo processes (pattern "concurrent"); the cost model
+    (`Calibration.cost`) takes each point's and each factor's median over them."""
+    import time
+
     from benchmarks.fidelity.processes import run_processes
 
-    draws = [fit(run_processes(measure, [plan] * num_processes), name=f"draw-{i}") for i in range(repeats)]
-    name = f"loopback-concurrency-{plan.lead_in}-w{num_processes}"
-    tables = {key: monotone(_median_points([d.tables[key] for d in draws])) for key in draws[0].tables}
-    factors = {
-        key: tuple(_median_points([d.concurrency[key] for d in draws])) for key in draws[0].concurrency
-    }
-    description = (
-        f"gloo on this machine's loopback, 1..{max(plan.levels)} groups at once out of a {plan.lead_in}, "
-        f"{num_processes} processes, median of {repeats} calibrations"
+    begin = time.monotonic()
+    draws = tuple(
+        fit(run_processes(measure, [plan] * num_processes), name=f"draw-{i}") for i in range(repeats)
     )
-    return MeasuredCost(tables, name=name, description=description, concurrency=factors)
+    return calibrate.Calibration("concurrent", plan.lead_in, num_processes, draws, time.monotonic() - begin)
 
 
 def _median_points(draws: Sequence[Sequence[tuple[float, float]]]) -> list[tuple[float, float]]:
@@ -161,7 +160,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         levels=tuple(sorted(set(args.levels))),
         repetitions=args.repetitions,
     )
-    cost = calibrate_concurrency(plan, num_processes=args.processes, repeats=args.repeats)
+    cost = calibrate_concurrency(plan, num_processes=args.processes, repeats=args.repeats).cost
     with open(args.out, "w", encoding="utf-8") as f:
         json.dump(cost.to_dict(), f, indent=1)
     print(json.dumps(cost.to_dict()["concurrency"], indent=1))
