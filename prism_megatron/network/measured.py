@@ -100,6 +100,9 @@ class MeasuredCost:
         if not self.tables:
             raise ValueError(f"measured costs {self.name!r} hold no table")
 
+    factor_by_group_size = True
+    """The concurrency factor depends on the op's kind, group size and groups alone (`sim.concurrency`)."""
+
     @property
     def concurrency_factor(self):
         """The concurrency term (`sim.concurrency`), or None when the file measured none."""

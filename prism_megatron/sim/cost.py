@@ -65,9 +65,15 @@ class NetworkCost:
             return 0.0
         return float(self.cost_model.shared_cost_ns(kind, members, size_bytes, 1))
 
-    def concurrency_factor(
-        self, kind: OpKind, members: tuple[int, ...], size_bytes: int, groups: float
-    ) -> float:
+    @property
+    def concurrency_factor(self):
+        """The concurrency term, or None on a cluster with a NIC per GPU or more: no group shares
+        its links with another there, so the factor is 1 whatever overlaps (and the fixed point is
+        skipped)."""
+        spec = self.cost_model.spec
+        return None if spec.network.nics_per_node >= spec.gpus_per_node else self._factor
+
+    def _factor(self, kind: OpKind, members: tuple[int, ...], size_bytes: int, groups: float) -> float:
         """Cost with round(groups) groups at once over the cost alone."""
         alone = self(kind, members, size_bytes)
         if groups <= 1.0 or alone <= 0.0:
