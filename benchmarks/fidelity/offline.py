@@ -80,8 +80,8 @@ def resimulate(folder: str, *, model: str = "job", cost_file: str | None = None,
     Raises:
         ValueError: not a kept folder, or a case without the model's costs (naming what is there).
     """
-    from prism_megatron.emulation.closed_loop import network_cost
     from prism_megatron.graph import LayoutWorld, load_graph
+    from prism_megatron.passes.closed_loop import network_cost
     from prism_megatron.sim import WhatIf, simulate
     from prism_megatron.topology import Layout
 

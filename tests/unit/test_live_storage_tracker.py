@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from prism_megatron.megatron.run.memory import LiveStorageTracker
+from prism_megatron.passes.memory import LiveStorageTracker
 
 
 def test_a_view_of_a_buffer_made_outside_the_tracked_ops_is_not_counted():
