@@ -25,6 +25,11 @@ takes each point's median over them, and their spread is reported):
   wait for a core behind every other process that woke at the same moment, which is what the stop-11
   diagnosis found the ground truth's exchanges paying (1-5 ms against 0.5 ms simulated).
 
+Besides all-reduces and one-peer exchanges, the interleaved pipeline's batches with two peers: rings
+of `ring_size` processes where every member posts, in one `batch_isend_irecv`, a send to the next and
+a receive from the previous (2 ops; megatron-core's send_forward_recv_forward), or both directions
+at once (4 ops); the file's `batches_us` (`prism_megatron.network.measured`).
+
 Costs are medians over members and repetitions, made non-decreasing in size; nothing here looks at
 a case's iteration times.
 """
@@ -67,10 +72,14 @@ class Plan:
     """Leading repetitions of each (group, size) left out (first-use costs of a fresh group)."""
     pattern: str = "alone"
     lead_in: str = "sleep"
+    ring_size: int = 4
+    """Members of each ring the two-peer batches are measured in (0: none measured)."""
 
     def __post_init__(self) -> None:
         if self.pattern not in PATTERNS or self.lead_in not in LEAD_INS:
             raise ValueError(f"pattern must be one of {PATTERNS} and lead_in one of {LEAD_INS}")
+        if self.ring_size and self.ring_size < 3:
+            raise ValueError(f"ring_size must be 0 (no batches) or >= 3 (two peers), got {self.ring_size}")
 
 
 BUSY = torch.randn(64, 64, generator=torch.Generator().manual_seed(0))
@@ -134,6 +143,28 @@ def _timed_exchange(group, peer: int, size_bytes: int, plan: Plan, rng: random.R
     return _cost(group, 2, plan, start_ns, time.monotonic_ns())
 
 
+def _timed_batch(group, members: list[int], num_ops: int, size_bytes: int, plan: Plan, rng) -> float | None:
+    """One batch with two peers, as megatron-core's interleaved schedule posts it: send to the
+    next member of the ring and receive from the previous (2 ops), and the reverse too (4 ops)."""
+    me = members.index(dist.get_rank())
+    following, previous = members[(me + 1) % len(members)], members[(me - 1) % len(members)]
+    count = max(size_bytes // 4, 1)
+    ops = [dist.P2POp(dist.isend, torch.zeros(count), following, group),
+           dist.P2POp(dist.irecv, torch.empty(count), previous, group)]  # fmt: skip
+    if num_ops == 4:
+        ops += [dist.P2POp(dist.isend, torch.zeros(count), previous, group),
+                dist.P2POp(dist.irecv, torch.empty(count), following, group)]  # fmt: skip
+    start_ns = _start(group, plan, rng)
+    for request in dist.batch_isend_irecv(ops):
+        request.wait()
+    return _cost(group, len(members), plan, start_ns, time.monotonic_ns())
+
+
+BATCH_OPS = (2, 4)
+BATCH_KEY = "BATCH"
+"""Sample key prefix of the two-peer batches ("BATCH/<ops>/<bytes>")."""
+
+
 def _groups_of(n: int, world_size: int, pattern: str) -> tuple[list[list[int]], int]:
     """The groups of size n (all consecutive blocks; every process creates every group) and how many
     of them measure (job: all of them at once; alone: the first)."""
@@ -168,6 +199,12 @@ def measure(plan: Plan) -> dict[str, list[float]]:
                 group = dist.new_group(members)
                 if index < measuring and rank in members:
                     mine[n] = (group, members)
+        if plan.ring_size:
+            blocks, measuring = _groups_of(plan.ring_size, world_size, plan.pattern)
+            for index, members in enumerate(blocks):
+                group = dist.new_group(members)
+                if index < measuring and rank in members:
+                    mine[BATCH_KEY] = (group, members)
         for repetition in range(plan.warmup + plan.repetitions):
             _one_round(plan, mine, rng, samples, keep=repetition >= plan.warmup)
     finally:
@@ -190,6 +227,7 @@ def _one_round(plan: Plan, mine: dict, rng: random.Random, samples: dict, *, kee
                     samples.setdefault(f"{OpKind.ALL_REDUCE.name}/{n}/{size}", []).append(cost)
             else:  # not in a group of this size (the job's size is not a multiple): keep the cadence
                 _start(None, plan, rng)
+    _batches(plan, mine, rng, samples, keep=keep)
     if 2 not in mine:
         return
     group, members = mine[2]
@@ -200,6 +238,21 @@ def _one_round(plan: Plan, mine: dict, rng: random.Random, samples: dict, *, kee
             samples.setdefault(f"{OpKind.SEND.name}/2/{size}", []).append(cost)
 
 
+def _batches(plan: Plan, mine: dict, rng: random.Random, samples: dict, *, keep: bool) -> None:
+    """One repetition of the two-peer batches (every process keeps the job pattern's cadence)."""
+    if not plan.ring_size or (BATCH_KEY not in mine and plan.pattern != "job"):
+        return
+    for num_ops in BATCH_OPS:
+        for size in plan.sizes_bytes + plan.large_sizes_bytes:
+            if BATCH_KEY not in mine:
+                _start(None, plan, rng)
+                continue
+            group, members = mine[BATCH_KEY]
+            cost = _timed_batch(group, members, num_ops, size, plan, rng)
+            if keep and cost is not None:
+                samples.setdefault(f"{BATCH_KEY}/{num_ops}/{size}", []).append(cost)
+
+
 def fit(per_process: Sequence[dict[str, list[float]]], name: str) -> MeasuredCost:
     """Median over members and repetitions per (kind, n, size)."""
     merged: dict[str, list[float]] = {}
@@ -207,10 +260,19 @@ def fit(per_process: Sequence[dict[str, list[float]]], name: str) -> MeasuredCos
         for key, values in samples.items():
             merged.setdefault(key, []).extend(values)
     points: dict[tuple[OpKind, int], list[tuple[int, float]]] = {}
+    batches: dict[int, list[tuple[int, float]]] = {}
     for key, values in merged.items():
         kind, n, size = key.split("/")
-        points.setdefault((OpKind[kind], int(n)), []).append((int(size), statistics.median(values)))
-    return MeasuredCost({key: monotone(p) for key, p in points.items()}, name=name)
+        point = (int(size), statistics.median(values))
+        if kind == BATCH_KEY:
+            batches.setdefault(int(n), []).append(point)
+        else:
+            points.setdefault((OpKind[kind], int(n)), []).append(point)
+    return MeasuredCost(
+        {key: monotone(p) for key, p in points.items()},
+        name=name,
+        batches={key: monotone(p) for key, p in batches.items()},
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -232,7 +294,21 @@ class Calibration:
             tables[key] = monotone(
                 [(column[0][0], statistics.median(ns for _, ns in column)) for column in columns]
             )
-        return MeasuredCost(tables, name=self.name, description=self.description)
+        batches = {}
+        for key in self.draws[0].batches:
+            columns = zip(*(draw.batches[key] for draw in self.draws), strict=True)
+            batches[key] = monotone(
+                [(column[0][0], statistics.median(ns for _, ns in column)) for column in columns]
+            )
+        concurrency = {}
+        for key in self.draws[0].concurrency:
+            columns = zip(*(draw.concurrency[key] for draw in self.draws), strict=True)
+            concurrency[key] = tuple(
+                (column[0][0], statistics.median(f for _, f in column)) for column in columns
+            )
+        return MeasuredCost(
+            tables, name=self.name, description=self.description, batches=batches, concurrency=concurrency
+        )
 
     @property
     def name(self) -> str:
@@ -253,6 +329,12 @@ class Calibration:
                 for i, (size, _) in enumerate(points)
             }
             for (kind, n), points in sorted(self.draws[0].tables.items())
+        } | {
+            f"{BATCH_KEY}/ops={num_ops}": {
+                str(size): [round(draw.batches[num_ops][i][1] / 1e3, 1) for draw in self.draws]
+                for i, (size, _) in enumerate(points)
+            }
+            for num_ops, points in sorted(self.draws[0].batches.items())
         }
 
 
@@ -276,7 +358,7 @@ def calibrate(
     plan = Plan(
         group_sizes=tuple(sorted(set(group_sizes))), repetitions=repetitions, pattern=pattern, lead_in=lead_in
     )
-    num_processes = world_size if pattern == "job" else max(max(plan.group_sizes), 2)
+    num_processes = world_size if pattern == "job" else max(max(plan.group_sizes), 2, plan.ring_size)
     if num_processes < max(plan.group_sizes):
         raise ValueError(f"world_size {world_size} is smaller than the largest group {max(plan.group_sizes)}")
     begin = time.monotonic()

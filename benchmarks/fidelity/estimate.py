@@ -10,15 +10,16 @@ are measured constants of a quiet 2-core machine. On a loaded machine everything
 from __future__ import annotations
 
 from benchmarks.fidelity.calibrate import LARGE_SIZES_BYTES, LEAD_IN_S, SIZES_BYTES
+from benchmarks.fidelity.concurrency import LEVELS as CONCURRENCY_LEVELS
 
 STARTUP_S = {"sleep-compute": 3.0, "real-compute": 5.0}
 """Forking a pass's processes, bring-up, model and optimizer, teardown (quiet machine)."""
 GPT_ITERATION_S = 0.25
 """The tiny GPT's iteration with one thread (126-242 ms in the 2026-11-29 run)."""
 MEMORY_ITERATIONS = {"sleep-compute": 2, "real-compute": 0}
-STEP_S = {"job": LEAD_IN_S + 0.01, "alone": 0.01}
+STEP_S = {"job": LEAD_IN_S + 0.01, "alone": 0.01, "concurrent": LEAD_IN_S + 0.01}
 """One measured op of a calibration: the job pattern's lead-in and op, or the alone pattern's
-barrier, jitter and op."""
+barrier, jitter and op (the concurrent pattern's are the job pattern's, at each of its levels)."""
 
 
 def iteration_s(case) -> float:
@@ -51,13 +52,17 @@ def calibration_seconds(selection) -> float:
     total, seen = 0.0, set()
     for case in selection.cases:
         for model in selection.models:
-            key = (model, case.kind, case.job.world_size if model == "job" else 0)
+            key = (model, case.kind, case.job.world_size if model != "alone" else 0)
             if key in seen:
                 continue
             seen.add(key)
             sizes = set(group_sizes(case.job)) | {2}
             steps = sum(len(SIZES_BYTES) + (len(LARGE_SIZES_BYTES) if n == 2 else 0) for n in sizes)
             steps += len(SIZES_BYTES) + len(LARGE_SIZES_BYTES)  # the exchanges
+            if model == "concurrent":
+                steps = (len(sizes) + 1) * len(SIZES_BYTES) * len(CONCURRENCY_LEVELS)
+            else:
+                steps += 2 * (len(SIZES_BYTES) + len(LARGE_SIZES_BYTES))  # the two-peer batches
             total += selection.repeats * (selection.repetitions + 3) * steps * STEP_S[model]
     return total
 

@@ -130,7 +130,9 @@ def _calibration_lines(calibration: dict) -> list[str]:
     for name, model in calibration["models"].items():
         lines.append(f"- {name} ({model['seconds']:.0f} s):")
         for table, sizes in model["every_draw_us"].items():
-            medians = dict(model["median_cost_us"].get(table.replace("/n=", "/"), []))
+            medians = dict(
+                model["median_cost_us"].get(table.replace("/n=", "/"), model["median_cost_us"].get(table, []))
+            )
             cells = ", ".join(
                 f"{size} B {medians.get(int(size), float('nan')):.0f} [{' '.join(f'{v:.0f}' for v in draws)}]"
                 for size, draws in sizes.items()

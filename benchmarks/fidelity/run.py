@@ -17,14 +17,16 @@ range and worst round.
 Before any case, gloo on loopback is calibrated (`calibrate.py`), each pattern `--repeats` times:
 the cost model is measured, never fitted to the cases, and its spread is reported. The suite's
 model is the job pattern (every group of a job of the case's size at once, out of the cases' kind of
-compute); every case is also emulated over the alone pattern's costs, reported beside it.
+compute); every case is also emulated over the alone pattern's costs and over the concurrent model
+(costs alone with the concurrency term, measured at 1..16 groups at once by `concurrency.py` and
+driven by the simulated schedule), reported beside it.
 
 Targets, over the rounds' medians, of the cases whose ground truth is stable (`compare.py`):
 sleep-compute mean |error| <= 0.5 %, every case <= 2 %, memory difference 0 B; real-compute every
 case <= 3 % with an inter-quartile range under 2 %. Every case is reported, misses included, with
 how many processes competed for the cores.
 
-Run: ``python -m benchmarks.fidelity.run [--quick | --smoke] [--only NAME ...] [--models job]
+Run: ``python -m benchmarks.fidelity.run [--quick | --smoke] [--only NAME ...] [--models job ...] [--offline DIR]
 [--plan] [--out DIR]``. The full suite takes about an hour on a quiet 2-core machine (``--plan``
 prints the estimate of any selection without running it). Writes
 ``<DIR>/<YYYY-MM-DD>-fidelity.json`` and ``.md`` (``-fidelity-quick``, ``-fidelity-smoke`` for the
@@ -49,7 +51,10 @@ import warnings
 from benchmarks.common import RESULTS_DIR, environment, today, write_results
 from benchmarks.fidelity import estimate, report
 
-MODELS = ("job", "alone")
+MODELS = ("job", "alone", "concurrent")
+"""Cost models: the job pattern (every group at once; the suite's), alone (no other group), and
+concurrent (alone, with the concurrency term measured at 1..16 groups at once and driven by the
+simulated schedule; `concurrency.py`)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,8 +115,9 @@ def calibrate_all(selection: Selection, work: str) -> tuple[dict, dict]:
     for case in selection.cases:
         sizes = set(group_sizes(case.job)) | {2}
         for model in selection.models:
-            world = case.job.world_size if model == "job" else 0  # alone: one set for every case
-            needs.setdefault((model, _lead_in(case) if model == "job" else "-", world), set()).update(sizes)
+            per_job = model != "alone"  # alone: one set for every case
+            world = case.job.world_size if per_job else 0
+            needs.setdefault((model, _lead_in(case) if per_job else "-", world), set()).update(sizes)
     files, calibrations = {}, {}
     for (model, lead_in, world), sizes in sorted(needs.items()):
         print(
@@ -119,14 +125,21 @@ def calibrate_all(selection: Selection, work: str) -> tuple[dict, dict]:
             file=sys.stderr,
             flush=True,
         )
-        calibration = calibrate(
-            sorted(sizes),
-            pattern=model,
-            world_size=world or max(sizes),
-            lead_in=lead_in if model == "job" else "sleep",
-            repetitions=selection.repetitions,
-            repeats=selection.repeats,
-        )
+        if model == "concurrent":
+            from benchmarks.fidelity.concurrency import LEVELS, ConcurrencyPlan, calibrate_concurrency
+
+            plan = ConcurrencyPlan(group_sizes=tuple(sorted(sizes)), levels=LEVELS, lead_in=lead_in,
+                                   repetitions=max(selection.repetitions // 2, 2))  # fmt: skip
+            calibration = calibrate_concurrency(plan, num_processes=world, repeats=selection.repeats)
+        else:
+            calibration = calibrate(
+                sorted(sizes),
+                pattern=model,
+                world_size=world or max(sizes),
+                lead_in=lead_in if model == "job" else "sleep",
+                repetitions=selection.repetitions,
+                repeats=selection.repeats,
+            )
         path = os.path.join(work, f"costs-{calibration.name}.json")
         write_json(calibration.cost.to_dict(), path)
         files[(model, lead_in, world)], calibrations[(model, lead_in, world)] = path, calibration
@@ -134,7 +147,7 @@ def calibrate_all(selection: Selection, work: str) -> tuple[dict, dict]:
 
 
 def _cost_key(model: str, case) -> tuple[str, str, int]:
-    return (model, _lead_in(case), case.job.world_size) if model == "job" else (model, "-", 0)
+    return (model, _lead_in(case), case.job.world_size) if model != "alone" else (model, "-", 0)
 
 
 def run_cases(selection: Selection, files: dict, calibrations: dict, work: str) -> tuple[list, list]:
@@ -170,13 +183,26 @@ def run_cases(selection: Selection, files: dict, calibrations: dict, work: str) 
     return records, failures
 
 
-def run_suite(selection: Selection, keep_work: str | None = None) -> dict:
+def run_suite(selection: Selection, keep_work: str | None = None, offline: str | None = None) -> dict:
+    """Calibrate and run the selection; with `offline`, keep what re-simulates it (`offline.py`)."""
     begin = time.monotonic()
     work = keep_work or tempfile.mkdtemp(prefix="prism-fidelity-")
     try:
         files, calibrations = calibrate_all(selection, work)
         calibration_s = time.monotonic() - begin
         records, failures = run_cases(selection, files, calibrations, work)
+        if offline is not None:
+            from benchmarks.fidelity.offline import keep
+
+            by_case = {
+                case.name: {model: files[_cost_key(model, case)] for model in selection.models}
+                for case in selection.cases
+            }
+            print(
+                "fidelity: kept for offline re-simulation:",
+                keep(records, work, by_case, offline),
+                file=sys.stderr,
+            )
     finally:
         if keep_work is None:
             shutil.rmtree(work, ignore_errors=True)
@@ -197,7 +223,8 @@ def run_suite(selection: Selection, keep_work: str | None = None) -> dict:
                     "lead_in": calibration.lead_in,
                     "world_size": calibration.world_size,
                     "seconds": calibration.seconds,
-                    "median_cost_us": calibration.cost.to_dict()["costs_us"],
+                    "median_cost_us": _median_costs(calibration.cost.to_dict()),
+                    "concurrency_factors": calibration.cost.to_dict().get("concurrency", {}),
                     "every_draw_us": calibration.spread(),
                 }
                 for calibration in calibrations.values()
@@ -208,6 +235,11 @@ def run_suite(selection: Selection, keep_work: str | None = None) -> dict:
         "cases": records,
         "failed_cases": failures,
     }
+
+
+def _median_costs(costs: dict) -> dict:
+    """The cost file's tables by the names `Calibration.spread` gives them (batches as BATCH/ops=K)."""
+    return costs["costs_us"] | {f"BATCH/ops={k}": v for k, v in costs.get("batches_us", {}).items()}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -223,12 +255,18 @@ def main(argv: list[str] | None = None) -> int:
         nargs="+",
         choices=MODELS,
         default=list(MODELS),
-        help="cost models to emulate over (default: job alone; job is the suite's)",
+        help="cost models to emulate over (default: job alone concurrent; job is the suite's)",
     )
     parser.add_argument(
         "--plan", action="store_true", help="print the cases and the expected duration, and exit"
     )
     parser.add_argument("--keep", default=None, metavar="DIR", help="keep the run folders in DIR")
+    parser.add_argument(
+        "--offline",
+        default=None,
+        metavar="DIR",
+        help="keep every case's graph, cost files and real medians in DIR (python -m benchmarks.fidelity.offline DIR)",
+    )
     parser.add_argument("--out", default=RESULTS_DIR, help="directory for the JSON and Markdown results")
     args = parser.parse_args(argv)
     if "job" not in args.models:
@@ -245,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.plan:
         return 0
     _imports()
-    record = run_suite(selection, args.keep)
+    record = run_suite(selection, args.keep, args.offline)
     suite = "fidelity" if selection.form == "full" else f"fidelity-{selection.form}"
     paths = write_results(suite, record, report.markdown(record), args.out)
     print(report.markdown(record))

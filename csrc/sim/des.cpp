@@ -155,9 +155,11 @@ class Simulator {
     StreamState& st = state(node, s);
     switch (p_.op_type[op]) {
       case kCompute: {
-        double scaled = p_.op_duration_ns[op] * p_.compute_factor[node];
+        // A slow device stretches its work, not the host's overhead around it.
+        const int64_t overhead = std::min(p_.op_overhead_ns[op], p_.op_duration_ns[op]);
+        double scaled = static_cast<double>(p_.op_duration_ns[op] - overhead) * p_.compute_factor[node];
         if (p_.op_expert[op]) scaled *= p_.expert_factor[node];
-        const int64_t end = now + std::llround(scaled);
+        const int64_t end = now + overhead + std::llround(scaled);
         result_.timeline[at].ready_ns = now;
         result_.timeline[at].end_ns = end;
         st.batch_done_ns = std::max(st.batch_done_ns, end);

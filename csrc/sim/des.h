@@ -7,8 +7,9 @@
 // * A node (a virtual rank, or a role's representative in symmetric mode) runs its role's streams
 //   concurrently. A stream posts its next batch (an op plus the ops coalesced after it) once the
 //   previous batch completed and every cross-stream dependency of the batch has completed.
-// * COMPUTE completes after duration * the node's compute factor (* its expert factor for expert
-//   compute); WAIT once its dependencies have
+// * COMPUTE completes after its host overhead plus the rest of its duration (the device work) *
+//   the node's compute factor (* its expert factor for expert compute); WAIT once its
+//   dependencies have
 //   (its span starts where the stream reached it, so the time the stream lost shows).
 // * COLLECTIVE: matched across the nodes of its group instance by the op's sequence number; completes
 //   for every member at (last arrival) + cost * (largest NIC factor among the members).
@@ -51,6 +52,7 @@ struct Problem {
   View<uint8_t> op_coalesced;
   View<uint8_t> op_expert;
   View<int64_t> op_duration_ns;
+  View<int64_t> op_overhead_ns;  // host part of a compute op's duration: not stretched by a straggler
   View<int64_t> op_cost_ns;
   View<int64_t> op_size_bytes;
   View<int32_t> op_spec;  // collective: index into coll_instance rows; p2p: into p2p_peer rows

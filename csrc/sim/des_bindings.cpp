@@ -107,6 +107,7 @@ py::dict run(py::dict arrays, int32_t num_nodes, int32_t num_roles, int32_t num_
   p.op_coalesced = in.get<uint8_t>("op_coalesced", num_ops);
   p.op_expert = in.get<uint8_t>("op_expert", num_ops);
   p.op_duration_ns = in.get<int64_t>("op_duration_ns", num_ops);
+  p.op_overhead_ns = in.get<int64_t>("op_overhead_ns", num_ops);
   p.op_cost_ns = in.get<int64_t>("op_cost_ns", num_ops);
   p.op_size_bytes = in.get<int64_t>("op_size_bytes", num_ops);
   p.op_spec = in.get<int32_t>("op_spec", num_ops);

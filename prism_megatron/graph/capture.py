@@ -72,6 +72,9 @@ class CapturedIteration:
     events: tuple[OpEvent, ...]
     p2p_calls: tuple[tuple[int, int], ...] = ()
     """(enter_ns, exit_ns) of each pipeline-communicator call, in call order."""
+    work: tuple[tuple[int, int], ...] | None = None
+    """(begin_ns, end_ns) of the device work the program ran (`replay.timeline.compute`), in time
+    order; None when it was not recorded (then every compute span counts as work)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,6 +104,7 @@ class RankCapture:
                     "start_ns": it.start_ns,
                     "end_ns": it.end_ns,
                     "p2p_calls": [list(call) for call in it.p2p_calls],
+                    **({} if it.work is None else {"work": [list(span) for span in it.work]}),
                     "events": [_event_row(e) for e in it.events],
                 }
                 for it in self.iterations
@@ -117,6 +121,7 @@ class RankCapture:
                     start_ns=int(it["start_ns"]),
                     end_ns=int(it["end_ns"]),
                     p2p_calls=tuple((int(a), int(b)) for a, b in it["p2p_calls"]),
+                    work=None if "work" not in it else tuple((int(a), int(b)) for a, b in it["work"]),
                     events=tuple(_event_from_row(row) for row in it["events"]),
                 )
                 for it in data["iterations"]
@@ -213,9 +218,9 @@ class _StreamBuilder:
         self.p2p_seq: collections.Counter[tuple[OpKind, int]] = collections.Counter()
         self.posted: dict[OpEvent, Dep] = {}
 
-    def compute(self, duration_ns: int) -> None:
+    def compute(self, duration_ns: int, overhead_ns: int = 0) -> None:
         self.streams[COMPUTE_STREAM].append(
-            Op(type=NodeType.COMPUTE, name=COMPUTE_NAME, duration_ns=duration_ns)
+            Op(type=NodeType.COMPUTE, name=COMPUTE_NAME, duration_ns=duration_ns, overhead_ns=overhead_ns)
         )
 
     def comm(self, event: OpEvent, *, coalesced: bool = False, deps: tuple[Dep, ...] = ()) -> Op:
@@ -262,10 +267,11 @@ def iteration_streams(
         ValueError: an op's group is none of the rank's group kinds.
     """
     builder = _StreamBuilder(names)
+    overhead = _Overhead(iteration.work)
     cursor_ns = iteration.start_ns
     for point in _points(iteration):
         at_ns = max(point.time_ns, cursor_ns)
-        builder.compute(at_ns - cursor_ns)
+        builder.compute(at_ns - cursor_ns, overhead(cursor_ns, at_ns))
         if point.kind == "post":
             builder.post(point.events[0])
         elif point.kind == "wait":
@@ -273,10 +279,33 @@ def iteration_streams(
         else:
             builder.blocking(point.events)
         cursor_ns = max(at_ns, point.end_ns)
-    builder.compute(max(iteration.end_ns - cursor_ns, 0))
+    end_ns = max(iteration.end_ns, cursor_ns)
+    builder.compute(end_ns - cursor_ns, overhead(cursor_ns, end_ns))
     if posted is not None:
         posted.update(builder.posted)
     return {name: tuple(ops) for name, ops in builder.streams.items()}
+
+
+class _Overhead:
+    """A span's host overhead: its time outside the recorded device work (0 when none was recorded)."""
+
+    def __init__(self, work: Sequence[tuple[int, int]] | None) -> None:
+        self.work = sorted(work) if work is not None else None
+        self.begins = [begin for begin, _ in self.work or ()]
+
+    def __call__(self, begin_ns: int, end_ns: int) -> int:
+        if self.work is None or end_ns <= begin_ns:
+            return 0
+        covered, last_ns = 0, begin_ns
+        # Work spans are disjoint on one stream; start from the last one beginning before the span.
+        for work_begin, work_end in self.work[max(bisect.bisect_right(self.begins, begin_ns) - 1, 0) :]:
+            if work_begin >= end_ns:
+                break
+            lo, hi = max(work_begin, last_ns), min(work_end, end_ns)
+            if hi > lo:
+                covered += hi - lo
+                last_ns = hi
+        return end_ns - begin_ns - covered
 
 
 def compute_intervals(iteration: CapturedIteration, *, keep_empty: bool = False) -> list[tuple[int, int]]:
@@ -299,7 +328,8 @@ def compute_intervals(iteration: CapturedIteration, *, keep_empty: bool = False)
 def structure(streams: Mapping[str, Sequence[Op]]) -> dict[str, tuple[Op, ...]]:
     """The streams with every duration zeroed: what must agree between iterations."""
     return {
-        name: tuple(dataclasses.replace(op, duration_ns=0) for op in ops) for name, ops in streams.items()
+        name: tuple(dataclasses.replace(op, duration_ns=0, overhead_ns=0) for op in ops)
+        for name, ops in streams.items()
     }
 
 
@@ -345,6 +375,16 @@ def compute_durations(streams: Mapping[str, Sequence[Op]]) -> list[int]:
     return [op.duration_ns for ops in streams.values() for op in ops if op.type == NodeType.COMPUTE]
 
 
+def compute_overheads(streams: Mapping[str, Sequence[Op]]) -> list[int]:
+    """Host overheads of the COMPUTE ops in flat order."""
+    return [op.overhead_ns for ops in streams.values() for op in ops if op.type == NodeType.COMPUTE]
+
+
+def _with_span(op: Op, duration_ns: int, overhead_ns: int) -> Op:
+    """A compute op with the median span and median overhead (the overhead never above the span)."""
+    return dataclasses.replace(op, duration_ns=duration_ns, overhead_ns=min(overhead_ns, duration_ns))
+
+
 def role_graph(capture: RankCapture, world: World, kinds: Sequence[str] = GROUP_KINDS) -> RoleGraph:
     """The role's graph: recorded iterations after warm-up, each compute span their median, and so is
     each collective's size (MoE dispatch moves what the router chose, see `_data_dependent_size`).
@@ -367,9 +407,13 @@ def role_graph(capture: RankCapture, world: World, kinds: Sequence[str] = GROUP_
         round(statistics.median(values))
         for values in zip(*(compute_durations(s) for s in per_iteration), strict=True)
     )
+    overheads = iter(
+        round(statistics.median(values))
+        for values in zip(*(compute_overheads(s) for s in per_iteration), strict=True)
+    )
     streams = {
         name: tuple(
-            dataclasses.replace(op, duration_ns=next(medians)) if op.type == NodeType.COMPUTE else op
+            _with_span(op, next(medians), next(overheads)) if op.type == NodeType.COMPUTE else op
             for op in ops
         )
         for name, ops in first.items()

@@ -12,10 +12,13 @@ Here that decision meets the capture:
   member's order: the same ops, renumbered as that member's capture would number them, every side
   stream rebuilt in posting order, every wait pointing at the same posted op.
 
-Every compute span of a member comes from a *canonical* span of the representative (its `source`
-position), or is an idle gap of the schedule's loop (`IDLE`), which takes the class's median idle
-gap. So the members of a class get identical spans, and a measurement of one member folds into all
-(`spread`, the closed loop).
+Every compute span of a member is the representative's span of the same work (its `source`: the
+prologue, F_i, B_i, the epilogue), never a span found by position in the member's op order. An idle
+gap of the schedule's loop (`IDLE`, two pipeline calls with nothing between) belongs to the step it
+follows: the member takes the reference's gap after the same step, adds it to that step's last span
+where the member's next call follows at once, and runs a gap the reference has no time for in 0 ns.
+So the members of a class run identical compute in total, whatever their warm-up, and a measurement
+of one member folds into all (`spread`, the closed loop).
 
 Confirmation (`class_graphs`): every captured member must issue exactly the ops derived for it from
 the reference capture; the first difference is an error in the ops' printable form. Spans are
@@ -36,8 +39,6 @@ from prism_megatron.graph.schedule import IDLE, StageOrder, Step, one_f_one_b
 from prism_megatron.graph.schema import COMPUTE_STREAM, P2P, Dep, ExecutionGraph, NodeType, Op, RoleGraph
 from prism_megatron.topology.equivalence import RoleClass
 
-IDLE_SOURCE = -1
-"""`source` entry of a compute span that is an idle gap of the schedule's loop."""
 PIPELINE_GROUP = "pp"
 CLASSES_KEY = "role_classes"
 """Key of the role classes (`RoleClass.to_json()` each) in a graph's `metadata.extra`."""
@@ -145,7 +146,8 @@ class _Steps:
     epilogue: range
     steps: dict[Step, range]
     p2p: dict[tuple[NodeType, int, int], Op]
-    idle_ns: list[int]
+    idle_after: dict[Step, int]
+    """The item of each idle gap, by the step it follows (the schedule loop's time after that work)."""
 
 
 def _head(key: tuple[NodeType, int, int]) -> str:
@@ -167,20 +169,21 @@ def _cut(items: Sequence[_Item], order: StageOrder, role: str, what: str) -> _St
     if len(captured) != len(order.calls):
         raise ValueError(f"role {role}: {len(captured)} pipeline calls, {what} has {len(order.calls)}")
     steps: dict[Step, range] = {}
-    idle_ns: list[int] = []
+    idle_after: dict[Step, int] = {}
+    last_step: Step | None = None
     for step, before, after in zip(order.steps, calls, calls[1:], strict=False):
         between = range(before.stop, after.start)
         if step.kind != IDLE:
-            steps[step] = between
+            steps[step], last_step = between, step
             continue
         gap = [items[i].op for i in between]
-        if len(gap) != 1 or gap[0].type != NodeType.COMPUTE:
+        if len(gap) != 1 or gap[0].type != NodeType.COMPUTE or last_step is None:
             raise ValueError(
                 f"role {role}: an idle gap of the 1F1B loop holds {[format_op(op) for op in gap]}"
             )
-        idle_ns.append(gap[0].duration_ns)
+        idle_after[last_step] = between.start
     p2p = {_key(items[i].op): dataclasses.replace(items[i].op, coalesced=False) for c in calls for i in c}
-    return _Steps(range(0, calls[0].start), range(calls[-1].stop, len(items)), steps, p2p, idle_ns)
+    return _Steps(range(0, calls[0].start), range(calls[-1].stop, len(items)), steps, p2p, idle_after)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -214,6 +217,7 @@ class ClassProgram:
                     raise ValueError(f"role {reference}: compute op on side stream {item.stream!r}")
                 self._compute[index] = len(self._compute)
         self.num_canonical = len(self._compute)
+        self._reference_ns = [self._items[i].op.duration_ns for i in self._compute]
         self._steps = None
         if role_class.warmup is not None:
             num, warmup = role_class.num_microbatches, role_class.warmup[reference]
@@ -232,70 +236,97 @@ class ClassProgram:
     def _layout(self, member: str) -> _MemberLayout:
         warmup = self.order_of(member)
         if warmup not in self._layouts:
-            pieces = self._pieces(warmup)
+            pieces, extra = self._pieces(warmup)
             source = []
-            for piece in pieces:
+            for number, piece in enumerate(pieces):
                 if isinstance(piece, int) and piece in self._compute:
-                    source.append(self._compute[piece])
+                    source.append((self._compute[piece], *extra.get(number, ())))
                 elif not isinstance(piece, int) and piece.type == NodeType.COMPUTE:
-                    source.append(IDLE_SOURCE)
+                    source.append(())
             self._layouts[warmup] = _MemberLayout(_reassemble(self._items, pieces), tuple(source))
         return self._layouts[warmup]
 
-    def _pieces(self, warmup: int | None) -> list[int | Op]:
+    def _pieces(self, warmup: int | None) -> tuple[list[int | Op], dict[int, tuple[int, ...]]]:
+        """The member's pieces in program order, and the canonical idle gaps a piece takes on top of
+        its own span: the schedule loop's time after a step, where the reference has a gap after
+        that step and the member has none (the member's next call follows at once)."""
         if warmup is None:
-            return list(range(len(self._items)))
+            return list(range(len(self._items))), {}
         steps = self._steps
         order = one_f_one_b(self.role_class.num_microbatches, warmup)
-        idle = Op(type=NodeType.COMPUTE, name=COMPUTE_NAME)
         pieces: list[int | Op] = list(steps.prologue)
+        extra: dict[int, tuple[int, ...]] = {}
         for number, call in enumerate(order.calls):
             pieces += [
                 dataclasses.replace(steps.p2p[key], coalesced=i < len(call) - 1) for i, key in enumerate(call)
             ]
-            if number < len(order.steps):
-                step = order.steps[number]
-                pieces += [idle] if step.kind == IDLE else list(steps.steps[step])
-        return pieces + list(steps.epilogue)
+            if number >= len(order.steps):
+                continue
+            step = order.steps[number]
+            if step.kind == IDLE:
+                after = order.steps[number - 1]  # an idle gap always follows a step
+                gap = steps.idle_after.get(after)
+                pieces.append(gap if gap is not None else Op(type=NodeType.COMPUTE, name=COMPUTE_NAME))
+                continue
+            pieces += list(steps.steps[step])
+            followed_by_idle = number + 1 < len(order.steps) and order.steps[number + 1].kind == IDLE
+            gap = steps.idle_after.get(step)
+            last = next((i for i in reversed(steps.steps[step]) if i in self._compute), None)
+            if gap is not None and not followed_by_idle and last is not None:
+                extra[len(pieces) - len(steps.steps[step]) + list(steps.steps[step]).index(last)] = (
+                    self._compute[gap],
+                )
+        return pieces + list(steps.epilogue), extra
 
     def structure(self, member: str) -> dict[str, tuple[Op, ...]]:
         """The member's ops, every duration 0 (what its capture must match)."""
         return structure(self._layout(member).streams)
 
-    def source(self, member: str) -> tuple[int, ...]:
-        """Per compute span of the member (flat order): its canonical span, or `IDLE_SOURCE`."""
+    def source(self, member: str) -> tuple[tuple[int, ...], ...]:
+        """Per compute span of the member (flat order): the canonical spans (the reference's spans
+        of the same work) it sums; () for an idle gap of the loop the reference has no time for."""
         return self._layout(member).source
 
-    def pooled(self, measured: Mapping[str, Sequence[int]]) -> tuple[list[int], int]:
-        """(canonical spans, idle gap) from members' measured compute durations: medians over them.
+    def pooled(self, measured: Mapping[str, Sequence[int]]) -> list[int]:
+        """Canonical spans from members' measured compute durations: medians over them.
+
+        A member's span that sums several canonical spans (a step and the idle gap the reference
+        has after it) is split between them as the reference's own spans are; a gap the reference
+        has no time for is left out.
 
         Raises:
             ValueError: a member's durations do not match its compute spans in number.
         """
-        columns: list[list[int]] = [[] for _ in range(self.num_canonical)]
-        idle: list[int] = []
+        columns: list[list[float]] = [[] for _ in range(self.num_canonical)]
         for member, values in measured.items():
             source = self.source(member)
             if len(values) != len(source):
                 raise ValueError(f"role {member}: {len(values)} durations for {len(source)} compute spans")
-            for position, value in zip(source, values, strict=True):
-                (idle if position == IDLE_SOURCE else columns[position]).append(value)
-        canonical = [round(statistics.median(column)) if column else 0 for column in columns]
-        return canonical, round(statistics.median(idle)) if idle else 0
+            for positions, value in zip(source, values, strict=True):
+                weights = [self._reference_ns[p] for p in positions]
+                total = sum(weights)
+                for p, weight in zip(positions, weights, strict=True):
+                    columns[p].append(value * weight / total if total else value / len(positions))
+        return [
+            round(statistics.median(column)) if column else self._reference_ns[p]
+            for p, column in enumerate(columns)
+        ]
 
-    def durations(self, member: str, canonical: Sequence[int], idle_ns: int) -> list[int]:
-        return [idle_ns if p == IDLE_SOURCE else canonical[p] for p in self.source(member)]
+    def durations(self, member: str, canonical: Sequence[int]) -> list[int]:
+        return [sum(canonical[p] for p in positions) for positions in self.source(member)]
 
-    def streams(self, member: str, canonical: Sequence[int], idle_ns: int) -> dict[str, tuple[Op, ...]]:
-        """The member's streams with the given canonical spans and idle gap."""
-        values = iter(self.durations(member, canonical, idle_ns))
+    def streams(self, member: str, canonical: Sequence[int]) -> dict[str, tuple[Op, ...]]:
+        """The member's streams with the given canonical spans."""
+        values = iter(self.durations(member, canonical))
         return {
-            name: tuple(
-                dataclasses.replace(op, duration_ns=next(values)) if op.type == NodeType.COMPUTE else op
-                for op in ops
-            )
+            name: tuple(with_span(op, next(values)) if op.type == NodeType.COMPUTE else op for op in ops)
             for name, ops in self._layout(member).streams.items()
         }
+
+
+def with_span(op: Op, duration_ns: int) -> Op:
+    """A compute op given another span; its host overhead (from the same work) kept within it."""
+    return dataclasses.replace(op, duration_ns=duration_ns, overhead_ns=min(op.overhead_ns, duration_ns))
 
 
 def class_graphs(role_class: RoleClass, captured: Mapping[str, RoleGraph]) -> dict[str, RoleGraph]:
@@ -319,8 +350,8 @@ def class_graphs(role_class: RoleClass, captured: Mapping[str, RoleGraph]) -> di
                 f"differs from the ops derived for it at {difference}; pass --prism-capture-all-roles "
                 "to give every role its own capture"
             )
-    canonical, idle_ns = program.pooled({role: compute_durations(g.streams) for role, g in captured.items()})
-    return {m: RoleGraph(m, program.streams(m, canonical, idle_ns)) for m in role_class.members}
+    canonical = program.pooled({role: compute_durations(g.streams) for role, g in captured.items()})
+    return {m: RoleGraph(m, program.streams(m, canonical)) for m in role_class.members}
 
 
 def graph_classes(graph: ExecutionGraph) -> tuple[RoleClass, ...]:
@@ -360,13 +391,13 @@ def spread(
         if program is None or id(program) in done:
             continue
         done.add(id(program))
-        canonical, idle_ns = program.pooled({r: v for r, v in measured.items() if programs.get(r) is program})
+        canonical = program.pooled({r: v for r, v in measured.items() if programs.get(r) is program})
         by_order: dict[int | None, list[int]] = {}  # members in one order share one list (1024 roles)
         for member in program.role_class.members:
             if member not in measured:
                 order = program.order_of(member)
                 if order not in by_order:
-                    by_order[order] = program.durations(member, canonical, idle_ns)
+                    by_order[order] = program.durations(member, canonical)
                 out[member] = by_order[order]
     return out
 

@@ -3,6 +3,7 @@
 Grammar (tokens separated by one space; the head comes first, the rest in any order)::
 
     c:fwd 1.2ms mb2                      compute "fwd", 1.2 ms, microbatch 2
+    c:compute 1.2ms host:150us           1.2 ms of which 150 us host overhead (not device work)
     AR tp#3 4MiB bf16                    all-reduce on the tp group, its 4th op there, 4 MiB of bf16
     RS:grad dp#0 96MiB fp32 &            named reduce-scatter, coalesced with the next op
     S→pp+1#4 16MiB bf16 mb2              send to the next pipeline stage, 5th send to that peer
@@ -39,6 +40,8 @@ _TIME_SCALE = {"s": 10**9, "ms": 10**6, "us": 10**3, "ns": 1}
 _SIZE_UNITS = (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10), ("B", 1))
 _SIZE_SCALE = dict(_SIZE_UNITS)
 
+HOST_PREFIX = "host:"
+"""Prefix of a compute op's host-overhead token."""
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)(s|ms|us|ns)$")
 _SIZE = re.compile(r"^(\d+)(GiB|MiB|KiB|B)$")
 _MICROBATCH = re.compile(r"^mb(\d+)$")
@@ -99,6 +102,8 @@ def format_op(op: Op) -> str:
     """The compact printable form of `op` (see the module docstring)."""
     if op.type == NodeType.COMPUTE:
         tokens = [f"c:{op.name}", format_duration(op.duration_ns)]
+        if op.overhead_ns:
+            tokens.append(HOST_PREFIX + format_duration(op.overhead_ns))
     elif op.type == NodeType.WAIT:
         tokens = [f"w:{op.name}" if op.name else "w"]
     elif op.type == NodeType.COLLECTIVE:
@@ -180,6 +185,8 @@ def _parse_field(token: str, fields: dict) -> None:
         fields["deps"] = tuple(deps)
     elif match := _MICROBATCH.match(token):
         fields["microbatch"] = _index(match.group(1), "microbatch")
+    elif token.startswith(HOST_PREFIX) and fields["type"] == NodeType.COMPUTE:
+        fields["overhead_ns"] = parse_duration(token[len(HOST_PREFIX) :])
     elif _DURATION.match(token) and fields["type"] == NodeType.COMPUTE:
         fields["duration_ns"] = parse_duration(token)
     elif _SIZE.match(token) and fields["type"] != NodeType.COMPUTE:

@@ -7,7 +7,8 @@ ranks. Ops name their communication partners *relative to the rank* (a group kin
 
 Node types (the Chakra / ASTRA-sim vocabulary, reduced to what a training iteration needs):
 
-* COMPUTE: a span of the stream's own work with a measured duration.
+* COMPUTE: a span of the stream's own work with a measured duration, and how much of it was host
+  overhead rather than device work (`overhead_ns`).
 * COLLECTIVE: an op over the rank's group of one kind. Ops on one group instance are matched across
   its members by sequence number (`seq`, the op's index among the rank's ops on that group kind).
 * SEND / RECV: point-to-point with the member of a group at a fixed offset from the rank (for
@@ -79,6 +80,10 @@ class Op:
     """A label: "fwd", "bwd", "optimizer" for compute; optional for communication."""
     duration_ns: int = 0
     """COMPUTE: measured duration."""
+    overhead_ns: int = 0
+    """COMPUTE: the part of `duration_ns` that was host overhead (Python, framework, launches), not
+    device work (kernels, the sleep-compute workload's sleeps); a straggler what-if stretches only
+    the rest. 0 where the capture recorded no device work apart (all of the span counts as work)."""
     comm: OpKind | None = None
     """COLLECTIVE: the collective (ALL_REDUCE, REDUCE_SCATTER, ...)."""
     group: str = ""
@@ -103,6 +108,10 @@ class Op:
             )
         if self.duration_ns < 0 or self.size_bytes < 0:
             raise ValueError(f"op {self.name!r}: duration_ns and size_bytes must be >= 0")
+        if not 0 <= self.overhead_ns <= self.duration_ns:
+            raise ValueError(
+                f"op {self.name!r}: overhead_ns {self.overhead_ns} must be within 0..duration_ns {self.duration_ns}"
+            )
         if self.type == NodeType.COLLECTIVE:
             if self.comm not in COLLECTIVE_KINDS:
                 raise ValueError(

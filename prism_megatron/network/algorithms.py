@@ -99,13 +99,32 @@ class Levels:
     """Multiplier on ``nic_ns_per_byte`` for one GPU's share of its node's NICs."""
 
     @classmethod
-    def of(cls, spec: ClusterSpec, shape: GroupShape) -> Levels:
+    def of(cls, spec: ClusterSpec, shape: GroupShape, concurrent_groups: int | None = None) -> Levels:
+        """The coefficients of `shape`, its node's NICs shared as `concurrent_groups` says.
+
+        Link sharing: with G groups of this shape communicating at once, a node holds
+        s = min(G, gpus_per_node // max_gpus_per_node) of them (each on GPUs of its own). A ring
+        leaves the node through min_nics_per_node NICs; s rings need s times that, so each NIC
+        carries max(1, s min_nics_per_node / nics_per_node) rings. A fan's GPU gets its share of the
+        node's NICs among the s max_gpus_per_node GPUs sending at once, at most its own NICs
+        (max(1, nics per GPU)). None keeps the model's old assumptions, every GPU of the node busy
+        for a fan and a ring alone on its NICs; 1 is a group alone (`sim.concurrency` asks for it
+        and for the schedule's G).
+        """
         oversubscription = spec.topology.oversubscription if shape.crosses_spine else 1.0
-        nics_per_gpu = spec.network.nics_per_node / spec.gpus_per_node
+        nics, gpus = spec.network.nics_per_node, spec.gpus_per_node
+        nics_per_gpu = nics / gpus
+        if concurrent_groups is None:
+            ring_load, fan_share = 1.0, nics_per_gpu
+        else:
+            on_node = max(1, min(concurrent_groups, gpus // shape.max_gpus_per_node))
+            ring_load = max(1.0, on_node * shape.min_nics_per_node / nics)
+            busy_gpus = min(gpus, on_node * shape.max_gpus_per_node)
+            fan_share = min(nics / busy_gpus, max(1.0, nics_per_gpu))
         return cls(
             shape=shape,
-            net_per_node=oversubscription / shape.min_nics_per_node,
-            net_per_gpu=oversubscription / nics_per_gpu,
+            net_per_node=oversubscription * ring_load / shape.min_nics_per_node,
+            net_per_gpu=oversubscription / fan_share,
         )
 
     def step_latency(

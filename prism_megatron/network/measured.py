@@ -16,6 +16,12 @@ File (YAML or JSON)::
     costs_us:                      # op kind / group size: [message bytes, microseconds] ...
       ALL_REDUCE/2: [[4, 244.2], [512, 382.9], [4096, 382.9]]
       SEND/2: [[4, 212.4], [262144, 310.8]]
+    batches_us:                    # optional: ops in one pipeline batch with two peers: [bytes, us] ...
+      2: [[4, 301.0], [262144, 420.5]]
+      4: [[4, 350.2], [262144, 610.0]]
+    concurrency:                   # optional: op kind / group size: [groups at once, factor] ...
+      ALL_REDUCE/2: [[1, 1.0], [2, 1.31], [4, 1.92], [8, 3.4], [16, 6.1]]
+      SEND/2: [[1, 1.0], [2, 1.2], [4, 1.7], [8, 2.9]]
 
 The cost of an op is its kind's table for its group size: the nearest measured size of that kind
 (the larger on a tie); a collective kind without a table costs what an all-reduce of the same group
@@ -24,6 +30,18 @@ cost is linear, segment by segment (gloo switches algorithms with size, so one l
 line fits it badly); below the first size it is the first cost, beyond the last the last segment
 continues. Costs are made non-decreasing in size when loaded (a median below a smaller size's is
 noise). Byte conventions are the cost model's (`network.model`).
+
+`concurrency` makes a cost depend on what runs beside the op in the simulated schedule
+(`prism_megatron.sim.concurrency`): with it, `costs_us` are the costs of one group alone, and an op
+that becomes ready while ranks of G groups of its size communicate costs its cost alone times its
+table's factor at G (linear between measured G, flat beyond the ends, exactly 1 when it runs
+alone). A kind finds its table as in `costs_us`; a kind with none has no concurrency term.
+
+`batches_us` costs a pipeline batch whose p2p ops go to two peers (three ranks): megatron-core's
+interleaved schedule posts send-next with receive-previous (2 ops) or both directions at once
+(4 ops) in one `batch_isend_irecv`, which a one-peer exchange (`SEND/2`) does not measure. Every
+op of such a batch costs its table's cost at the batch's largest message (the table with the
+nearest op count, the larger on a tie); without the key a batch's ops cost what each costs alone.
 """
 
 from __future__ import annotations
@@ -73,10 +91,51 @@ class MeasuredCost:
     """(op kind, group size) -> points; see the module docstring for how an op finds its table."""
     name: str = "measured"
     description: str = ""
+    batches: Mapping[int, Points] = dataclasses.field(default_factory=dict)
+    """Ops in a pipeline batch with two peers -> points (see the module docstring); may be empty."""
+    concurrency: Mapping[tuple[OpKind, int], tuple[tuple[float, float], ...]] = dataclasses.field(
+        default_factory=dict
+    )
+    """(op kind, group size) -> (groups at once, factor on the cost alone), sorted; may be empty."""
 
     def __post_init__(self) -> None:
         if not self.tables:
             raise ValueError(f"measured costs {self.name!r} hold no table")
+
+    factor_by_group_size = True
+    """The concurrency factor depends on the op's kind, group size and groups alone (`sim.concurrency`)."""
+
+    @property
+    def concurrency_factor(self):
+        """The concurrency term (`sim.concurrency`), or None when the file measured none."""
+        return self._factor if self.concurrency else None
+
+    def _factor(self, kind: OpKind, members: tuple[int, ...], size_bytes: int, groups: float) -> float:
+        """The factor of `kind`'s table at the nearest group size (the size of the message aside:
+        a factor is measured as the median over sizes)."""
+        del size_bytes
+        group_size = len(members)
+        if groups <= 1.0:
+            return 1.0
+        kind = OpKind.SEND if OpKind(kind) == OpKind.RECV else OpKind(kind)
+        sizes = [n for k, n in self.concurrency if k == kind]
+        if not sizes:
+            kind, sizes = OpKind.ALL_REDUCE, [n for k, n in self.concurrency if k == OpKind.ALL_REDUCE]
+        if not sizes:
+            return 1.0
+        nearest = min(sizes, key=lambda m: (abs(m - group_size), -m))
+        points = self.concurrency[(kind, nearest)]
+        if groups >= points[-1][0]:
+            return points[-1][1]
+        return interpolate(points, groups)
+
+    def batch_cost(self, num_ops: int, size_bytes: int) -> float | None:
+        """Cost (ns) of each op of a pipeline batch of `num_ops` ops with two peers; None without
+        a batch table (each op then costs what it costs alone)."""
+        if not self.batches:
+            return None
+        nearest = min(self.batches, key=lambda m: (abs(m - num_ops), -m))
+        return interpolate(self.batches[nearest], size_bytes)
 
     def __call__(self, kind: OpKind, members: tuple[int, ...], size_bytes: int) -> float:
         n = len(members)
@@ -105,6 +164,26 @@ class MeasuredCost:
                 f"{kind.name}/{n}": [[size, round(ns / 1e3, 3)] for size, ns in points]
                 for (kind, n), points in sorted(self.tables.items())
             },
+            **(
+                {
+                    "batches_us": {
+                        str(num_ops): [[size, round(ns / 1e3, 3)] for size, ns in points]
+                        for num_ops, points in sorted(self.batches.items())
+                    }
+                }
+                if self.batches
+                else {}
+            ),
+            **(
+                {
+                    "concurrency": {
+                        f"{kind.name}/{n}": [[groups, round(factor, 4)] for groups, factor in points]
+                        for (kind, n), points in sorted(self.concurrency.items())
+                    }
+                }
+                if self.concurrency
+                else {}
+            ),
         }
 
 
@@ -127,6 +206,10 @@ def _read(path: str) -> object:
         raise ValueError(f"{path}: not a readable cluster file ({exc})") from exc
     except RecursionError as exc:
         raise ValueError(f"{path}: not a readable cluster file (nested too deeply)") from exc
+
+
+MAX_CONCURRENCY_FACTOR = 1000.0
+"""The largest slow-down a concurrency table may give an op (a bound, so an infinity is refused)."""
 
 
 def _is_pair(row: object) -> bool:
@@ -161,15 +244,57 @@ def _table(path: str, key: str, rows: object) -> tuple[tuple[OpKind, int], Point
             f"{path}: costs_us key {key!r} must read KIND/GROUP_SIZE with KIND one of "
             f"{', '.join(OpKind.__members__)} and GROUP_SIZE from 2 to {MAX_WORLD_SIZE}, e.g. ALL_REDUCE/2"
         )
+    return (OpKind[kind_name], int(size_text)), _points(path, f"costs_us.{key}", rows)
+
+
+def _points(path: str, where: str, rows: object) -> Points:
     points = []
     for row in rows if isinstance(rows, list) else [None]:
         if not _is_pair(row):
             raise ValueError(
-                f"{path}: costs_us.{key} must be a list of [bytes, microseconds] pairs of numbers (not "
+                f"{path}: {where} must be a list of [bytes, microseconds] pairs of numbers (not "
                 f"true/false), bytes 0..{MAX_SIZE_BYTES}, microseconds 0..{MAX_COST_US:g}; got {reprlib.repr(row)}"
             )
         points.append((int(row[0]), float(row[1]) * 1e3))
-    return (OpKind[kind_name], int(size_text)), monotone(points)
+    return monotone(points)
+
+
+def _concurrency(path: str, tables: object) -> dict[tuple[OpKind, int], tuple[tuple[float, float], ...]]:
+    if not isinstance(tables, dict):
+        raise ValueError(f"{path}: concurrency must map KIND/GROUP_SIZE to [groups, factor] pairs")
+    out = {}
+    for key, rows in tables.items():
+        table_key, _ = _table(path, key, [[0, 0]])
+        if not (
+            isinstance(rows, list)
+            and rows
+            and all(
+                isinstance(row, list)
+                and len(row) == 2
+                and all(isinstance(v, int | float) and not isinstance(v, bool) for v in row)
+                and 1 <= row[0] <= MAX_WORLD_SIZE
+                and 0 < row[1] <= MAX_CONCURRENCY_FACTOR
+                for row in rows
+            )
+        ):
+            raise ValueError(
+                f"{path}: concurrency.{key} must be a list of [groups >= 1, factor > 0] pairs, e.g. [[1, 1.0], [4, 1.9]]"
+            )
+        out[table_key] = tuple(sorted((float(g), float(f)) for g, f in rows))
+    return out
+
+
+def _batches(path: str, batches: object) -> dict[int, Points]:
+    if not isinstance(batches, dict):
+        raise ValueError(
+            f"{path}: batches_us must map a batch's op count (2, 4) to [bytes, microseconds] pairs"
+        )
+    out = {}
+    for key, rows in batches.items():
+        if not str(key).isdigit() or int(key) < 2:
+            raise ValueError(f"{path}: batches_us key {key!r} must be a batch's op count >= 2, e.g. 2 or 4")
+        out[int(key)] = _points(path, f"batches_us.{key}", rows)
+    return out
 
 
 def load_measured(source: str | os.PathLike) -> MeasuredCost:
@@ -187,11 +312,10 @@ def load_measured(source: str | os.PathLike) -> MeasuredCost:
         raise ValueError(
             f"{path}: schema_version {data.get('schema_version')!r}; this version reads {SCHEMA_VERSION}"
         )
-    unknown = sorted(set(data) - {"schema_version", "kind", "name", "description", "costs_us"})
+    valid = ("schema_version", "kind", "name", "description", "costs_us", "batches_us", "concurrency")
+    unknown = sorted(set(data) - set(valid))
     if unknown:
-        raise ValueError(
-            f"{path}: unknown keys {unknown}; valid: schema_version, kind, name, description, costs_us"
-        )
+        raise ValueError(f"{path}: unknown keys {unknown}; valid: {', '.join(valid)}")
     costs = data.get("costs_us")
     if not isinstance(costs, dict) or not costs:
         raise ValueError(f"{path}: costs_us must map KIND/GROUP_SIZE to [bytes, microseconds] pairs")
@@ -200,4 +324,6 @@ def load_measured(source: str | os.PathLike) -> MeasuredCost:
         tables,
         name=str(data.get("name", os.path.basename(path))),
         description=str(data.get("description", "")),
+        batches=_batches(path, data["batches_us"]) if "batches_us" in data else {},
+        concurrency=_concurrency(path, data["concurrency"]) if "concurrency" in data else {},
     )

@@ -45,9 +45,12 @@ _RING_OPS = {
 }
 
 
-def candidates_for(spec: ClusterSpec, kind: OpKind, shape: GroupShape) -> list[Candidate]:
-    """Every algorithm/protocol NCCL may use for this op on this shape (costs per byte of ``S``)."""
-    levels = Levels.of(spec, shape)
+def candidates_for(
+    spec: ClusterSpec, kind: OpKind, shape: GroupShape, concurrent_groups: int | None = None
+) -> list[Candidate]:
+    """Every algorithm/protocol NCCL may use for this op on this shape (costs per byte of ``S``);
+    `concurrent_groups` as `algorithms.Levels.of` takes it."""
+    levels = Levels.of(spec, shape, concurrent_groups)
     n, nodes, gpus = shape.num_ranks, shape.num_nodes, shape.max_gpus_per_node
     if kind == OpKind.BARRIER:
         kind = OpKind.ALL_REDUCE
@@ -89,6 +92,7 @@ class CostModel:
         self._named: dict[tuple[OpKind, GroupShape], tuple[tuple[str, CostLine], ...]] = {}
         self._lines: dict[tuple[OpKind, GroupShape], tuple[CostLine, ...]] = {}
         self._shapes: dict[tuple[int, ...], GroupShape] = {}
+        self._shared: dict[tuple[OpKind, GroupShape, int], tuple[CostLine, ...]] = {}
 
     def shape(self, members: Sequence[int]) -> GroupShape:
         """The placement shape of a group (remembered per member list: groups recur every op)."""
@@ -121,6 +125,21 @@ class CostModel:
     def cost_ns(self, kind: OpKind, members: Sequence[int], size_bytes: int) -> float:
         """Python reference of the engine's evaluation (``replay.schedule.cost_ns``)."""
         return schedule.cost_ns(self.cost_lines(kind, members), size_bytes)
+
+    def shared_cost_ns(
+        self, kind: OpKind, members: Sequence[int], size_bytes: int, concurrent_groups: int
+    ) -> float:
+        """The cost with `concurrent_groups` groups of this shape communicating at once (link
+        sharing as `algorithms.Levels.of` derives it; 1: the group alone)."""
+        shape = self.shape(members)
+        if shape.num_ranks == 1:
+            return 0.0
+        key = (OpKind(kind), shape, concurrent_groups)
+        lines = self._shared.get(key)
+        if lines is None:
+            candidates = candidates_for(self.spec, OpKind(kind), shape, concurrent_groups)
+            lines = self._shared[key] = tuple(c.line(self.params) for c in candidates)
+        return schedule.cost_ns(lines, size_bytes)
 
     def nccl_tests_time_ns(
         self,

@@ -10,7 +10,8 @@ reference tells it when the storage dies. Storages that exist before tracking st
 gradient buffers) and optimizer state are labelled by `label_model` / `label_optimizer`; everything
 else allocated during a step counts as activations (including temporaries of the backward pass).
 Limits: storages allocated outside any torch op (by a C++ library writing into its own memory) are
-not seen; `UntypedStorage.resize_` is not followed.
+not seen, nor are they when an op makes a view of them (a backend's buffer split on completion);
+`UntypedStorage.resize_` is not followed.
 
 On CUDA the caching allocator's statistics give the peak: `max_memory_allocated` (what tensors
 held at the peak) and `max_memory_reserved` (what the allocator held from the device, the number
@@ -163,7 +164,13 @@ class LiveStorageTracker(TorchDispatchMode):
         out = func(*args, **(kwargs or {}))
         for leaf in tree_flatten(out)[0]:
             if isinstance(leaf, torch.Tensor) and leaf.device.type == "cpu":
-                self.account.add(leaf.untyped_storage(), ACTIVATIONS)
+                storage = leaf.untyped_storage()
+                # A view of a storage no tracked op made is a backend's own buffer seen through
+                # its completion (gloo's reduce-scatter splits a clone of its input when the program
+                # waits): NCCL and the prism backend have none, so it is not the program's memory.
+                if func.is_view and storage.data_ptr() not in self.account.entries:
+                    continue
+                self.account.add(storage, ACTIVATIONS)
         return out
 
     def __enter__(self) -> LiveStorageTracker:

@@ -164,6 +164,7 @@ class _RecordingPhase(InstantPhase):
     def iteration_begins(self) -> None:
         super().iteration_begins()
         self._calls = []
+        timeline.record_work(True)
         replay.start_recording()
 
     def iteration_ends(self) -> None:
@@ -174,8 +175,12 @@ class _RecordingPhase(InstantPhase):
         self.read_marks(wait=True)
         flat = timeline.resolve([m for call in self._calls for m in call])
         calls = tuple(zip(flat[::2], flat[1::2], strict=True))
+        # Device work the program marked (the sleep-compute workload's sleeps); a program that marks
+        # none (real compute on the host) leaves every span counted as work.
+        flat = timeline.resolve([m for span in timeline.record_work(False) for m in span])
+        work = tuple(zip(flat[::2], flat[1::2], strict=True)) or None
         self.write_progress("running")
-        iteration = CapturedIteration(self.starts_ns[-1], self.ends_ns[-1], events, calls)
+        iteration = CapturedIteration(self.starts_ns[-1], self.ends_ns[-1], events, calls, work)
         self.iterations.append(iteration)
         self.after_iteration(iteration)
 

@@ -113,7 +113,28 @@ def compute(duration_s: float) -> None:
     """
     if duration_s < 0:
         raise ValueError(f"duration_s must be >= 0, got {duration_s}")
+    if _work is None:
+        _native().compute(round(duration_s * 1e9))
+        return
+    begin = mark()
     _native().compute(round(duration_s * 1e9))
+    _work.append((begin, mark()))
+
+
+_work: list[tuple[Mark, Mark]] | None = None
+"""(begin, end) marks of each `compute` call since `record_work(True)`; None when not recording."""
+
+
+def record_work(on: bool) -> list[tuple[Mark, Mark]]:
+    """Start (on) or stop recording where device work runs; returns the marks recorded until now.
+
+    The capture keeps them apart from the gaps between ops, so that a compute span's host overhead
+    (what the program did around its work) is known and a straggler what-if stretches only the work.
+    """
+    global _work
+    recorded = _work or []
+    _work = [] if on else None
+    return recorded
 
 
 @contextlib.contextmanager

@@ -53,7 +53,9 @@ class AlphaBetaCost:
 
 
 class NetworkCost:
-    """A `CostFn` answered by the network model (`prism_megatron.network.CostModel.cost_ns`)."""
+    """A `CostFn` answered by the network model (`prism_megatron.network.CostModel`): each op's cost
+    with its group alone on its links, and a concurrency term (`sim.concurrency`) from how the
+    cluster's NICs are shared when the simulated schedule runs several groups at once."""
 
     def __init__(self, cost_model) -> None:
         self.cost_model = cost_model
@@ -61,4 +63,19 @@ class NetworkCost:
     def __call__(self, kind: OpKind, members: tuple[int, ...], size_bytes: int) -> float:
         if len(members) <= 1:
             return 0.0
-        return float(self.cost_model.cost_ns(kind, members, size_bytes))
+        return float(self.cost_model.shared_cost_ns(kind, members, size_bytes, 1))
+
+    @property
+    def concurrency_factor(self):
+        """The concurrency term, or None on a cluster with a NIC per GPU or more: no group shares
+        its links with another there, so the factor is 1 whatever overlaps (and the fixed point is
+        skipped)."""
+        spec = self.cost_model.spec
+        return None if spec.network.nics_per_node >= spec.gpus_per_node else self._factor
+
+    def _factor(self, kind: OpKind, members: tuple[int, ...], size_bytes: int, groups: float) -> float:
+        """Cost with round(groups) groups at once over the cost alone."""
+        alone = self(kind, members, size_bytes)
+        if groups <= 1.0 or alone <= 0.0:
+            return 1.0
+        return self.cost_model.shared_cost_ns(kind, members, size_bytes, round(groups)) / alone

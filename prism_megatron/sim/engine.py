@@ -15,7 +15,7 @@ import numpy as np
 
 from prism_megatron.graph.schema import ExecutionGraph, Op
 from prism_megatron.graph.world import World
-from prism_megatron.sim import faults, reference
+from prism_megatron.sim import concurrency, faults, reference
 from prism_megatron.sim.cost import CostFn
 from prism_megatron.sim.problem import Problem, build_problem
 from prism_megatron.sim.whatif import WhatIf
@@ -46,6 +46,10 @@ class SimResult:
     ready_ns: np.ndarray
     end_ns: np.ndarray
     num_events: int
+    num_rounds: int = 1
+    """Simulations run to reach the costs' fixed point under the concurrency term (1 without one)."""
+    converged: bool = True
+    """False when the concurrency term's costs still moved after `concurrency.MAX_ROUNDS` runs."""
 
     def node_slice(self, node: int) -> slice:
         return slice(int(self.node_op_base[node]), int(self.node_op_base[node + 1]))
@@ -108,7 +112,28 @@ def simulate(
 
 
 def run_problem(problem: Problem, core: Core | None = None) -> SimResult:
+    """Run the core once, or, when the cost model has a concurrency term, until the costs the
+    simulated schedule gives are the costs it was simulated with (`sim.concurrency`)."""
     core = core or native_core()
+    result = _run_once(problem, core)
+    if problem.concurrency is None:
+        return result
+    base_cost_ns = problem.arrays["op_cost_ns"]
+    runs = 1
+    while True:
+        costs = concurrency.concurrent_costs(result, base_cost_ns, problem.concurrency)
+        if runs > concurrency.FREE_ROUNDS:  # from here costs only grow: a flip-flop settles
+            costs = np.maximum(costs, result.problem.arrays["op_cost_ns"])
+        if np.array_equal(costs, result.problem.arrays["op_cost_ns"]):
+            return dataclasses.replace(result, num_rounds=runs)
+        if runs == concurrency.MAX_ROUNDS:
+            return dataclasses.replace(result, num_rounds=runs, converged=False)
+        moved = dataclasses.replace(problem, arrays={**problem.arrays, "op_cost_ns": costs})
+        result = _run_once(moved, core)
+        runs += 1
+
+
+def _run_once(problem: Problem, core: Core) -> SimResult:
     out = core(problem.arrays, problem.num_nodes, len(problem.role_names), problem.num_streams)
     if out["fault"][0]:
         raise faults.fault_error(problem, out["fault"])

@@ -10,6 +10,7 @@ per role and every node points at its role. Arrays (all C-contiguous, checked by
     op_coalesced[O] uint8
     op_expert[O] uint8          expert compute (scaled by expert_factor too)
     op_duration_ns, op_cost_ns, op_size_bytes[O] int64
+    op_overhead_ns[O] int64     host part of a compute op's duration (a straggler stretches the rest)
     op_spec[O] int32            row of coll_instance (collectives) or p2p_peer (SEND/RECV)
     op_seq[O] int32             matching sequence number
     op_dep_begin[O+1] int32, dep_stream[D], dep_index[D] int32   cross-stream dependencies
@@ -30,6 +31,7 @@ from prism_megatron.graph.schema import ExecutionGraph, NodeType, Op
 from prism_megatron.graph.world import World, peer_of
 from prism_megatron.replay.schedule import OpKind
 from prism_megatron.sim import groups, whatif
+from prism_megatron.sim.concurrency import ConcurrencyFactor
 from prism_megatron.sim.cost import CostFn
 from prism_megatron.sim.whatif import WhatIf
 
@@ -52,6 +54,9 @@ class Problem:
     coll_specs: tuple[str, ...]
     p2p_specs: tuple[tuple[str, int], ...]
     arrays: dict[str, np.ndarray]
+    concurrency: ConcurrencyFactor | None = None
+    """The cost model's concurrency term (`sim.concurrency`); None: every op costs what it costs alone
+    (`op_cost_ns`), whatever runs beside it."""
 
     @property
     def num_nodes(self) -> int:
@@ -158,6 +163,7 @@ def build_problem(
         coll_specs=flat.coll_specs,
         p2p_specs=flat.p2p_specs,
         arrays=arrays,
+        concurrency=getattr(cost_fn, "concurrency_factor", None),
     )
 
 
@@ -228,6 +234,7 @@ class _Flattener:
                 dtype=np.uint8,
             ),
             "op_duration_ns": np.asarray([op.duration_ns for op in ops], dtype=np.int64),
+            "op_overhead_ns": np.asarray([op.overhead_ns for op in ops], dtype=np.int64),
             "op_size_bytes": np.asarray([op.size_bytes for op in ops], dtype=np.int64),
             "op_spec": np.asarray([self.spec(op) for op in ops], dtype=np.int32),
             "op_seq": np.asarray([op.seq for op in ops], dtype=np.int32),
@@ -254,11 +261,13 @@ def _check_p2p_seqs(role: str, keyed: list[tuple[tuple[str, int], Op]]) -> None:
 
 
 def _costs(flat: _Flattener, world: World, cost_fn: CostFn) -> np.ndarray:
-    """Each op's communication cost, asked of `cost_fn` for the role's representative's group."""
+    """Each op's communication cost, asked of `cost_fn` for the role's representative's group; a
+    pipeline batch with two peers at the cost `cost_fn.batch_cost` gives it, where it gives one."""
     costs: list[int] = []
     for name, role_ops in zip(world.roles(), flat.role_ops, strict=True):
         rep = world.representative(name)
         cache: dict[tuple, int] = {}
+        first = len(costs)
         for _, _, op in role_ops:
             if op.type not in (NodeType.COLLECTIVE, NodeType.SEND, NodeType.RECV):
                 costs.append(0)
@@ -267,7 +276,43 @@ def _costs(flat: _Flattener, world: World, cost_fn: CostFn) -> np.ndarray:
             if key not in cache:
                 cache[key] = _cost(world, cost_fn, rep, op)
             costs.append(cache[key])
+        for batch in _two_peer_batches(world, rep, role_ops):
+            sizes = [role_ops[i][2].size_bytes for i in batch]
+            cost = batch_cost(cost_fn, len(batch), max(sizes))
+            if cost is not None:
+                for i in batch:
+                    costs[first + i] = round(cost)
     return np.asarray(costs, dtype=np.int64)
+
+
+def batch_cost(cost_fn: CostFn, num_ops: int, size_bytes: int) -> float | None:
+    """The cost of each op of a batch of `num_ops` p2p ops with two peers, if `cost_fn` knows one."""
+    known = getattr(cost_fn, "batch_cost", None)
+    return None if known is None else known(num_ops, size_bytes)
+
+
+def _two_peer_batches(world: World, rep: int, role_ops) -> list[list[int]]:
+    """Role-local indices of the p2p ops of each coalesced batch whose ops go to two or more peers."""
+    batches: list[list[int]] = []
+    current: list[int] = []
+    stream = None
+    for local, (name, _, op) in enumerate(role_ops):
+        if name != stream:
+            current, stream = [], name
+        current.append(local)
+        if op.coalesced:
+            continue
+        p2p = [
+            i
+            for i in current
+            if role_ops[i][2].type in (NodeType.SEND, NodeType.RECV)
+            and world.group(role_ops[i][2].group, rep)
+        ]
+        peers = {peer_of(world, role_ops[i][2].group, rep, role_ops[i][2].offset) for i in p2p}
+        if len(peers) >= 2:
+            batches.append(p2p)
+        current = []
+    return batches
 
 
 def _cost(world: World, cost_fn: CostFn, rep: int, op: Op) -> int:

@@ -121,10 +121,12 @@ class _Reference:
             self.start[at] = now
         if kind == NodeType.COMPUTE:
             self.ready[at] = now
-            scaled = float(a["op_duration_ns"][op]) * float(a["compute_factor"][node])
+            duration = int(a["op_duration_ns"][op])
+            overhead = min(int(a["op_overhead_ns"][op]), duration)
+            scaled = float(duration - overhead) * float(a["compute_factor"][node])
             if a["op_expert"][op]:
                 scaled *= float(a["expert_factor"][node])
-            self.end[at] = now + llround(scaled)
+            self.end[at] = now + overhead + llround(scaled)
             self.outstanding[node, s][1] = max(self.outstanding[node, s][1], int(self.end[at]))
         elif kind == NodeType.WAIT:
             self.ready[at] = self.end[at] = now

@@ -5,7 +5,8 @@ one, such as its TP data-source rank) and runs Megatron's schedule with the give
 
 The schedule orders follow megatron-core 0.16.1 `schedules.py`: 1F1B warms up with PP-s-1
 forwards on stage s, then alternates one forward and one backward, then cools down; the interleaved
-schedule (VPP model chunks per stage) warms up with 2(PP-s-1) + (VPP-1)PP forwards and maps the
+schedule (VPP model chunks per stage) warms up with 2(PP-s-1) + (VPP-1)PP forwards, capped at all
+M VPP of them (with M = PP only the first half of the stages run every forward first), and maps the
 k-th forward to chunk (k // PP) % VPP, microbatch (k // (PP VPP)) PP + k % PP (backwards mirror the
 chunks). Data flows as it must: a stage receives its input on the compute stream right before the
 compute that needs it and sends outputs on a send stream (per direction), so a send never holds
@@ -73,7 +74,19 @@ class PipelineSpec:
 
 
 def schedule_order(stage: int, pp: int, num_microbatches: int, vpp: int = 1) -> list[tuple[str, int, int]]:
-    """Megatron's order of compute on one stage: ("F" or "B", model chunk, microbatch)."""
+    """Megatron's order of compute on one stage: ("F" or "B", model chunk, microbatch).
+
+    Interleaved (vpp > 1), as megatron-core 0.16.1's `forward_backward_pipelining_with_interleaving`
+    with its default group of PP contiguous microbatches per model chunk: the k-th forward runs
+    the k-th entry of `get_schedule_table`'s order, the k-th backward the mirror chunk of the same
+    entry; warm-up is 2(PP-s-1) + (VPP-1)PP forwards, capped at every forward
+    (`get_pp_rank_microbatches`). With M == PP only the first half of the stages run every
+    forward before their first backward.
+
+    Raises:
+        ValueError: an interleaved M that is not a multiple of PP (megatron-core refuses a last
+            group of 1 to PP-1 microbatches).
+    """
     m = num_microbatches
     if vpp == 1:
         warmup = min(pp - stage - 1, m)
@@ -81,19 +94,37 @@ def schedule_order(stage: int, pp: int, num_microbatches: int, vpp: int = 1) -> 
         for i in range(m - warmup):
             order += [("F", 0, warmup + i), ("B", 0, i)]
         return order + [("B", 0, j) for j in range(m - warmup, m)]
-    if m % pp:
-        raise ValueError(f"the interleaved schedule needs microbatches ({m}) divisible by PP ({pp})")
+    table = interleaved_table(pp, m, vpp)
     total = m * vpp
-    warmup = total if m == pp else min((pp - stage - 1) * 2 + (vpp - 1) * pp, total)
+    warmup = min(2 * (pp - stage - 1) + (vpp - 1) * pp, total)
 
     def action(kind: str, k: int) -> tuple[str, int, int]:
-        chunk = (k // pp) % vpp
-        return kind, chunk if kind == "F" else vpp - 1 - chunk, (k // (pp * vpp)) * pp + k % pp
+        microbatch, chunk = table[k]
+        return kind, chunk if kind == "F" else vpp - 1 - chunk, microbatch
 
     order = [action("F", k) for k in range(warmup)]
     for i in range(total - warmup):
         order += [action("F", warmup + i), action("B", i)]
     return order + [action("B", k) for k in range(total - warmup, total)]
+
+
+def interleaved_table(pp: int, num_microbatches: int, vpp: int) -> list[tuple[int, int]]:
+    """(microbatch, model chunk) of each virtual microbatch, megatron-core's `get_schedule_table`
+    with groups of PP microbatches: PP microbatches of chunk 0, the same of chunk 1, ..., then the
+    next group.
+
+    Raises:
+        ValueError: M not a multiple of PP (megatron-core refuses a last group of 1 to PP-1).
+    """
+    m = num_microbatches
+    if m < pp or m % pp:
+        raise ValueError(f"the interleaved schedule needs microbatches ({m}) divisible by PP ({pp})")
+    return [
+        (microbatch, chunk)
+        for first in range(0, m, pp)
+        for chunk in range(vpp)
+        for microbatch in range(first, first + pp)
+    ]
 
 
 class _StageBuilder:

@@ -14,7 +14,7 @@ must agree:
   not depend on TP).
 Then each job is emulated with rank 0 real and rank 1 virtual: its parameters, gradients and optimizer
 state are the all-real rank 0's to the byte, and so is its peak with context parallelism; with TP 2
-the all-real peak is one gloo temporary higher (see the test).
+the all-real peak can be up to one tensor higher when gloo's threads keep it alive (see the test).
 """
 
 from __future__ import annotations
@@ -141,8 +141,11 @@ def test_one_real_rank_among_virtual_ones_allocates_what_the_all_real_rank_does(
     assert emulated["backend"] == "prism" and all_real["backend"] == "gloo"
     for category in ("parameters", "gradients", "optimizer_state"):
         assert emulated["memory"]["at_peak_bytes"][category] == all_real["memory"]["at_peak_bytes"][category]
-    # With TP 2 the all-real peak holds one more [s, b, h] float32 tensor (8 KiB here) than the
-    # emulated one: a temporary of gloo's sequence-parallel collectives between two real processes
-    # (no virtual peer's op allocates it). Context parallelism's ring and all-reduces allocate none.
+    # gloo's reduce-scatter clones its input and splits the clone when the program waits; the
+    # tracker no longer counts such a backend buffer (a view of a storage no tracked op made), so
+    # the peaks are equal to the byte in most runs. What is left: gloo's worker threads drop their
+    # references to a finished op's tensors at a moment of their own, which now and then keeps
+    # one alive across the peak of an all-real run (5200 B above the emulated rank in 1 of 3 SP
+    # runs); at most one [s, b, h] float32 tensor (8 KiB here). Context parallelism allocates none.
     allowance = 0 if name == "cp2" else 4 * 32 * 64
     assert 0 <= all_real["memory"]["peak_bytes"] - emulated["memory"]["peak_bytes"] <= allowance

@@ -175,3 +175,33 @@ def test_the_graph_has_one_role_graph_per_role_from_its_representative_when_capt
 def test_a_capture_that_misses_a_role_names_it_and_a_rank_that_has_it():
     with pytest.raises(ValueError, match=r"lacks roles pp1 \(e\.g\. rank 5\)"):
         build_graph([capture(r, [[1, 1]]) for r in (0, 1, 4)], WORLD, {"world_size": 8, "tp": 2, "pp": 2})
+
+
+def test_a_spans_time_outside_the_recorded_device_work_is_its_host_overhead():
+    it = dataclasses.replace(
+        iteration([collective(OpKind.ALL_REDUCE, (0, 1), 100, 130)], end_us=400),
+        work=((us(10), us(90)), (us(150), us(250)), (us(260), us(380))),
+    )
+    assert printed(iteration_streams(it, GroupNames(WORLD, 0)))[COMPUTE_STREAM] == [
+        "c:compute 100us host:20us",
+        "AR tp#0 1KiB Float",
+        "c:compute 270us host:50us",
+    ]
+    unrecorded = iteration([collective(OpKind.ALL_REDUCE, (0, 1), 100, 130)], end_us=400)
+    assert [op.overhead_ns for op in iteration_streams(unrecorded, GroupNames(WORLD, 0))[COMPUTE_STREAM]] == [
+        0,
+        0,
+        0,
+    ]
+
+
+def test_recorded_work_survives_the_capture_file_and_the_graph_takes_the_median_overhead():
+    base = iteration([collective(OpKind.ALL_REDUCE, (0, 1), 100, 130)], end_us=400)
+    iterations = tuple(
+        dataclasses.replace(base, work=((us(w), us(100)), (us(130), us(400))))
+        for w in (0, 0, 10, 30)  # warm-up, then overheads of 0, 10 and 30 us before the all-reduce
+    )
+    capture = RankCapture(0, "pp0", iterations)
+    assert RankCapture.from_json(capture.to_json()) == capture
+    ops = role_graph(capture, WORLD).streams[COMPUTE_STREAM]
+    assert (ops[0].duration_ns, ops[0].overhead_ns) == (100_000, 10_000)

@@ -17,7 +17,7 @@ import pytest
 
 from prism_megatron.graph import COMPUTE_STREAM, Dep, NodeType, Op, RoleGraph
 from prism_megatron.graph.capture import compute_durations, structure
-from prism_megatron.graph.classes import IDLE_SOURCE, ClassProgram, class_graphs, spread
+from prism_megatron.graph.classes import ClassProgram, class_graphs, spread
 from prism_megatron.graph.schema import ExecutionGraph, GraphMetadata
 from prism_megatron.replay.schedule import OpKind
 from prism_megatron.topology import RoleClass
@@ -151,18 +151,34 @@ def test_every_middle_stage_is_derived_from_one_capture_op_for_op(num_microbatch
 
 
 def test_a_derived_stage_runs_the_captured_steps_spans_in_its_own_order():
-    reference = Oracle(1, idle_ns=40).iteration(12)
+    reference = Oracle(1, idle_ns=0).iteration(12)
     program = ClassProgram(middle_class(12), "pp1", reference.streams)
-    canonical, idle_ns = program.pooled({"pp1": compute_durations(reference.streams)})
-    assert idle_ns == 40
-    derived = program.streams("pp6", canonical, idle_ns)
-    truth = Oracle(6, idle_ns=40).iteration(12)  # stage 6's forward spans are 5 ns longer
+    canonical = program.pooled({"pp1": compute_durations(reference.streams)})
+    assert canonical == compute_durations(reference.streams)
+    derived = program.streams("pp6", canonical)
+    truth = Oracle(6, idle_ns=0).iteration(12)  # stage 6's forward spans are 5 ns longer
     shift = [5 if 1000 <= d < 2000 else 0 for d in compute_durations(truth.streams)]
     assert [d + s for d, s in zip(compute_durations(derived), shift, strict=True)] == compute_durations(
         truth.streams
     )
-    source = program.source("pp6")
-    assert sorted(p for p in source if p != IDLE_SOURCE) == sorted(set(p for p in source if p != IDLE_SOURCE))
+
+
+@pytest.mark.parametrize("num_microbatches", [4, 12])
+@pytest.mark.parametrize("reference_stage", [1, 6])
+def test_every_member_gets_each_span_of_the_reference_once_so_equal_compute(
+    num_microbatches, reference_stage
+):
+    """The schedule loop's idle gaps follow the work they come after: a stage with fewer warm-up
+    microbatches has fewer gaps, and takes the reference's time for the others in the step before."""
+    reference = Oracle(reference_stage, idle_ns=40).iteration(num_microbatches)
+    program = ClassProgram(middle_class(num_microbatches), f"pp{reference_stage}", reference.streams)
+    canonical = program.pooled({f"pp{reference_stage}": compute_durations(reference.streams)})
+    totals = set()
+    for stage in range(1, PP - 1):
+        source = program.source(f"pp{stage}")
+        assert sorted(p for positions in source for p in positions) == list(range(program.num_canonical))
+        totals.add(sum(compute_durations(program.streams(f"pp{stage}", canonical))))
+    assert totals == {sum(compute_durations(reference.streams))}
 
 
 def test_captured_members_confirm_the_class_and_their_spans_are_pooled():

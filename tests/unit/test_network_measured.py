@@ -84,3 +84,61 @@ def test_a_malformed_file_is_refused_naming_the_file_and_the_key(tmp_path, chang
     with pytest.raises(ValueError, match=message) as info:
         load_measured(path)
     assert path in str(info.value)
+
+
+BATCHES = {"2": [[4, 300.0], [1024, 500.0]], "4": [[4, 450.0], [1024, 800.0]]}
+
+
+def test_a_two_peer_batch_takes_its_op_counts_table_and_survives_the_file(tmp_path):
+    cost = load_measured(_write(tmp_path, {**TABLE, "batches_us": BATCHES}))
+    assert cost.batch_cost(2, 4) == 300_000.0
+    assert cost.batch_cost(4, 1024) == 800_000.0
+    assert cost.batch_cost(3, 4) == 450_000.0  # a tie takes the larger
+    assert load_measured(_write(tmp_path, cost.to_dict(), "again.json")) == cost
+    assert load_measured(_write(tmp_path, TABLE, "none.json")).batch_cost(2, 4) is None
+
+
+@pytest.mark.parametrize(
+    ("batches", "message"),
+    [({"1": [[4, 1.0]]}, "op count >= 2"), ({"two": [[4, 1.0]]}, "op count >= 2"), ([1], "must map")],
+)
+def test_a_bad_batch_table_is_refused_naming_the_key(tmp_path, batches, message):
+    with pytest.raises(ValueError, match=message):
+        load_measured(_write(tmp_path, {**TABLE, "batches_us": batches}))
+
+
+def _interleaved_exchange_graph():
+    """Three stages in a ring (the interleaved schedule's wrap-around), each posting one batch:
+    a send to the next stage and a receive from the previous, then 1 ms of compute."""
+    from prism_megatron.graph import (
+        COMPUTE_STREAM,
+        ExecutionGraph,
+        GraphMetadata,
+        LayoutWorld,
+        NodeType,
+        Op,
+        RoleGraph,
+    )
+    from prism_megatron.topology import Layout
+
+    layout = Layout(world_size=3, tp=1, pp=3)
+    world = LayoutWorld(layout)
+    ops = (
+        Op(type=NodeType.SEND, group="pp", offset=1, seq=0, size_bytes=1024, coalesced=True),
+        Op(type=NodeType.RECV, group="pp", offset=-1, seq=0, size_bytes=1024),
+        Op(type=NodeType.COMPUTE, name="fwd", duration_ns=1_000_000),
+    )
+    roles = {name: RoleGraph(name, {COMPUTE_STREAM: ops}) for name in world.roles()}
+    return ExecutionGraph(GraphMetadata(layout=layout.kwargs()), roles), world
+
+
+def test_a_batch_with_two_peers_costs_what_the_batch_calibration_says():
+    from prism_megatron.sim import simulate
+
+    graph, world = _interleaved_exchange_graph()
+    alone = MeasuredCost({(OpKind.SEND, 2): ((4, 100_000.0), (1024, 200_000.0))})
+    batched = MeasuredCost(alone.tables, batches={2: ((4, 300_000.0), (1024, 500_000.0))})
+    assert simulate(graph, world, alone, symmetric=False).iteration_time_ns == 200_000 + 1_000_000
+    result = simulate(graph, world, batched, symmetric=False)
+    assert result.iteration_time_ns == 500_000 + 1_000_000
+    assert [t.end_ns - t.ready_ns for t in result.timeline(1)[:2]] == [500_000, 500_000]

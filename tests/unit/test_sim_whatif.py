@@ -98,3 +98,25 @@ def test_what_ifs_reject_ranks_outside_the_world_and_bad_factors(moe):
         WhatIf(slow_nics={1: 0.0})
     with pytest.raises(ValueError, match=r"must be from 0\.001 to 1000, got 1e\+308"):
         WhatIf(stragglers={1: 1e308})
+
+
+def _one_stage_graph(overhead_ns: int):
+    from prism_megatron.graph import COMPUTE_STREAM, ExecutionGraph, GraphMetadata, NodeType, Op, RoleGraph
+
+    layout = Layout(world_size=2, tp=1, pp=1)
+    op = Op(type=NodeType.COMPUTE, name="compute", duration_ns=10_000_000, overhead_ns=overhead_ns)
+    roles = {name: RoleGraph(name, {COMPUTE_STREAM: (op,)}) for name in LayoutWorld(layout).roles()}
+    return ExecutionGraph(GraphMetadata(layout=layout.kwargs()), roles), LayoutWorld(layout)
+
+
+@pytest.mark.parametrize("core", ["native", "reference"])
+def test_a_straggler_stretches_device_work_and_not_the_host_overhead_around_it(core):
+    from prism_megatron.sim import reference_core
+
+    run_core = reference_core if core == "reference" else None
+    graph, world = _one_stage_graph(overhead_ns=2_000_000)
+    slow = simulate(graph, world, COST, WhatIf(stragglers={1: 1.5}), core=run_core)
+    # 2 ms of host overhead as captured, 8 ms of work 1.5 times longer: 14 ms, not 15 ms.
+    assert (slow.finish_ns(0), slow.finish_ns(1)) == (10_000_000, 14_000_000)
+    graph, world = _one_stage_graph(overhead_ns=0)
+    assert simulate(graph, world, COST, WhatIf(stragglers={1: 1.5}), core=run_core).finish_ns(1) == 15_000_000
