@@ -39,6 +39,7 @@ import prism_megatron.replay as replay
 from prism_megatron import files
 from prism_megatron.config import PrismConfig
 from prism_megatron.emulation import watchdog
+from prism_megatron.emulation.agreed_start import StartAgreement, StartRecord
 from prism_megatron.emulation.closed_loop import ClosedLoop, blocked_waits, load_or_build_graph, network_cost
 from prism_megatron.graph import LayoutWorld
 from prism_megatron.graph.capture import (
@@ -221,6 +222,14 @@ class EmulatePhase(_RecordingPhase):
             what_if=WhatIf(stragglers=config.emulation.stragglers()),
         )
         self.simulated_ns: list[int] = []
+        self.resimulation_ns: list[int] = []
+        """Host time of each fold, re-simulation and schedule load (between iterations, in none)."""
+        self.agreement = (
+            StartAgreement(store=store, real_ranks=real_ranks, virtual_rank=self.virtual_rank)
+            if store is not None and len(real_ranks) > 1
+            else None
+        )
+        self.starts: list[StartRecord] = []
         self.not_folded: dict[int, str] = {}
         self.num_kept = 0
         """Spans that ended in a wait the schedule decided, kept at their previous value."""
@@ -229,6 +238,9 @@ class EmulatePhase(_RecordingPhase):
         replay.load_schedule(self.loaded)
 
     def iteration_begins(self) -> None:
+        if self.agreement is not None:  # every real rank begins at one time (agreed_start.py)
+            matched = self.loop.num_folded > 0 and not self.not_folded
+            self.starts.append(self.agreement.agree(matched=matched))
         self.simulated_ns.append(self.loop.iteration_time_ns)
         super().iteration_begins()
 
@@ -236,6 +248,13 @@ class EmulatePhase(_RecordingPhase):
         number = len(self.iterations) - 1
         if number < NUM_WARMUP:
             return
+        began_ns = time.monotonic_ns()
+        try:
+            self._fold(iteration, number)
+        finally:
+            self.resimulation_ns.append(time.monotonic_ns() - began_ns)
+
+    def _fold(self, iteration: CapturedIteration, number: int) -> None:
         posted: dict = {}
         streams = iteration_streams(iteration, self.names, posted=posted)
         keep = blocked_waits(iteration, streams, posted, self.loaded)
@@ -274,6 +293,8 @@ class EmulatePhase(_RecordingPhase):
             "num_folded": self.loop.num_folded,
             "num_spans_kept": self.num_kept,
             "not_folded": {str(k): v for k, v in self.not_folded.items()},
+            "resimulation_s": [t / 1e9 for t in self.resimulation_ns],
+            "agreed_starts": [_start_summary(s) for s in self.starts],
         }
 
     def finish(self) -> None:
@@ -292,6 +313,11 @@ class EmulatePhase(_RecordingPhase):
                     iteration_starts_ns=tuple(self.starts_ns), memory=memory)  # fmt: skip
         save_op_log(self.out_dir, log)
         super().finish()
+
+
+def _start_summary(start: StartRecord) -> dict[str, float | int]:
+    return {"start_ns": start.start_ns, "waited_s": start.waited_ns / 1e9, "late_s": start.late_ns / 1e9,
+            "margin_s": start.margin_ns / 1e9}  # fmt: skip
 
 
 def _shared_key(virtual_rank: int) -> str:
