@@ -7,6 +7,7 @@ import statistics
 
 from prism_megatron import files
 from prism_megatron.emulation.driver import RunOutcome
+from prism_megatron.report.agreement import describe
 
 _MIB = 2**20
 
@@ -26,10 +27,15 @@ def format_summary(outcome: RunOutcome) -> str:
         lines.append(
             f"simulated iteration time: {report.simulated_iteration_time_s * 1e3:9.2f} ms  (graph as captured)"
         )
-    closed = _closed_loop_s(outcome)
+    for agreement in report.agreement:
+        lines.append(
+            f"real rank {agreement.virtual_rank}: emulated against the simulation of the schedule each "
+            f"iteration ran: {describe(agreement)}"
+        )
+    closed = _closed_loop_s(report)
     if closed is not None:
         lines.append(
-            f"closed loop, last schedule: {closed * 1e3:7.2f} ms  (simulation with the measured spans)"
+            f"closed loop, last schedule: {closed * 1e3:7.2f} ms  (simulation with the last measured spans)"
         )
     if report.capture is not None:
         lines.append(f"capture: {report.capture.describe()}")
@@ -66,10 +72,6 @@ def format_summary(outcome: RunOutcome) -> str:
     return "\n".join(lines)
 
 
-def _closed_loop_s(outcome: RunOutcome) -> float | None:
-    finals = [
-        r["prism_phase"]["closed_loop_final_s"]
-        for r in outcome.results.values()
-        if "closed_loop_final_s" in r.get("prism_phase", {})
-    ]
+def _closed_loop_s(report) -> float | None:
+    finals = [a.closed_loop_final_s for a in report.agreement if a.closed_loop_final_s is not None]
     return statistics.median(finals) if finals else None
