@@ -32,6 +32,7 @@ import statistics
 from collections.abc import Collection, Mapping, Sequence
 
 from prism_megatron import files
+from prism_megatron.emulation.real_costs import op_keys, shared_costs
 from prism_megatron.emulation.schedule_index import ScheduleIndex
 from prism_megatron.graph import COMPUTE_STREAM, Dep, ExecutionGraph, LayoutWorld, NodeType, Op, load_graph
 from prism_megatron.graph.capture import (
@@ -115,6 +116,9 @@ class ClosedLoop:
     num_folded: int = 0
     programs: Mapping[str, ClassProgram] = dataclasses.field(default_factory=dict)
     """Role -> its class's program (`graph.classes.class_programs`), for folding into the class."""
+    real_ops: Mapping[int, tuple[str, Mapping[str, Sequence[int]]]] = dataclasses.field(default_factory=dict)
+    """Real rank -> (its role, instance key -> positions of its role's ops among real ranks), for
+    the costs the real ranks measure (`real_costs.py`)."""
 
     @classmethod
     def start(
@@ -129,8 +133,13 @@ class ClosedLoop:
         window: int = DEFAULT_WINDOW,
     ) -> ClosedLoop:
         base = build_problem(graph, world, cost_fn, what_if)
-        role = world.roles()[int(world.role_ids()[virtual_rank])]
+        roles = world.roles()
+        role = roles[int(world.role_ids()[virtual_rank])]
         result = run_problem(base)
+        real_ops = {}
+        for rank in real_ranks:
+            role_id = int(world.role_ids()[rank])
+            real_ops[rank] = (roles[role_id], op_keys(base.role_ops[role_id], world, rank, real_ranks))
         return cls(
             base=base,
             result=result,
@@ -142,6 +151,7 @@ class ClosedLoop:
             index=ScheduleIndex(result, virtual_rank, tuple(real_ranks)),
             current=compute_durations(graph.roles[role].streams),
             programs=class_programs(graph),
+            real_ops=real_ops,
         )
 
     def schedule(self) -> ReplaySchedule:
@@ -156,6 +166,7 @@ class ClosedLoop:
         streams: Mapping[str, Sequence[Op]],
         keep: Collection[int] = (),
         others: Mapping[str, Sequence[int]] | None = None,
+        costs: Mapping[int, Mapping[str, int]] | None = None,
     ) -> str | None:
         """Fold one measured iteration (`graph.capture.iteration_streams`) and re-simulate.
 
@@ -164,6 +175,9 @@ class ClosedLoop:
                 the value the current simulation uses.
             others: other roles' current durations, as the other real ranks measured them (each folds
                 into its class too).
+            costs: what each real rank measured of the ops among real ranks (virtual rank ->
+                `RealCosts.current()`, this rank's included); an instance every real member of which
+                has measured costs the least of their values, in place of the network model's.
 
         Returns None when folded, else why not (the iteration issued other ops than the graph).
         """
@@ -177,9 +191,27 @@ class ClosedLoop:
         self.current = [round(statistics.median(values)) for values in zip(*self.measured, strict=True)]
         durations = {role: list(values) for role, values in (others or {}).items() if role != self.role}
         durations[self.role] = self.current
-        self.result = run_problem(self.base.with_compute_durations(spread(self.programs, durations)))
+        problem = self.base.with_compute_durations(spread(self.programs, durations))
+        if costs:
+            problem = problem.with_comm_costs(self.real_op_costs(costs))
+        self.result = run_problem(problem)
         self.num_folded += 1
         return None
+
+    def real_op_costs(self, costs: Mapping[int, Mapping[str, int]]) -> dict[str, dict[int, int]]:
+        """Role -> {op position: cost} for the ops among real ranks whose every real member has
+        published a measurement (see `real_costs.shared_costs`)."""
+        holders: dict[str, list[int]] = {}
+        for rank, (_, keys) in self.real_ops.items():
+            for key in keys:
+                holders.setdefault(key, []).append(rank)
+        shared = shared_costs(costs, holders)
+        out: dict[str, dict[int, int]] = {}
+        for role, keys in self.real_ops.values():
+            for key, positions in keys.items():
+                if key in shared:
+                    out.setdefault(role, {}).update(dict.fromkeys(positions, shared[key]))
+        return out
 
 
 def blocked_waits(
