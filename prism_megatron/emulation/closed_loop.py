@@ -15,6 +15,12 @@ rendezvous store after every fold, and folds the latest the others published (`o
 real rank's virtual peers follow every real rank. A value is at most one iteration old; the store
 is read without waiting, so a slower rank never holds a faster one back.
 
+The ops among real ranks (a transfer between two real stages, a collective with two or more real
+members) run for real; on the CPU device over the host, which takes far longer than the target's
+network. Each real rank publishes what it measured of them with its durations, and the loop gives
+them those costs instead of the network model's (`real_costs.py`), so the simulation describes the
+job the emulation runs and each emulated iteration can be compared with it.
+
 One span cannot be measured in replay mode: the compute before waiting on an async op (a TP
 all-reduce overlapped with the weight-gradient GEMM) when the op completed at its scheduled time.
 The backend completes it when the program waits on it or when the replay schedule says, whichever

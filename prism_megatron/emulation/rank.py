@@ -35,12 +35,16 @@ import os
 import time
 from typing import Any
 
+import torch
+
 import prism_megatron.replay as replay
 from prism_megatron import files
+from prism_megatron.backend import consistency
 from prism_megatron.config import PrismConfig
 from prism_megatron.emulation import watchdog
 from prism_megatron.emulation.agreed_start import StartAgreement, StartRecord
 from prism_megatron.emulation.closed_loop import ClosedLoop, blocked_waits, load_or_build_graph, network_cost
+from prism_megatron.emulation.real_costs import RealCosts
 from prism_megatron.graph import LayoutWorld
 from prism_megatron.graph.capture import (
     CapturedIteration,
@@ -230,6 +234,14 @@ class EmulatePhase(_RecordingPhase):
             else None
         )
         self.starts: list[StartRecord] = []
+        # Real members talking over the host (the CPU device: gloo) take what the host takes, not
+        # what the target's network would: the loop gives their ops what they measure (real_costs.py).
+        on_host = config.emulation.resolved_device(torch.cuda.is_available()) == "cpu"
+        self.real_costs = (
+            RealCosts(virtual_rank=self.virtual_rank, real_ranks=real_ranks)
+            if on_host and len(real_ranks) > 1
+            else None
+        )
         self.not_folded: dict[int, str] = {}
         self.num_kept = 0
         """Spans that ended in a wait the schedule decided, kept at their previous value."""
@@ -239,8 +251,13 @@ class EmulatePhase(_RecordingPhase):
 
     def iteration_begins(self) -> None:
         if self.agreement is not None:  # every real rank begins at one time (agreed_start.py)
+            consistency.settle(self.config.emulation.timeout_s)  # the last iteration's deferred checks
             matched = self.loop.num_folded > 0 and not self.not_folded
-            self.starts.append(self.agreement.agree(matched=matched))
+            start = self.agreement.agree(matched=matched)
+            # Once every real rank's program has matched the graph, the backend's consistency check
+            # leaves the real ops' path (backend/consistency.py); all switch at this same start.
+            consistency.defer(start.all_matched)
+            self.starts.append(start)
         self.simulated_ns.append(self.loop.iteration_time_ns)
         super().iteration_begins()
 
@@ -259,7 +276,11 @@ class EmulatePhase(_RecordingPhase):
         streams = iteration_streams(iteration, self.names, posted=posted)
         keep = blocked_waits(iteration, streams, posted, self.loaded)
         self.num_kept += len(keep)
-        reason = self.loop.fold(streams, keep, self.shared_durations())
+        durations, costs = self.shared_measurements()
+        if self.real_costs is not None:
+            self.real_costs.add(iteration.events)
+            costs[self.virtual_rank] = self.real_costs.current()
+        reason = self.loop.fold(streams, keep, durations, costs if self.real_costs is not None else None)
         if reason is None:
             self.loaded = self.loop.schedule()
             replay.load_schedule(self.loaded)
@@ -268,22 +289,28 @@ class EmulatePhase(_RecordingPhase):
             self.not_folded[number] = reason
 
     def publish_durations(self) -> None:
-        """This role's current durations, for the other real ranks' loops (see closed_loop.py)."""
+        """This role's current durations and this rank's costs of the ops among real ranks, for the
+        other real ranks' loops (see closed_loop.py)."""
         if self.store is not None and len(self.real_ranks) > 1:
             data = {"role": self.loop.role, "durations": self.loop.current}
+            if self.real_costs is not None:
+                data["real_costs"] = self.real_costs.current()
             self.store.set(_shared_key(self.virtual_rank), json.dumps(data))
 
-    def shared_durations(self) -> dict[str, list[int]]:
-        """The latest durations the other real ranks published, by role (none yet: {})."""
-        shared: dict[str, list[int]] = {}
+    def shared_measurements(self) -> tuple[dict[str, list[int]], dict[int, dict[str, int]]]:
+        """The latest the other real ranks published (none yet: empty): durations by role, and
+        costs of the ops among real ranks by virtual rank."""
+        durations: dict[str, list[int]] = {}
+        costs: dict[int, dict[str, int]] = {}
         if self.store is None:
-            return shared
+            return durations, costs
         for rank in self.real_ranks:
             key = _shared_key(rank)
             if rank != self.virtual_rank and self.store.check([key]):
                 data = json.loads(self.store.get(key))
-                shared[data["role"]] = data["durations"]
-        return shared
+                durations[data["role"]] = data["durations"]
+                costs[rank] = data.get("real_costs", {})
+        return durations, costs
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -312,6 +339,8 @@ class EmulatePhase(_RecordingPhase):
         log = OpLog(virtual_rank=self.virtual_rank, events=events, compute=compute,
                     iteration_starts_ns=tuple(self.starts_ns), memory=memory)  # fmt: skip
         save_op_log(self.out_dir, log)
+        if self.agreement is not None:
+            consistency.settle(self.config.emulation.timeout_s)
         super().finish()
 
 
