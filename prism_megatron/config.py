@@ -288,14 +288,25 @@ def flag_table() -> list[tuple[str, Any, str]]:
     return rows
 
 
+class RaisingParser(argparse.ArgumentParser):
+    """An argparse parser whose user errors raise ValueError with argparse's one-line message (after
+    `error_prefix`) instead of printing the whole usage and exiting: every parser of flags that a
+    library call reads (--prism-*, Megatron's) is one, so a caller decides how a mistake reaches the
+    user (the commands and the launcher: one line, exit status 2). Abbreviations are refused, as
+    Megatron-LM refuses them."""
+
+    def __init__(self, *args: Any, error_prefix: str = "", **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+        self.error_prefix = error_prefix
+
+    def error(self, message: str) -> typing.NoReturn:  # argparse's hook
+        raise ValueError(f"{self.error_prefix}{message}")
+
+
 def parse_prism_flags(argv: list[str]) -> PrismConfig:
     """The PrismConfig of the `--prism-*` flags among other flags (a script's or Megatron's)."""
-    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    parser = RaisingParser(add_help=False)
     add_prism_arguments(parser)
-
-    def one_line(message: str):  # argparse would print the usage of every --prism-* flag first
-        raise ValueError(message)
-
-    parser.error = one_line  # type: ignore[method-assign]
     known, _ = parser.parse_known_args(argv)
     return PrismConfig.from_args(known)

@@ -10,7 +10,7 @@ result when a later op is issued and, at the latest, at `settle()`. A mismatch s
 the group, the sequence number, the ranks and both ops, only later.
 
 Every real member of a group must defer from the same op on, since the order of the two real ops
-changes: switch all real ranks at one agreed iteration start (`emulation/agreed_start.py`), after
+changes: switch all real ranks at one agreed iteration start (`passes/agreed_start.py`), after
 settling.
 """
 

@@ -18,7 +18,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from prism_megatron.emulation.agreed_start import StartAgreement
+from prism_megatron.passes.agreed_start import StartAgreement
 from prism_megatron.replay import clock
 
 REAL_RANKS = (0, 1024)

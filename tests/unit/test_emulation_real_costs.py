@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import pytest
 
-from prism_megatron.emulation.closed_loop import ClosedLoop
-from prism_megatron.emulation.real_costs import (
+from prism_megatron.graph import LayoutWorld, NodeType
+from prism_megatron.passes.closed_loop import ClosedLoop
+from prism_megatron.passes.real_costs import (
     RealCosts,
     collective_key,
     measured_costs,
@@ -18,7 +19,6 @@ from prism_megatron.emulation.real_costs import (
     shared_costs,
     transfer_key,
 )
-from prism_megatron.graph import LayoutWorld, NodeType
 from prism_megatron.replay.events import OpEvent
 from prism_megatron.replay.schedule import OpKind
 from prism_megatron.sim import AlphaBetaCost, PipelineSpec, layout_pipeline_graph, simulate

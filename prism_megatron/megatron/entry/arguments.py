@@ -20,7 +20,7 @@ import argparse
 import importlib.util
 import math
 
-from prism_megatron.config import add_prism_arguments
+from prism_megatron.config import RaisingParser, add_prism_arguments
 from prism_megatron.megatron.entry import training_log
 from prism_megatron.megatron.job import target
 
@@ -148,7 +148,6 @@ def _training_args(parser: argparse.ArgumentParser) -> None:
 
 def _moe_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("mixture of experts")
-    g.add_argument("--moe-shared-expert-intermediate-size", type=int, default=None)
     g.add_argument("--moe-grouped-gemm", action="store_true", help="built as per-expert GEMMs (see model.py)")
     g.add_argument("--moe-token-dispatcher-type", choices=("allgather", "alltoall"), default="allgather")
     g.add_argument("--moe-router-score-function", choices=("softmax", "sigmoid"), default="softmax")
@@ -166,10 +165,10 @@ def _moe_args(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    """The entry's parser; a mistake raises ValueError (one line: the launcher prints it, exit 2)."""
+    parser = RaisingParser(
         prog="python -m prism_megatron.megatron.entry.pretrain",
         description="Built-in megatron-core GPT pretraining entry (mock data) with Megatron-LM flag names.",
-        allow_abbrev=False,
     )
     target.add_job_arguments(parser, required=REQUIRED)
     parser.set_defaults(vocab_size=MOCK_VOCAB_SIZE)

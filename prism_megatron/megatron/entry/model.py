@@ -33,8 +33,8 @@ from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 from megatron.core.tensor_parallel import set_defaults_if_not_set_tensor_model_parallel_attributes
 from megatron.core.transformer import MLATransformerConfig, TransformerConfig
 
-from prism_megatron.megatron.entry import local_mla, parallel_spec
 from prism_megatron.megatron.job import target
+from prism_megatron.megatron.layers import local_mla, parallel_spec
 from prism_megatron.patches import model_build
 
 # Megatron-LM's default bucket size floor (training.py get_model: max(4e7, 1e6 * dp_cp)).

@@ -31,6 +31,7 @@ from typing import Any
 
 from megatron.core.transformer import TransformerConfig
 
+from prism_megatron.config import RaisingParser
 from prism_megatron.megatron.job import target
 
 _EXCLUDED_FIELDS = frozenset(
@@ -156,13 +157,6 @@ NO_MEMORY_EFFECT_FLAGS = frozenset(
 state or activations; the plan accepts them silently."""
 
 
-class _RaisingParser(argparse.ArgumentParser):
-    """argparse reports user errors by exiting; the plan reports them as ValueError naming the flag."""
-
-    def error(self, message: str) -> typing.NoReturn:
-        raise ValueError(f"Megatron-LM flags: {message}")
-
-
 def _scalar_kwargs(tp: Any) -> dict[str, Any] | None:
     """argparse `type`/`choices` for one annotation, or None when argparse cannot express it."""
     origin, targs = typing.get_origin(tp), typing.get_args(tp)
@@ -244,7 +238,7 @@ def _add_training_flags(add) -> None:
 def build_parser() -> argparse.ArgumentParser:
     """The parser of memory-relevant Megatron-LM flags (plus `--prism-world-size`): the target job's
     flags, then the TransformerConfig fields they do not already name, then the hand-written rest."""
-    parser = _RaisingParser(prog="megatron-flags", add_help=False, allow_abbrev=False)
+    parser = RaisingParser(prog="megatron-flags", add_help=False, error_prefix="Megatron-LM flags: ")
     target.add_job_arguments(parser)
     declared_dests = {action.dest for action in parser._actions}
     group = parser.add_argument_group("transformer configuration")

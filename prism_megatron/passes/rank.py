@@ -41,10 +41,6 @@ import prism_megatron.replay as replay
 from prism_megatron import files
 from prism_megatron.backend import consistency
 from prism_megatron.config import PrismConfig
-from prism_megatron.emulation import watchdog
-from prism_megatron.emulation.agreed_start import StartAgreement, StartRecord
-from prism_megatron.emulation.closed_loop import ClosedLoop, blocked_waits, load_or_build_graph, network_cost
-from prism_megatron.emulation.real_costs import RealCosts
 from prism_megatron.graph import LayoutWorld
 from prism_megatron.graph.capture import (
     CapturedIteration,
@@ -53,6 +49,10 @@ from prism_megatron.graph.capture import (
     compute_intervals,
     iteration_streams,
 )
+from prism_megatron.passes import watchdog
+from prism_megatron.passes.agreed_start import StartAgreement, StartRecord
+from prism_megatron.passes.closed_loop import ClosedLoop, blocked_waits, load_or_build_graph, network_cost
+from prism_megatron.passes.real_costs import RealCosts
 from prism_megatron.replay import timeline
 from prism_megatron.replay.timeline import Mark
 from prism_megatron.sim import WhatIf
@@ -325,7 +325,7 @@ class EmulatePhase(_RecordingPhase):
         }
 
     def finish(self) -> None:
-        from prism_megatron.megatron.run.memory import CATEGORIES, last_samples
+        from prism_megatron.passes.memory import CATEGORIES, last_samples
         from prism_megatron.report.oplog import ComputeSpan, MemorySample, OpLog, save_op_log
 
         self.read_marks(wait=True)
