@@ -15,9 +15,8 @@ rendezvous store after every fold, and folds the latest the others published (`o
 real rank's virtual peers follow every real rank. A value is at most one iteration old; the store
 is read without waiting, so a slower rank never holds a faster one back.
 
-The ops among real ranks (a transfer between two real stages, a collective with two or more real
-members) run for real; on the CPU device over the host, which takes far longer than the target's
-network. Each real rank publishes what it measured of them with its durations, and the loop gives
+The ops among real ranks only (a transfer between two real stages, a collective of real members)
+run for real; on the CPU device over the host, which takes far longer than the target's network. Each real rank publishes what it measured of them with its durations, and the loop gives
 them those costs instead of the network model's (`real_costs.py`), so the simulation describes the
 job the emulation runs and each emulated iteration can be compared with it.
 

@@ -9,15 +9,18 @@ iteration could not agree with it. So the loop gives these ops what the real ran
 (`ClosedLoop.fold(costs=...)`); every other op keeps the network model's cost. On CUDA, where real
 members talk over the GPUs' own fabric, the model's costs stay (`EmulatePhase` decides).
 
-What is measured: an op's completion minus when its members had all arrived as this rank saw it
-(`OpEvent.start_ns`: its own issue, or the replay engine's latest virtual arrival when later). The
-real member that arrived first also counts its wait for the others, so an instance's cost is the
-least any of its real members measured (each publishes its own in the rendezvous store with its
-durations), the median of the last few iterations. Limits: an op with virtual members completes no
-earlier than the schedule says, so its measurement is never below its scheduled cost; such an op's
-cost can only be learned upwards (a real part that became faster keeps the higher cost). The cost
-is the role's op, so every instance of it in the simulated job takes it, also those among virtual
-ranks only.
+What is measured: an op among real ranks only (no virtual member), from its issue to its
+completion on this rank. The real member that arrived first also counts its wait for the others, so
+an instance's cost is the least any of its real members measured (each publishes its own in the
+rendezvous store with its durations), the median of the last few iterations. The cost is the role's
+op, so every instance of it in the simulated job takes it, also those among virtual ranks only.
+
+Limits: an op with virtual members as well (a model-parallel all-reduce with virtual TP peers)
+keeps the network model's cost. Its completion is the later of its real part and the replay
+engine's deadline, which counts the scheduled cost, so a measurement of it is never below the cost
+it was scheduled with: folding it would let one slow iteration raise the cost for good. Its real
+part's excess over the model's cost (about 0.3 ms per all-reduce through gloo, once the consistency
+check is off its path) stays out of the simulation.
 
 An instance is named the same on every real rank: a collective by its members and its index among
 the iteration's ops on that group, a transfer by sender, receiver and its index among the
@@ -74,8 +77,8 @@ def op_keys(
 
 
 def measured_costs(events: Iterable[OpEvent], virtual_rank: int, real_ranks: Sequence[int]) -> dict[str, int]:
-    """One iteration's ops among two or more real ranks: instance key -> completion minus the time
-    every member had arrived, as this rank saw it (ns)."""
+    """One iteration's ops among real ranks only: instance key -> completion minus issue on this
+    rank (ns); ops that also have virtual members are left out (see the module docstring)."""
     real = set(real_ranks)
     counts: collections.Counter[tuple] = collections.Counter()
     costs: dict[str, int] = {}
@@ -93,7 +96,7 @@ def measured_costs(events: Iterable[OpEvent], virtual_rank: int, real_ranks: Seq
             sender, receiver = (virtual_rank, event.peer) if is_send else (event.peer, virtual_rank)
             key = transfer_key(sender, receiver, counts[slot]) if event.peer in real else None
         counts[slot] += 1
-        if key is not None and event.complete_ns >= 0:
+        if key is not None and not event.has_virtual and event.complete_ns >= 0:
             costs[key] = max(event.complete_ns - event.start_ns, 0)
     return costs
 

@@ -58,17 +58,18 @@ def test_only_the_ops_among_two_real_ranks_have_instance_keys_and_both_sides_nam
 
 
 def _event(kind, group, peer, issue_ns, start_ns, complete_ns):
-    return OpEvent(
-        kind, group, peer, 0, 1 << 20, "Float", issue_ns, start_ns, complete_ns, True, peer not in REAL
-    )
+    has_virtual = peer not in REAL if peer >= 0 else not set(group) <= set(REAL)
+    return OpEvent(kind, group, peer, 0, 1 << 20, "Float", issue_ns, start_ns, complete_ns, True, has_virtual)
 
 
-def test_a_measurement_is_completion_minus_the_arrival_of_every_member_as_this_rank_saw_it():
+def test_a_measurement_is_completion_minus_issue_of_an_op_among_real_ranks_only():
     events = [
         _event(OpKind.SEND, (0, 1024), 1024, 1_000, 1_000, 301_000),
         _event(OpKind.SEND, (0, 1024), 1024, 5_000_000, 5_000_000, 5_250_000),
         _event(OpKind.RECV, (0, 1024), 1024, 9_000_000, 9_000_000, 12_000_000),
         _event(OpKind.ALL_REDUCE, tuple(range(8)), -1, 20_000_000, 20_400_000, 20_500_000),  # TP: one real
+        # The grad-norm all-reduce has both real ranks and virtual ones: it keeps the model's cost.
+        _event(OpKind.ALL_REDUCE, tuple(range(8192)), -1, 25_000_000, 25_000_000, 25_900_000),
         _event(OpKind.SEND, (0, 1), 1, 30_000_000, 30_000_000, 30_100_000),  # virtual peer
     ]
     assert measured_costs(events, 0, REAL) == {
