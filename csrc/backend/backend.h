@@ -182,8 +182,9 @@ class PrismBackend : public c10d::Backend {
 
 // The consistency check among real members, deferred (see launch() in backend.cpp): once the
 // program has matched the execution graph, a collective's all-gather of (kind, bytes, dtype, seq)
-// is issued after its real part instead of before it, nothing waits on it where the op completes,
-// and its result is checked later: at a later op's issue once it has completed, and at the latest
+// is issued after its real part instead of before it (the host path; the device path issues it
+// first still, on its own gloo work), nothing waits on it where the op completes, and its result
+// is checked later: at a later op's issue once it has completed, and at the latest
 // when settle_consistency_checks() runs (between iterations). Every real member of a group must
 // switch at the same op (the emulate pass switches all real ranks at one agreed iteration start);
 // a mismatch still raises, naming the group, seq, ranks and both ops, only later.
