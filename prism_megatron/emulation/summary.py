@@ -32,6 +32,10 @@ def format_summary(outcome: RunOutcome) -> str:
             f"real rank {agreement.virtual_rank}: emulated against the simulation of the schedule each "
             f"iteration ran: {describe(agreement)}"
         )
+    for rank, data in sorted(outcome.results.items()):
+        between = _between_iterations(data.get("prism_phase") or {})
+        if between:
+            lines.append(f"real rank {rank} between iterations (in none of their times): {between}")
     closed = _closed_loop_s(report)
     if closed is not None:
         lines.append(
@@ -75,3 +79,21 @@ def format_summary(outcome: RunOutcome) -> str:
 def _closed_loop_s(report) -> float | None:
     finals = [a.closed_loop_final_s for a in report.agreement if a.closed_loop_final_s is not None]
     return statistics.median(finals) if finals else None
+
+
+def _between_iterations(phase: dict) -> str | None:
+    """The host work between iterations and the wait for the agreed start, medians in ms."""
+    resimulation = phase.get("resimulation_s") or []
+    starts = phase.get("agreed_starts") or []
+    parts = []
+    if resimulation:
+        parts.append(f"re-simulation {statistics.median(resimulation) * 1e3:.2f} ms")
+    if starts:
+        waited = statistics.median(s["waited_s"] for s in starts) * 1e3
+        late = [s["late_s"] for s in starts if s["late_s"] > 0]
+        parts.append(f"wait for the agreed start {waited:.2f} ms")
+        parts.append(
+            f"started late {len(late)} of {len(starts)} times"
+            + (f" (at most {max(late) * 1e6:.0f} us)" if late else "")
+        )
+    return ", ".join(parts) if parts else None
