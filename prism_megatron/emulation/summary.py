@@ -90,10 +90,10 @@ def _between_iterations(phase: dict) -> str | None:
         parts.append(f"re-simulation {statistics.median(resimulation) * 1e3:.2f} ms")
     if starts:
         waited = statistics.median(s["waited_s"] for s in starts) * 1e3
-        late = [s["late_s"] for s in starts if s["late_s"] > 0]
+        late = [s["late_s"] for s in starts if s["late_s"] > 10e-6]
         parts.append(f"wait for the agreed start {waited:.2f} ms")
         parts.append(
-            f"started late {len(late)} of {len(starts)} times"
+            f"started more than 10 us late {len(late)} of {len(starts)} times"
             + (f" (at most {max(late) * 1e6:.0f} us)" if late else "")
         )
     return ", ".join(parts) if parts else None

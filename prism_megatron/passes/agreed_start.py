@@ -15,7 +15,8 @@ The margin covers the exchange itself: the last rank to be ready must still lear
 before the start. Each rank publishes how long its last exchange took after the last rank was
 ready, and the margin is twice the longest of those (at least `MIN_MARGIN_NS`, at most
 `MAX_MARGIN_NS`), so every rank computes the same start from the same values. A rank that learns
-the start after it has passed starts late; `StartRecord.late_ns` says by how much.
+the start after it has passed, or that the host wakes late from its wait, starts late;
+`StartRecord.late_ns` says by how much.
 
 Times are the host's CLOCK_MONOTONIC, so the start is exact for real ranks on one machine (the CPU
 emulation, several ranks per GPU host); real ranks on several machines need clocks synchronised to
@@ -52,7 +53,8 @@ class StartRecord:
     """The agreed start: the latest ready time of all real ranks plus the margin."""
     margin_ns: int
     late_ns: int
-    """How far past the agreed start this rank learned it (0: in time); it starts this late."""
+    """How far past the agreed start this rank returned from its wait: it learned the start late,
+    or the host woke it late (a loaded machine); it starts this late."""
     all_matched: bool
     """Every real rank's program has matched the execution graph in every iteration it compared."""
 
@@ -102,6 +104,7 @@ class StartAgreement:
         start_ns = last_ready_ns + margin_ns
         self._exchange_ns = max(learned_ns - last_ready_ns, 0)
         clock.wait_until_ns(start_ns)
+        began_ns = clock.now_ns()
         if number >= 2:  # every rank has read it: it reached the start of `number - 1`
             self.store.delete_key(_key(number - 2, self.virtual_rank))
         return StartRecord(
@@ -109,7 +112,7 @@ class StartAgreement:
             ready_ns=ready_ns,
             start_ns=start_ns,
             margin_ns=margin_ns,
-            late_ns=max(learned_ns - start_ns, 0),
+            late_ns=max(began_ns - start_ns, 0),
             all_matched=all(bool(v[2]) for v in values),
         )
 

@@ -10,10 +10,12 @@ loads the new schedule. Its virtual peers of the same class (its data-parallel p
 ranks of its stage, the middle stages alike) then run as it ran, and every other role's virtual
 ranks react to that through the simulated dependencies.
 
-The real ranks share what they measured: each publishes its role's current durations in the
-rendezvous store after every fold, and folds the latest the others published (`others`), so every
-real rank's virtual peers follow every real rank. A value is at most one iteration old; the store
-is read without waiting, so a slower rank never holds a faster one back.
+The real ranks share what they measured: after each iteration each takes its own measurement
+(`measure`), publishes its role's durations in the rendezvous store, waits until every real rank
+has published that iteration's, and re-simulates with all of them (`resimulate`). Every real rank
+then simulates from the same inputs, so all load schedules of one simulated job, and each emulated
+iteration can be compared with the simulation of the schedule it ran. The wait lies between
+iterations, where the real ranks wait for their agreed start anyway (`agreed_start.py`).
 
 The ops among real ranks only (a transfer between two real stages, a collective of real members)
 run for real; on the CPU device over the host, which takes far longer than the target's network. Each real rank publishes what it measured of them with its durations, and the loop gives
@@ -173,18 +175,25 @@ class ClosedLoop:
         others: Mapping[str, Sequence[int]] | None = None,
         costs: Mapping[int, Mapping[str, int]] | None = None,
     ) -> str | None:
-        """Fold one measured iteration (`graph.capture.iteration_streams`) and re-simulate.
+        """Fold one measured iteration (`graph.capture.iteration_streams`) and re-simulate:
+        `measure` then `resimulate`.
+
+        Returns None when folded, else why not (the iteration issued other ops than the graph).
+        """
+        reason = self.measure(streams, keep)
+        if reason is None:
+            self.resimulate(others, costs)
+        return reason
+
+    def measure(self, streams: Mapping[str, Sequence[Op]], keep: Collection[int] = ()) -> str | None:
+        """Take one measured iteration into this role's durations (`current`, the median of the
+        window), without re-simulating.
 
         Args:
             keep: positions (among the compute ops) whose measurement cannot be trusted; they keep
                 the value the current simulation uses.
-            others: other roles' current durations, as the other real ranks measured them (each folds
-                into its class too).
-            costs: what each real rank measured of the ops among real ranks (virtual rank ->
-                `RealCosts.current()`, this rank's included); an instance every real member of which
-                has measured costs the least of their values, in place of the network model's.
 
-        Returns None when folded, else why not (the iteration issued other ops than the graph).
+        Returns None when taken, else why not (the iteration issued other ops than the graph).
         """
         difference = first_difference(self.graph_streams, streams)
         if difference is not None:
@@ -194,6 +203,23 @@ class ClosedLoop:
             measured[position] = self.current[position]
         self.measured.append(measured)
         self.current = [round(statistics.median(values)) for values in zip(*self.measured, strict=True)]
+        return None
+
+    def resimulate(
+        self,
+        others: Mapping[str, Sequence[int]] | None = None,
+        costs: Mapping[int, Mapping[str, int]] | None = None,
+    ) -> None:
+        """Simulate the job again with this role's `current` durations and what the other real
+        ranks measured.
+
+        Args:
+            others: other roles' current durations, as the other real ranks measured them (each folds
+                into its class too).
+            costs: what each real rank measured of the ops among real ranks (virtual rank ->
+                `RealCosts.current()`, this rank's included); an instance every real member of which
+                has measured costs the least of their values, in place of the network model's.
+        """
         durations = {role: list(values) for role, values in (others or {}).items() if role != self.role}
         durations[self.role] = self.current
         problem = self.base.with_compute_durations(spread(self.programs, durations))
@@ -201,7 +227,6 @@ class ClosedLoop:
             problem = problem.with_comm_costs(self.real_op_costs(costs))
         self.result = run_problem(problem)
         self.num_folded += 1
-        return None
 
     def real_op_costs(self, costs: Mapping[int, Mapping[str, int]]) -> dict[str, dict[int, int]]:
         """Role -> {op position: cost} for the ops among real ranks whose every real member has

@@ -227,7 +227,8 @@ class EmulatePhase(_RecordingPhase):
         )
         self.simulated_ns: list[int] = []
         self.resimulation_ns: list[int] = []
-        """Host time of each fold, re-simulation and schedule load (between iterations, in none)."""
+        """Host time of each fold (measurement, exchange with the other real ranks, re-simulation and
+        schedule load): between iterations, in none."""
         self.agreement = (
             StartAgreement(store=store, real_ranks=real_ranks, virtual_rank=self.virtual_rank)
             if store is not None and len(real_ranks) > 1
@@ -276,40 +277,37 @@ class EmulatePhase(_RecordingPhase):
         streams = iteration_streams(iteration, self.names, posted=posted)
         keep = blocked_waits(iteration, streams, posted, self.loaded)
         self.num_kept += len(keep)
-        durations, costs = self.shared_measurements()
+        reason = self.loop.measure(streams, keep)
         if self.real_costs is not None:
             self.real_costs.add(iteration.events)
-            costs[self.virtual_rank] = self.real_costs.current()
-        reason = self.loop.fold(streams, keep, durations, costs if self.real_costs is not None else None)
+        durations, costs = self.exchange(number)
         if reason is None:
+            self.loop.resimulate(durations, costs if self.real_costs is not None else None)
             self.loaded = self.loop.schedule()
             replay.load_schedule(self.loaded)
-            self.publish_durations()
         else:
             self.not_folded[number] = reason
 
-    def publish_durations(self) -> None:
-        """This role's current durations and this rank's costs of the ops among real ranks, for the
-        other real ranks' loops (see closed_loop.py)."""
-        if self.store is not None and len(self.real_ranks) > 1:
-            data = {"role": self.loop.role, "durations": self.loop.current}
-            if self.real_costs is not None:
-                data["real_costs"] = self.real_costs.current()
-            self.store.set(_shared_key(self.virtual_rank), json.dumps(data))
-
-    def shared_measurements(self) -> tuple[dict[str, list[int]], dict[int, dict[str, int]]]:
-        """The latest the other real ranks published (none yet: empty): durations by role, and
-        costs of the ops among real ranks by virtual rank."""
+    def exchange(self, number: int) -> tuple[dict[str, list[int]], dict[int, dict[str, int]]]:
+        """Publish this rank's measurements after iteration `number` and wait for every other real
+        rank's (see closed_loop.py): durations by role, and costs of the ops among real ranks by
+        virtual rank (this rank's included)."""
+        own_costs = self.real_costs.current() if self.real_costs is not None else {}
         durations: dict[str, list[int]] = {}
-        costs: dict[int, dict[str, int]] = {}
-        if self.store is None:
+        costs: dict[int, dict[str, int]] = {self.virtual_rank: own_costs}
+        if self.store is None or len(self.real_ranks) < 2:
             return durations, costs
-        for rank in self.real_ranks:
-            key = _shared_key(rank)
-            if rank != self.virtual_rank and self.store.check([key]):
-                data = json.loads(self.store.get(key))
-                durations[data["role"]] = data["durations"]
-                costs[rank] = data.get("real_costs", {})
+        data = {"role": self.loop.role, "durations": self.loop.current, "real_costs": own_costs}
+        self.store.set(_shared_key(self.virtual_rank, number), json.dumps(data))
+        others = [rank for rank in self.real_ranks if rank != self.virtual_rank]
+        keys = [_shared_key(rank, number) for rank in others]
+        self.store.wait(keys)
+        for rank, raw in zip(others, self.store.multi_get(keys), strict=True):
+            data = json.loads(raw)
+            durations[data["role"]] = data["durations"]
+            costs[rank] = data["real_costs"]
+        if number - 2 >= NUM_WARMUP:  # every rank read it before the iteration that just ended began
+            self.store.delete_key(_shared_key(self.virtual_rank, number - 2))
         return durations, costs
 
     def summary(self) -> dict[str, Any]:
@@ -349,8 +347,8 @@ def _start_summary(start: StartRecord) -> dict[str, float | int]:
             "margin_s": start.margin_ns / 1e9}  # fmt: skip
 
 
-def _shared_key(virtual_rank: int) -> str:
-    return f"prism-megatron/closed-loop/{virtual_rank}"
+def _shared_key(virtual_rank: int, number: int) -> str:
+    return f"prism-megatron/closed-loop/{virtual_rank}/{number}"
 
 
 def make_phase(
