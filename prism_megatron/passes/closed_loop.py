@@ -17,8 +17,9 @@ then simulates from the same inputs, so all load schedules of one simulated job,
 iteration can be compared with the simulation of the schedule it ran. The wait lies between
 iterations, where the real ranks wait for their agreed start anyway (`agreed_start.py`).
 
-The ops among real ranks only (a transfer between two real stages, a collective of real members)
-run for real; on the CPU device over the host, which takes far longer than the target's network. Each real rank publishes what it measured of them with its durations, and the loop gives
+The ops among real ranks (a transfer between two real stages, the real part of a collective with
+two or more real members) run for real; on the CPU device over the host, which takes far longer
+than the target's network. Each real rank publishes what it measured of them with its durations, and the loop gives
 them those costs instead of the network model's (`real_costs.py`), so the simulation describes the
 job the emulation runs and each emulated iteration can be compared with it.
 
@@ -48,7 +49,7 @@ from prism_megatron.graph.capture import (
     first_difference,
 )
 from prism_megatron.graph.classes import ClassProgram, class_programs, load_classes, spread
-from prism_megatron.passes.real_costs import op_keys, shared_costs
+from prism_megatron.passes.real_costs import is_mixed, op_keys, shared_costs
 from prism_megatron.passes.schedule_index import ScheduleIndex
 from prism_megatron.replay.events import OpEvent
 from prism_megatron.replay.schedule import ReplaySchedule
@@ -236,11 +237,16 @@ class ClosedLoop:
             for key in keys:
                 holders.setdefault(key, []).append(rank)
         shared = shared_costs(costs, holders)
+        model_ns = self.base.arrays["op_cost_ns"]
         out: dict[str, dict[int, int]] = {}
         for role, keys in self.real_ops.values():
+            base = self.base.role_base(self.base.role_names.index(role))
             for key, positions in keys.items():
-                if key in shared:
-                    out.setdefault(role, {}).update(dict.fromkeys(positions, shared[key]))
+                if key not in shared:
+                    continue
+                for position in positions:  # an op with virtual members still crosses the network
+                    floor_ns = int(model_ns[base + position]) if is_mixed(key) else 0
+                    out.setdefault(role, {})[position] = max(shared[key], floor_ns)
         return out
 
 

@@ -9,18 +9,21 @@ iteration could not agree with it. So the loop gives these ops what the real ran
 (`ClosedLoop.fold(costs=...)`); every other op keeps the network model's cost. On CUDA, where real
 members talk over the GPUs' own fabric, the model's costs stay (`EmulatePhase` decides).
 
-What is measured: an op among real ranks only (no virtual member), from its issue to its
-completion on this rank. The real member that arrived first also counts its wait for the others, so
-an instance's cost is the least any of its real members measured (each publishes its own in the
-rendezvous store with its durations), the median of the last few iterations. The cost is the role's
-op, so every instance of it in the simulated job takes it, also those among virtual ranks only.
+What is measured, on this rank, from the op's issue: for an op among real ranks only, to its
+completion; for one with virtual members as well (a model-parallel all-reduce with virtual TP
+peers), to when its real part completed (`OpEvent.real_done_ns`), not to its completion, which is
+the replay engine's deadline and counts the cost the op was scheduled with (folding that would let
+one slow iteration raise the cost for good). The real member that arrived first also counts its
+wait for the others, so an instance's cost is the least any of its real members measured (each
+publishes its own in the rendezvous store with its durations), the median of the last few
+iterations. An op with virtual members costs the larger of that and the network model's cost (its
+virtual part still crosses the target's network). The cost is the role's op, so every instance of
+it in the simulated job takes it, also those among virtual ranks only.
 
-Limits: an op with virtual members as well (a model-parallel all-reduce with virtual TP peers)
-keeps the network model's cost. Its completion is the later of its real part and the replay
-engine's deadline, which counts the scheduled cost, so a measurement of it is never below the cost
-it was scheduled with: folding it would let one slow iteration raise the cost for good. Its real
-part's excess over the model's cost (about 0.3 ms per all-reduce through gloo, once the consistency
-check is off its path) stays out of the simulation.
+Limits: the real part is seen complete when the program waits for the op, so an op waited on late
+(an async op overlapped with compute) measures long on that rank; the least over the members
+helps only where one of them waited at once. On a device the backend's helper thread drives the
+real part and no real part is measured: such ops keep the model's cost.
 
 An instance is named the same on every real rank: a collective by its members and its index among
 the iteration's ops on that group, a transfer by sender, receiver and its index among the
@@ -42,10 +45,16 @@ from prism_megatron.replay.schedule import OpKind
 DEFAULT_WINDOW = 3
 
 
-def collective_key(members: Sequence[int], seq: int) -> str:
-    """Short for any group (a world group has thousands of members): size, first member, checksum."""
+def collective_key(members: Sequence[int], seq: int, *, mixed: bool = False) -> str:
+    """Short for any group (a world group has thousands of members): size, first member, checksum;
+    "m:" for a group with virtual members too, "c:" for one of real ranks only."""
     checksum = zlib.crc32(",".join(map(str, members)).encode())
-    return f"c:{len(members)}:{members[0]}:{checksum:08x}:{seq}"
+    return f"{'m' if mixed else 'c'}:{len(members)}:{members[0]}:{checksum:08x}:{seq}"
+
+
+def is_mixed(key: str) -> bool:
+    """The instance has virtual members as well (its cost is at least the model's)."""
+    return key.startswith("m:")
 
 
 def transfer_key(sender: int, receiver: int, seq: int) -> str:
@@ -65,7 +74,7 @@ def op_keys(
         if op.type == NodeType.COLLECTIVE:
             members = world.group(op.group, virtual_rank)
             if len(real.intersection(members)) >= 2:
-                key = collective_key(members, op.seq)
+                key = collective_key(members, op.seq, mixed=not real.issuperset(members))
         elif op.type in (NodeType.SEND, NodeType.RECV) and world.group(op.group, virtual_rank):
             peer = peer_of(world, op.group, virtual_rank, op.offset)
             if peer in real and peer != virtual_rank:
@@ -77,27 +86,25 @@ def op_keys(
 
 
 def measured_costs(events: Iterable[OpEvent], virtual_rank: int, real_ranks: Sequence[int]) -> dict[str, int]:
-    """One iteration's ops among real ranks only: instance key -> completion minus issue on this
-    rank (ns); ops that also have virtual members are left out (see the module docstring)."""
+    """One iteration's ops among two or more real ranks: instance key -> what this rank measured
+    (ns; see the module docstring)."""
     real = set(real_ranks)
     counts: collections.Counter[tuple] = collections.Counter()
     costs: dict[str, int] = {}
     for event in sorted(events, key=lambda e: e.issue_ns):
         if event.peer < 0:
             slot = ("c", event.group)
-            key = (
-                collective_key(event.group, counts[slot])
-                if len(real.intersection(event.group)) >= 2
-                else None
-            )
+            shared = len(real.intersection(event.group)) >= 2
+            key = collective_key(event.group, counts[slot], mixed=event.has_virtual) if shared else None
         else:
             is_send = event.kind == OpKind.SEND
             slot = ("p", event.peer, is_send)
             sender, receiver = (virtual_rank, event.peer) if is_send else (event.peer, virtual_rank)
             key = transfer_key(sender, receiver, counts[slot]) if event.peer in real else None
         counts[slot] += 1
-        if key is not None and not event.has_virtual and event.complete_ns >= 0:
-            costs[key] = max(event.complete_ns - event.start_ns, 0)
+        done_ns = event.real_done_ns if event.has_virtual else event.complete_ns
+        if key is not None and done_ns >= 0:
+            costs[key] = max(done_ns - event.issue_ns, 0)
     return costs
 
 

@@ -156,23 +156,28 @@ def test_every_emulated_iteration_after_warm_up_folds_its_measurements_into_the_
 def test_real_ranks_of_one_model_parallel_group_start_together_and_no_iteration_holds_the_resimulation(
     run_dir,
 ):
+    """Ranks 0 and 8 share the model-parallel group {0, 1, 8, 9}. Both begin every iteration at one
+    agreed time and mark the start only then; how close together the two marks land is the host's
+    scheduling (tests/dist/test_agreed_start.py times it)."""
     from prism_megatron.report.oplog import load_op_logs
 
     logs = load_op_logs(str(run_dir))
-    starts = [logs[rank].iteration_starts_ns for rank in REAL_RANKS]  # ranks 0 and 8 share {0, 1, 8, 9}
-    assert len(starts[0]) == len(starts[1]) == 4
-    skews_ns = [abs(a - b) for a, b in zip(*starts, strict=True)]
-    assert max(skews_ns) < 100_000, f"iteration start skews {skews_ns} ns"
-    for rank, own_starts in zip(REAL_RANKS, starts, strict=True):
-        phase = read_json(run_dir / f"rank-{rank:05d}.json")["prism_phase"]
-        ends_ns = [s + round(t * 1e9) for s, t in zip(own_starts, phase["iteration_times_s"], strict=True)]
+    phases = [read_json(run_dir / f"rank-{rank:05d}.json")["prism_phase"] for rank in REAL_RANKS]
+    agreed = [[s["start_ns"] for s in phase["agreed_starts"]] for phase in phases]
+    assert len(agreed[0]) == 4 and agreed[0] == agreed[1]
+    for rank, phase, agreed_ns in zip(REAL_RANKS, phases, agreed, strict=True):
+        starts_ns = logs[rank].iteration_starts_ns
+        assert all(mark >= start for mark, start in zip(starts_ns, agreed_ns, strict=True))
+        ends_ns = [s + round(t * 1e9) for s, t in zip(starts_ns, phase["iteration_times_s"], strict=True)]
         # Iteration 0 is warm-up; the re-simulation after iteration i lies between its end and the
         # next start, so it is in no iteration's time.
         resimulations_s = phase["resimulation_s"]
         assert len(resimulations_s) == 3
         for i, resimulation_s in enumerate(resimulations_s[:-1], start=1):
-            assert own_starts[i + 1] - ends_ns[i] >= resimulation_s * 1e9
-        assert len(phase["agreed_starts"]) == 4
+            assert starts_ns[i + 1] - ends_ns[i] >= resimulation_s * 1e9
+    assert phases[0]["simulated_iteration_times_s"] == phases[1]["simulated_iteration_times_s"], (
+        "both re-simulate from the same measurements"
+    )
 
 
 @pytest.mark.slow

@@ -47,35 +47,52 @@ def test_only_the_ops_among_two_real_ranks_have_instance_keys_and_both_sides_nam
     # Stage 0 sends 4 activations to stage 1 and receives 4 gradients back; the grad-norm
     # all-reduce spans the world, both real ranks included. The TP and DP ops have one real member.
     transfers = [transfer_key(0, 1024, s) for s in range(4)] + [transfer_key(1024, 0, s) for s in range(4)]
-    assert sorted(keys_0) == sorted([*transfers, collective_key(tuple(range(8192)), 0)])
+    assert sorted(keys_0) == sorted([*transfers, collective_key(tuple(range(8192)), 0, mixed=True)])
     assert set(keys_1024) == set(keys_0)
     for key, positions in keys_0.items():
         assert len(positions) == 1
         op = _role_ops(0)[positions[0]][2]
-        expected = {"p:0>": NodeType.SEND, "p:10": NodeType.RECV, "c:81": NodeType.COLLECTIVE}[key[:4]]
+        expected = {"p:0>": NodeType.SEND, "p:10": NodeType.RECV, "m:81": NodeType.COLLECTIVE}[key[:4]]
         assert op.type == expected
     assert op_keys(_role_ops(0), WORLD, 0, (0,)) == {}  # one real rank: nothing among real ranks
 
 
-def _event(kind, group, peer, issue_ns, start_ns, complete_ns):
+def _event(kind, group, peer, issue_ns, start_ns, complete_ns, real_done_ns=-1):
     has_virtual = peer not in REAL if peer >= 0 else not set(group) <= set(REAL)
-    return OpEvent(kind, group, peer, 0, 1 << 20, "Float", issue_ns, start_ns, complete_ns, True, has_virtual)
+    return OpEvent(
+        kind,
+        group,
+        peer,
+        0,
+        1 << 20,
+        "Float",
+        issue_ns,
+        start_ns,
+        complete_ns,
+        True,
+        has_virtual,
+        real_done_ns,
+    )
 
 
-def test_a_measurement_is_completion_minus_issue_of_an_op_among_real_ranks_only():
+def test_a_measurement_runs_from_issue_to_completion_or_for_a_mixed_op_to_its_real_part():
     events = [
         _event(OpKind.SEND, (0, 1024), 1024, 1_000, 1_000, 301_000),
         _event(OpKind.SEND, (0, 1024), 1024, 5_000_000, 5_000_000, 5_250_000),
         _event(OpKind.RECV, (0, 1024), 1024, 9_000_000, 9_000_000, 12_000_000),
         _event(OpKind.ALL_REDUCE, tuple(range(8)), -1, 20_000_000, 20_400_000, 20_500_000),  # TP: one real
-        # The grad-norm all-reduce has both real ranks and virtual ones: it keeps the model's cost.
-        _event(OpKind.ALL_REDUCE, tuple(range(8192)), -1, 25_000_000, 25_000_000, 25_900_000),
+        # The grad-norm all-reduce has both real ranks and virtual ones: its real part counts (to
+        # 25.3 ms), not its completion at the engine's time (25.9 ms)...
+        _event(OpKind.ALL_REDUCE, tuple(range(8192)), -1, 25_000_000, 25_000_000, 25_900_000, 25_300_000),
+        # ... and without a real part seen (a device op) it is not measured.
+        _event(OpKind.ALL_REDUCE, tuple(range(8192)), -1, 26_000_000, 26_000_000, 26_900_000),
         _event(OpKind.SEND, (0, 1), 1, 30_000_000, 30_000_000, 30_100_000),  # virtual peer
     ]
     assert measured_costs(events, 0, REAL) == {
         transfer_key(0, 1024, 0): 300_000,
         transfer_key(0, 1024, 1): 250_000,
         transfer_key(1024, 0, 0): 3_000_000,
+        collective_key(tuple(range(8192)), 0, mixed=True): 300_000,
     }
     costs = RealCosts(virtual_rank=0, real_ranks=REAL, window=3)
     for complete_ns in (301_000, 901_000, 401_000, 201_000):  # the first leaves the window of 3
@@ -110,6 +127,19 @@ def test_the_loop_gives_the_transfers_among_real_ranks_what_they_measured():
     alone = ClosedLoop.start(GRAPH, WORLD, COST, virtual_rank=0, real_ranks=REAL)
     alone.fold(own, costs={0: measured})
     assert alone.iteration_time_ns == plain.iteration_time_ns
+
+
+def test_an_op_with_virtual_members_too_costs_at_least_what_the_network_model_says():
+    world_op = collective_key(tuple(range(8192)), 0, mixed=True)
+    model = ClosedLoop.start(GRAPH, WORLD, COST, virtual_rank=0, real_ranks=REAL)
+    position = model.real_ops[0][1][world_op][0]
+    model_ns = int(model.base.arrays["op_cost_ns"][model.base.role_base(0) + position])
+    own = GRAPH.roles["pp0-tp0src"].streams
+    for measured_ns, expected_ns in ((model_ns + 400_000, model_ns + 400_000), (1, model_ns)):
+        loop = ClosedLoop.start(GRAPH, WORLD, COST, virtual_rank=0, real_ranks=REAL)
+        loop.fold(own, costs={0: {world_op: measured_ns}, 1024: {world_op: measured_ns + 5}})
+        grad_norm = [t for t in loop.result.timeline(0) if t.op.group == "world"]
+        assert [t.end_ns - t.ready_ns for t in grad_norm] == [expected_ns]
 
 
 def test_a_cost_for_an_op_that_does_not_communicate_is_refused():
