@@ -38,11 +38,6 @@ FIRST_MARGIN_NS = 5_000_000
 """The margin before any exchange has been timed."""
 MAX_MARGIN_NS = 50_000_000
 """A bound on the margin, so one descheduled exchange cannot idle every later start for long."""
-SPIN_WINDOW_NS = 1_000_000
-"""The wait for the start sleeps until this long before it and spins from there: a process woken
-from a sleep on a busy host runs tens to hundreds of microseconds late, one already running does
-not (the clock's default window, tens of microseconds, suits an op's completion, not a start that
-two ranks must meet)."""
 KEY_PREFIX = "prism-megatron/start"
 
 
@@ -108,7 +103,7 @@ class StartAgreement:
         )
         start_ns = last_ready_ns + margin_ns
         self._exchange_ns = max(learned_ns - last_ready_ns, 0)
-        clock.wait_until_ns(start_ns, spin_window_ns=SPIN_WINDOW_NS)
+        clock.wait_until_ns(start_ns)  # sleeps, then spins the clock's default window (100 us)
         began_ns = clock.now_ns()
         if number >= 2:  # every rank has read it: it reached the start of `number - 1`
             self.store.delete_key(_key(number - 2, self.virtual_rank))

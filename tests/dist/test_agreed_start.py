@@ -67,7 +67,9 @@ def test_two_real_ranks_start_every_iteration_within_100_us_and_no_iteration_hol
     run_processes, tmp_path
 ):
     skews, times = _run(run_processes, tmp_path, agree=True)
-    assert max(skews) < 100_000, f"start skews {skews} ns"
+    # A timing bound: on a host with more runnable tasks than cores, a rank woken at the start can run
+    # late by more than this (the message says the load).
+    assert max(skews) < 100_000, f"start skews {skews} ns (1-minute load average {os.getloadavg()[0]:.1f})"
     # 2 ms of compute and one small all-reduce; the 5 ms difference in host work is in none of them.
     difference_ns = HOST_WORK_NS[1] - HOST_WORK_NS[0]
     assert statistics.median(times) < COMPUTE_NS + difference_ns / 2, f"iteration times {times} ns"
