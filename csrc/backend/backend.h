@@ -156,7 +156,8 @@ class PrismBackend : public c10d::Backend {
  private:
   c10::intrusive_ptr<c10d::Work> launch(OpPlan plan);
   // The all-gather of (kind, bytes, dtype, seq) among the real members, its tensors on `device`
-  // (the CPU for gloo, the GPU for NCCL), and the check of its result.
+  // (the CPU for gloo, the GPU for NCCL), and the check of its result. Deferred
+  // (set_consistency_deferred), the check is kept for later and the step returned is already done.
   RealStep consistency_step(const OpPlan& plan, int64_t seq, const at::Device& device);
   // device_path.cpp: a p2p transfer with a real peer on one GPU, staged through pinned host memory.
   c10::intrusive_ptr<c10d::Work> issue_staged_p2p(OpPlan& plan, std::function<void()>& unstage);
@@ -178,6 +179,19 @@ class PrismBackend : public c10d::Backend {
   std::shared_ptr<DeviceState> device_;
   std::shared_ptr<RealPartWaiter> waiter_;
 };
+
+// The consistency check among real members, deferred (see launch() in backend.cpp): once the
+// program has matched the execution graph, a collective's all-gather of (kind, bytes, dtype, seq)
+// is issued after its real part instead of before it (the host path; the device path issues it
+// first still, on its own gloo work), nothing waits on it where the op completes, and its result
+// is checked later: at a later op's issue once it has completed, and at the latest
+// when settle_consistency_checks() runs (between iterations). Every real member of a group must
+// switch at the same op (the emulate pass switches all real ranks at one agreed iteration start);
+// a mismatch still raises, naming the group, seq, ranks and both ops, only later.
+void set_consistency_deferred(bool deferred);
+bool consistency_deferred();
+// Wait for every deferred check (each at most timeout_ns) and run it; raises the first mismatch.
+void settle_consistency_checks(int64_t timeout_ns);
 
 // Bytes of a tensor list.
 int64_t total_bytes(const std::vector<at::Tensor>& tensors);

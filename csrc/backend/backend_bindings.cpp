@@ -133,6 +133,13 @@ void bind(py::module_& m) {
         py::arg("group_name"), py::arg("real"),
         "A prism c10d Backend for one group; real is the sub-communicator among its real members or None.");
   m.def("describe_group", &describe_group, py::arg("members"), py::arg("self_index"));
+  m.def("set_consistency_deferred", &set_consistency_deferred, py::arg("deferred"),
+        "Defer the consistency check among real members (issued after the real op, checked later).");
+  m.def("consistency_deferred", &consistency_deferred);
+  m.def("settle_consistency_checks", [](double timeout_s) {
+    py::gil_scoped_release no_gil;
+    settle_consistency_checks(static_cast<int64_t>(timeout_s * 1e9));
+  }, py::arg("timeout_s"), "Wait for every deferred consistency check and run it; raises the first mismatch.");
   m.def("clear_device_failure", &clear_device_failure,
         "Forget a device run's failure and let device waits run again (a new activation).");
   m.def("device_failure", [] {

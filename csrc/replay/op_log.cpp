@@ -81,6 +81,24 @@ void OpLog::complete_marked(int64_t id, int64_t mark, bool ok) {
   settle_locked(id, -1, mark, ok);
 }
 
+void OpLog::real_part_done(int64_t id, int64_t t_ns) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto note = [&](OpRecord& record) {
+    if (record.real_done_ns < 0) {
+      record.real_done_ns = t_ns;
+    }
+  };
+  if (OpRecord* record = find_locked(id)) {
+    note(*record);
+  }
+  if (recording_ && id >= recording_first_id_) {
+    const auto index = static_cast<size_t>(id - recording_first_id_);
+    if (index < recorded_.size()) {
+      note(recorded_[index]);
+    }
+  }
+}
+
 void OpLog::settle_locked(int64_t id, int64_t t_ns, int64_t mark, bool ok) {
   ++num_settled_;
   last_activity_ns_ = clock::now_ns();

@@ -37,6 +37,10 @@ struct OpRecord {
   int64_t issue_ns = 0;     // the program issued the op
   int64_t start_ns = 0;     // every member had arrived (the op could start moving data)
   int64_t complete_ns = -1; // the op completed (-1: not yet)
+  // Its real part (the work on the real sub-communicator) was seen complete by the thread that
+  // drove the op, on the host path (-1: none, or not yet): how long the real members took,
+  // apart from the replay engine's deadline.
+  int64_t real_done_ns = -1;
   // On a device (device_queue.h) the three times are marks on the device timeline (timeline.h),
   // read when the recording is exported; -1: the time above is a host time.
   int64_t issue_mark = -1;
@@ -56,6 +60,8 @@ class OpLog {
   void complete(int64_t id, int64_t t_ns, bool ok);
   // The same, at a mark on the device timeline (the first completion of an op counts).
   void complete_marked(int64_t id, int64_t mark, bool ok);
+  // The op `id`'s real part completed at t_ns (host time; the first report counts).
+  void real_part_done(int64_t id, int64_t t_ns);
 
   // Human-readable: the last ops (oldest first) with their state and times relative to now.
   std::string dump(int64_t now_ns) const;

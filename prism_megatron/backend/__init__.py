@@ -40,7 +40,9 @@ Semantics of every op (sync and async, functional collectives included):
   uncaught exception). A wait longer than ``timeout_s`` raises ``DistBackendError`` with the dump.
   With ``check_consistency`` (default), real members that issue different ops, sizes or dtypes at
   the same sequence number of a group get an error naming the group, the sequence number, the ranks
-  and both ops. Errors surface from ``wait()``; none is swallowed. On a device a host watchdog
+  and both ops (deferred once a pass knows the program matches its graph: checked after the real
+  op instead of before it, see :mod:`prism_megatron.backend.consistency`). Errors surface from
+  ``wait()``; none is swallowed. On a device a host watchdog
   bounds every op by ``timeout_s`` from its issue and checks the real parts; a failure ends every
   device wait (no GPU hangs) and raises from the next call into the backend.
 """

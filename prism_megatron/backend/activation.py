@@ -236,6 +236,7 @@ def activate(
 
     replay.reset()  # a fresh engine and op log: sequence numbers count from this activation
     _C.backend.clear_device_failure()  # a device run that failed before does not fail this one
+    _C.backend.set_consistency_deferred(False)  # checked before every real op until a pass defers
     timeline.use_cuda(device == "cuda")
     timeline.set_timeout_s(timeout_s)
     _C.backend.configure(

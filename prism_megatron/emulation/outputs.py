@@ -28,6 +28,7 @@ from prism_megatron.report import (
     tokens_per_s_per_gpu,
     write_report,
 )
+from prism_megatron.report.agreement import agreements
 from prism_megatron.report.model import CaptureSummary
 
 
@@ -150,6 +151,7 @@ def build_report(
         prism=dataclasses.asdict(plan.config),
         patches=patches or None,
         capture=capture,
+        agreement=agreements({v: data for v, data in results.items() if v in plan.real_ranks}),
     )
 
 

@@ -7,6 +7,7 @@ import statistics
 
 from prism_megatron import files
 from prism_megatron.emulation.driver import RunOutcome
+from prism_megatron.report.agreement import describe
 
 _MIB = 2**20
 
@@ -26,10 +27,19 @@ def format_summary(outcome: RunOutcome) -> str:
         lines.append(
             f"simulated iteration time: {report.simulated_iteration_time_s * 1e3:9.2f} ms  (graph as captured)"
         )
-    closed = _closed_loop_s(outcome)
+    for agreement in report.agreement:
+        lines.append(
+            f"real rank {agreement.virtual_rank}: emulated against the simulation of the schedule each "
+            f"iteration ran: {describe(agreement)}"
+        )
+    for rank, data in sorted(outcome.results.items()):
+        between = _between_iterations(data.get("prism_phase") or {})
+        if between:
+            lines.append(f"real rank {rank} between iterations (in none of their times): {between}")
+    closed = _closed_loop_s(report)
     if closed is not None:
         lines.append(
-            f"closed loop, last schedule: {closed * 1e3:7.2f} ms  (simulation with the measured spans)"
+            f"closed loop, last schedule: {closed * 1e3:7.2f} ms  (simulation with the last measured spans)"
         )
     if report.capture is not None:
         lines.append(f"capture: {report.capture.describe()}")
@@ -66,10 +76,24 @@ def format_summary(outcome: RunOutcome) -> str:
     return "\n".join(lines)
 
 
-def _closed_loop_s(outcome: RunOutcome) -> float | None:
-    finals = [
-        r["prism_phase"]["closed_loop_final_s"]
-        for r in outcome.results.values()
-        if "closed_loop_final_s" in r.get("prism_phase", {})
-    ]
+def _closed_loop_s(report) -> float | None:
+    finals = [a.closed_loop_final_s for a in report.agreement if a.closed_loop_final_s is not None]
     return statistics.median(finals) if finals else None
+
+
+def _between_iterations(phase: dict) -> str | None:
+    """The host work between iterations and the wait for the agreed start, medians in ms."""
+    resimulation = phase.get("resimulation_s") or []
+    starts = phase.get("agreed_starts") or []
+    parts = []
+    if resimulation:
+        parts.append(f"re-simulation {statistics.median(resimulation) * 1e3:.2f} ms")
+    if starts:
+        waited = statistics.median(s["waited_s"] for s in starts) * 1e3
+        late = [s["late_s"] for s in starts if s["late_s"] > 10e-6]
+        parts.append(f"wait for the agreed start {waited:.2f} ms")
+        parts.append(
+            f"started more than 10 us late {len(late)} of {len(starts)} times"
+            + (f" (at most {max(late) * 1e6:.0f} us)" if late else "")
+        )
+    return ", ".join(parts) if parts else None

@@ -10,10 +10,18 @@ loads the new schedule. Its virtual peers of the same class (its data-parallel p
 ranks of its stage, the middle stages alike) then run as it ran, and every other role's virtual
 ranks react to that through the simulated dependencies.
 
-The real ranks share what they measured: each publishes its role's current durations in the
-rendezvous store after every fold, and folds the latest the others published (`others`), so every
-real rank's virtual peers follow every real rank. A value is at most one iteration old; the store
-is read without waiting, so a slower rank never holds a faster one back.
+The real ranks share what they measured: after each iteration each takes its own measurement
+(`measure`), publishes its role's durations in the rendezvous store, waits until every real rank
+has published that iteration's, and re-simulates with all of them (`resimulate`). Every real rank
+then simulates from the same inputs, so all load schedules of one simulated job, and each emulated
+iteration can be compared with the simulation of the schedule it ran. The wait lies between
+iterations, where the real ranks wait for their agreed start anyway (`agreed_start.py`).
+
+The ops among real ranks (a transfer between two real stages, the real part of a collective with
+two or more real members) run for real; on the CPU device over the host, which takes far longer
+than the target's network. Each real rank publishes what it measured of them with its durations, and the loop gives
+them those costs instead of the network model's (`real_costs.py`), so the simulation describes the
+job the emulation runs and each emulated iteration can be compared with it.
 
 One span cannot be measured in replay mode: the compute before waiting on an async op (a TP
 all-reduce overlapped with the weight-gradient GEMM) when the op completed at its scheduled time.
@@ -41,6 +49,7 @@ from prism_megatron.graph.capture import (
     first_difference,
 )
 from prism_megatron.graph.classes import ClassProgram, class_programs, load_classes, spread
+from prism_megatron.passes.real_costs import is_mixed, op_keys, shared_costs
 from prism_megatron.passes.schedule_index import ScheduleIndex
 from prism_megatron.replay.events import OpEvent
 from prism_megatron.replay.schedule import ReplaySchedule
@@ -115,6 +124,9 @@ class ClosedLoop:
     num_folded: int = 0
     programs: Mapping[str, ClassProgram] = dataclasses.field(default_factory=dict)
     """Role -> its class's program (`graph.classes.class_programs`), for folding into the class."""
+    real_ops: Mapping[int, tuple[str, Mapping[str, Sequence[int]]]] = dataclasses.field(default_factory=dict)
+    """Real rank -> (its role, instance key -> positions of its role's ops among real ranks), for
+    the costs the real ranks measure (`real_costs.py`)."""
 
     @classmethod
     def start(
@@ -129,8 +141,13 @@ class ClosedLoop:
         window: int = DEFAULT_WINDOW,
     ) -> ClosedLoop:
         base = build_problem(graph, world, cost_fn, what_if)
-        role = world.roles()[int(world.role_ids()[virtual_rank])]
+        roles = world.roles()
+        role = roles[int(world.role_ids()[virtual_rank])]
         result = run_problem(base)
+        real_ops = {}
+        for rank in real_ranks:
+            role_id = int(world.role_ids()[rank])
+            real_ops[rank] = (roles[role_id], op_keys(base.role_ops[role_id], world, rank, real_ranks))
         return cls(
             base=base,
             result=result,
@@ -142,6 +159,7 @@ class ClosedLoop:
             index=ScheduleIndex(result, virtual_rank, tuple(real_ranks)),
             current=compute_durations(graph.roles[role].streams),
             programs=class_programs(graph),
+            real_ops=real_ops,
         )
 
     def schedule(self) -> ReplaySchedule:
@@ -156,16 +174,27 @@ class ClosedLoop:
         streams: Mapping[str, Sequence[Op]],
         keep: Collection[int] = (),
         others: Mapping[str, Sequence[int]] | None = None,
+        costs: Mapping[int, Mapping[str, int]] | None = None,
     ) -> str | None:
-        """Fold one measured iteration (`graph.capture.iteration_streams`) and re-simulate.
+        """Fold one measured iteration (`graph.capture.iteration_streams`) and re-simulate:
+        `measure` then `resimulate`.
+
+        Returns None when folded, else why not (the iteration issued other ops than the graph).
+        """
+        reason = self.measure(streams, keep)
+        if reason is None:
+            self.resimulate(others, costs)
+        return reason
+
+    def measure(self, streams: Mapping[str, Sequence[Op]], keep: Collection[int] = ()) -> str | None:
+        """Take one measured iteration into this role's durations (`current`, the median of the
+        window), without re-simulating.
 
         Args:
             keep: positions (among the compute ops) whose measurement cannot be trusted; they keep
                 the value the current simulation uses.
-            others: other roles' current durations, as the other real ranks measured them (each folds
-                into its class too).
 
-        Returns None when folded, else why not (the iteration issued other ops than the graph).
+        Returns None when taken, else why not (the iteration issued other ops than the graph).
         """
         difference = first_difference(self.graph_streams, streams)
         if difference is not None:
@@ -175,11 +204,50 @@ class ClosedLoop:
             measured[position] = self.current[position]
         self.measured.append(measured)
         self.current = [round(statistics.median(values)) for values in zip(*self.measured, strict=True)]
+        return None
+
+    def resimulate(
+        self,
+        others: Mapping[str, Sequence[int]] | None = None,
+        costs: Mapping[int, Mapping[str, int]] | None = None,
+    ) -> None:
+        """Simulate the job again with this role's `current` durations and what the other real
+        ranks measured.
+
+        Args:
+            others: other roles' current durations, as the other real ranks measured them (each folds
+                into its class too).
+            costs: what each real rank measured of the ops among real ranks (virtual rank ->
+                `RealCosts.current()`, this rank's included); an instance every real member of which
+                has measured costs the least of their values, in place of the network model's.
+        """
         durations = {role: list(values) for role, values in (others or {}).items() if role != self.role}
         durations[self.role] = self.current
-        self.result = run_problem(self.base.with_compute_durations(spread(self.programs, durations)))
+        problem = self.base.with_compute_durations(spread(self.programs, durations))
+        if costs:
+            problem = problem.with_comm_costs(self.real_op_costs(costs))
+        self.result = run_problem(problem)
         self.num_folded += 1
-        return None
+
+    def real_op_costs(self, costs: Mapping[int, Mapping[str, int]]) -> dict[str, dict[int, int]]:
+        """Role -> {op position: cost} for the ops among real ranks whose every real member has
+        published a measurement (see `real_costs.shared_costs`)."""
+        holders: dict[str, list[int]] = {}
+        for rank, (_, keys) in self.real_ops.items():
+            for key in keys:
+                holders.setdefault(key, []).append(rank)
+        shared = shared_costs(costs, holders)
+        model_ns = self.base.arrays["op_cost_ns"]
+        out: dict[str, dict[int, int]] = {}
+        for role, keys in self.real_ops.values():
+            base = self.base.role_base(self.base.role_names.index(role))
+            for key, positions in keys.items():
+                if key not in shared:
+                    continue
+                for position in positions:  # an op with virtual members still crosses the network
+                    floor_ns = int(model_ns[base + position]) if is_mixed(key) else 0
+                    out.setdefault(role, {})[position] = max(shared[key], floor_ns)
+        return out
 
 
 def blocked_waits(

@@ -35,8 +35,11 @@ import os
 import time
 from typing import Any
 
+import torch
+
 import prism_megatron.replay as replay
 from prism_megatron import files
+from prism_megatron.backend import consistency
 from prism_megatron.config import PrismConfig
 from prism_megatron.graph import LayoutWorld
 from prism_megatron.graph.capture import (
@@ -47,7 +50,9 @@ from prism_megatron.graph.capture import (
     iteration_streams,
 )
 from prism_megatron.passes import watchdog
+from prism_megatron.passes.agreed_start import StartAgreement, StartRecord
 from prism_megatron.passes.closed_loop import ClosedLoop, blocked_waits, load_or_build_graph, network_cost
+from prism_megatron.passes.real_costs import RealCosts
 from prism_megatron.replay import timeline
 from prism_megatron.replay.timeline import Mark
 from prism_megatron.sim import WhatIf
@@ -226,6 +231,23 @@ class EmulatePhase(_RecordingPhase):
             what_if=WhatIf(stragglers=config.emulation.stragglers()),
         )
         self.simulated_ns: list[int] = []
+        self.resimulation_ns: list[int] = []
+        """Host time of each fold (measurement, exchange with the other real ranks, re-simulation and
+        schedule load): between iterations, in none."""
+        self.agreement = (
+            StartAgreement(store=store, real_ranks=real_ranks, virtual_rank=self.virtual_rank)
+            if store is not None and len(real_ranks) > 1
+            else None
+        )
+        self.starts: list[StartRecord] = []
+        # Real members talking over the host (the CPU device: gloo) take what the host takes, not
+        # what the target's network would: the loop gives their ops what they measure (real_costs.py).
+        on_host = config.emulation.resolved_device(torch.cuda.is_available()) == "cpu"
+        self.real_costs = (
+            RealCosts(virtual_rank=self.virtual_rank, real_ranks=real_ranks)
+            if on_host and len(real_ranks) > 1
+            else None
+        )
         self.not_folded: dict[int, str] = {}
         self.num_kept = 0
         """Spans that ended in a wait the schedule decided, kept at their previous value."""
@@ -234,6 +256,14 @@ class EmulatePhase(_RecordingPhase):
         replay.load_schedule(self.loaded)
 
     def iteration_begins(self) -> None:
+        if self.agreement is not None:  # every real rank begins at one time (agreed_start.py)
+            consistency.settle(self.config.emulation.timeout_s)  # the last iteration's deferred checks
+            matched = self.loop.num_folded > 0 and not self.not_folded
+            start = self.agreement.agree(matched=matched)
+            # Once every real rank's program has matched the graph, the backend's consistency check
+            # leaves the real ops' path (backend/consistency.py); all switch at this same start.
+            consistency.defer(start.all_matched)
+            self.starts.append(start)
         self.simulated_ns.append(self.loop.iteration_time_ns)
         super().iteration_begins()
 
@@ -241,35 +271,49 @@ class EmulatePhase(_RecordingPhase):
         number = len(self.iterations) - 1
         if number < NUM_WARMUP:
             return
+        began_ns = time.monotonic_ns()
+        try:
+            self._fold(iteration, number)
+        finally:
+            self.resimulation_ns.append(time.monotonic_ns() - began_ns)
+
+    def _fold(self, iteration: CapturedIteration, number: int) -> None:
         posted: dict = {}
         streams = iteration_streams(iteration, self.names, posted=posted)
         keep = blocked_waits(iteration, streams, posted, self.loaded)
         self.num_kept += len(keep)
-        reason = self.loop.fold(streams, keep, self.shared_durations())
+        reason = self.loop.measure(streams, keep)
+        if self.real_costs is not None:
+            self.real_costs.add(iteration.events)
+        durations, costs = self.exchange(number)
         if reason is None:
+            self.loop.resimulate(durations, costs if self.real_costs is not None else None)
             self.loaded = self.loop.schedule()
             replay.load_schedule(self.loaded)
-            self.publish_durations()
         else:
             self.not_folded[number] = reason
 
-    def publish_durations(self) -> None:
-        """This role's current durations, for the other real ranks' loops (see closed_loop.py)."""
-        if self.store is not None and len(self.real_ranks) > 1:
-            data = {"role": self.loop.role, "durations": self.loop.current}
-            self.store.set(_shared_key(self.virtual_rank), json.dumps(data))
-
-    def shared_durations(self) -> dict[str, list[int]]:
-        """The latest durations the other real ranks published, by role (none yet: {})."""
-        shared: dict[str, list[int]] = {}
-        if self.store is None:
-            return shared
-        for rank in self.real_ranks:
-            key = _shared_key(rank)
-            if rank != self.virtual_rank and self.store.check([key]):
-                data = json.loads(self.store.get(key))
-                shared[data["role"]] = data["durations"]
-        return shared
+    def exchange(self, number: int) -> tuple[dict[str, list[int]], dict[int, dict[str, int]]]:
+        """Publish this rank's measurements after iteration `number` and wait for every other real
+        rank's (see closed_loop.py): durations by role, and costs of the ops among real ranks by
+        virtual rank (this rank's included)."""
+        own_costs = self.real_costs.current() if self.real_costs is not None else {}
+        durations: dict[str, list[int]] = {}
+        costs: dict[int, dict[str, int]] = {self.virtual_rank: own_costs}
+        if self.store is None or len(self.real_ranks) < 2:
+            return durations, costs
+        data = {"role": self.loop.role, "durations": self.loop.current, "real_costs": own_costs}
+        self.store.set(_shared_key(self.virtual_rank, number), json.dumps(data))
+        others = [rank for rank in self.real_ranks if rank != self.virtual_rank]
+        keys = [_shared_key(rank, number) for rank in others]
+        self.store.wait(keys)
+        for rank, raw in zip(others, self.store.multi_get(keys), strict=True):
+            data = json.loads(raw)
+            durations[data["role"]] = data["durations"]
+            costs[rank] = data["real_costs"]
+        if number - 2 >= NUM_WARMUP:  # every rank read it before the iteration that just ended began
+            self.store.delete_key(_shared_key(self.virtual_rank, number - 2))
+        return durations, costs
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -279,6 +323,8 @@ class EmulatePhase(_RecordingPhase):
             "num_folded": self.loop.num_folded,
             "num_spans_kept": self.num_kept,
             "not_folded": {str(k): v for k, v in self.not_folded.items()},
+            "resimulation_s": [t / 1e9 for t in self.resimulation_ns],
+            "agreed_starts": [_start_summary(s) for s in self.starts],
         }
 
     def finish(self) -> None:
@@ -296,11 +342,18 @@ class EmulatePhase(_RecordingPhase):
         log = OpLog(virtual_rank=self.virtual_rank, events=events, compute=compute,
                     iteration_starts_ns=tuple(self.starts_ns), memory=memory)  # fmt: skip
         save_op_log(self.out_dir, log)
+        if self.agreement is not None:
+            consistency.settle(self.config.emulation.timeout_s)
         super().finish()
 
 
-def _shared_key(virtual_rank: int) -> str:
-    return f"prism-megatron/closed-loop/{virtual_rank}"
+def _start_summary(start: StartRecord) -> dict[str, float | int]:
+    return {"start_ns": start.start_ns, "waited_s": start.waited_ns / 1e9, "late_s": start.late_ns / 1e9,
+            "margin_s": start.margin_ns / 1e9}  # fmt: skip
+
+
+def _shared_key(virtual_rank: int, number: int) -> str:
+    return f"prism-megatron/closed-loop/{virtual_rank}/{number}"
 
 
 def make_phase(

@@ -37,6 +37,10 @@ class OpEvent:
         async_op: the program issued it with ``async_op=True`` (send and recv always count as async:
             the backend cannot tell ``send`` from ``isend``).
         has_virtual: a member (for p2p: the peer) is virtual.
+        real_done_ns: when the op's real part (its work among the real members) was seen complete,
+            on the host path; -1 when it has none, or on a device. With virtual members too, the
+            op completes later still, at the replay engine's time; this is what the real members
+            took.
     """
 
     kind: OpKind
@@ -50,6 +54,7 @@ class OpEvent:
     complete_ns: int
     async_op: bool
     has_virtual: bool
+    real_done_ns: int = -1
 
     @classmethod
     def from_native(cls, raw: tuple) -> OpEvent:

@@ -75,6 +75,7 @@ def render_markdown(report: RunReport, outputs: Mapping[str, str], skipped: Mapp
         ["# prism-megatron run report"],
         _status(report),
         _summary(report),
+        _agreement(report),
         _target(report),
         _capture(report),
         _ranks(report),
@@ -120,8 +121,8 @@ def _summary(report: RunReport) -> list[str]:
     megatron = {key: name.split(" [")[0] for key, name in MEGATRON_NAMES.items()}
     rows = [
         ["iteration time (median after warm-up)", _seconds(measured), f"`{megatron['iteration_time_s']}`"],
-        ["simulated iteration time", _seconds(simulated), "-"],
-        ["emulated relative to simulated", versus, "-"],
+        ["simulated iteration time (graph as captured)", _seconds(simulated), "-"],
+        ["emulated relative to the graph as captured", versus, "-"],
         ["model TFLOP/s per GPU", tflops, f"`{megatron['tflops_per_gpu']}`"],
         ["tokens/s per GPU", tokens, "- (Megatron-LM does not log it)"],
         [
@@ -132,6 +133,29 @@ def _summary(report: RunReport) -> list[str]:
         ["real ranks (virtual rank)", ", ".join(map(str, report.real_ranks)) or "none", "-"],
     ]
     return ["## Summary", "", *_table(["", "", "Megatron-LM's name"], rows)]
+
+
+def _agreement(report: RunReport) -> list[str]:
+    if not report.agreement:
+        return []
+    rows = []
+    for a in report.agreement:
+        low, high = a.spread_pct
+        rows.append([
+            a.virtual_rank, len(a.iterations), f"{a.median_pct:+.2f} %", f"{low:+.2f} .. {high:+.2f} %",
+            _seconds(a.closed_loop_final_s),
+        ])  # fmt: skip
+    return [
+        "## Emulated against its own simulation",
+        "",
+        "Each emulated iteration after warm-up against the simulated time of the replay schedule it "
+        "ran (the closed loop re-simulates from the measured spans between iterations); the closed "
+        "loop's last schedule is the simulation from the last measurements.",
+        "",
+        *_table(
+            ["real rank", "iterations", "median difference", "range", "closed loop, last schedule"], rows
+        ),
+    ]
 
 
 def _target(report: RunReport) -> list[str]:

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import prism_megatron
 from prism_megatron.report import schema
+from prism_megatron.report.agreement import RankAgreement
 from prism_megatron.target import TargetJob
 from prism_megatron.topology import Layout
 
@@ -305,6 +306,8 @@ class RunReport:
     """Calls per Megatron patch during the run."""
     capture: CaptureSummary | None = None
     """How the graph was captured (None while the run has not obtained it)."""
+    agreement: tuple[RankAgreement, ...] = ()
+    """Per real rank, each emulated iteration against the simulation of the schedule it ran."""
     versions: Mapping[str, str | None] = dataclasses.field(default_factory=current_versions)
     created: str = dataclasses.field(default_factory=_now)
     """When the report was made (ISO 8601, UTC)."""
@@ -333,6 +336,7 @@ class RunReport:
             "shims_used": dict(self.shims_used) if self.shims_used is not None else None,
             "patches": dict(self.patches) if self.patches is not None else None,
             "capture": self.capture.to_json() if self.capture is not None else None,
+            "agreement": {str(a.virtual_rank): a.to_json() for a in self.agreement},
             "versions": dict(self.versions),
             "created": self.created,
         }
@@ -359,6 +363,9 @@ class RunReport:
             shims_used=doc.get("shims_used"),
             patches=doc.get("patches"),
             capture=CaptureSummary.from_json(doc["capture"]) if doc.get("capture") else None,
+            agreement=tuple(
+                RankAgreement.from_json(int(k), v) for k, v in (doc.get("agreement") or {}).items()
+            ),
             versions=doc["versions"],
             created=doc.get("created", ""),
         )

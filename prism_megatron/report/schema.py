@@ -185,6 +185,19 @@ def validate(doc: Any, source: str = "report.json") -> None:
         raise SchemaError(errors, source)
 
 
+def _check_agreement(doc: dict, errors: list[str]) -> None:
+    for key, entry in (doc.get("agreement") or {}).items():
+        if int(key) not in doc["real_ranks"]:
+            errors.append(
+                f"$.agreement.{key}: virtual rank {key} is not one of real_ranks {doc['real_ranks']}"
+            )
+        lengths = {name: len(entry[name]) for name in ("iterations", "emulated_s", "simulated_s")}
+        if len(set(lengths.values())) != 1:
+            errors.append(
+                f"$.agreement.{key}: one value per iteration compared in each list, got lengths {lengths}"
+            )
+
+
 def _check_consistency(doc: dict, errors: list[str]) -> None:
     target, status = doc["target"], doc["status"]
     world_size = target["world_size"]
@@ -214,6 +227,7 @@ def _check_consistency(doc: dict, errors: list[str]) -> None:
     if status not in ("failed", "interrupted") and doc.get("failure"):
         errors.append(f"$.failure: only a failed or interrupted run has a failure, but status is {status!r}")
     _check_iterations(doc, errors)
+    _check_agreement(doc, errors)
     _check_roles(doc, errors)
     _check_tokens(doc, errors)
     _check_capture(doc, errors)

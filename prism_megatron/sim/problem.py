@@ -98,6 +98,35 @@ class Problem:
             )
         return dataclasses.replace(self, arrays={**self.arrays, "op_duration_ns": durations})
 
+    def with_comm_costs(self, costs_ns: Mapping[str, Mapping[int, int]]) -> Problem:
+        """A copy whose roles' communication ops cost the given times (role name -> {position in the
+        role's flat op order: cost in ns}) instead of the network model's: the closed loop gives the
+        ops among real ranks what those ranks measured. The op of a role is every instance of it
+        (symmetry), and a collective or transfer costs the most any member's op says.
+
+        Raises:
+            ValueError: an unknown role, a position that is not a communication op of the role, or a
+                negative cost.
+        """
+        costs = self.arrays["op_cost_ns"].copy()
+        for name, values in costs_ns.items():
+            if name not in self.role_names:
+                raise ValueError(
+                    f"role {name!r} is not a role of this job; roles: {', '.join(self.role_names)}"
+                )
+            role = self.role_names.index(name)
+            ops = self.role_ops[role]
+            for position, cost_ns in values.items():
+                if not 0 <= position < len(ops) or ops[position][2].type not in _COMM_TYPES:
+                    raise ValueError(f"role {name!r}: op {position} is not one of its communication ops")
+                if cost_ns < 0:
+                    raise ValueError(f"role {name!r}: op {position}: a cost must be >= 0, got {cost_ns}")
+                costs[self.role_base(role) + position] = int(cost_ns)
+        return dataclasses.replace(self, arrays={**self.arrays, "op_cost_ns": costs})
+
+
+_COMM_TYPES = (NodeType.COLLECTIVE, NodeType.SEND, NodeType.RECV)
+
 
 def build_problem(
     graph: ExecutionGraph,

@@ -124,3 +124,40 @@ def test_the_init_barrier_variable_never_makes_activation_wait_for_w_ranks():
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert "activated" in done.stdout
+
+
+def _deferred_check_mismatch(physical_rank: int, num_processes: int) -> None:
+    from prism_megatron.backend import consistency
+
+    store = _store(physical_rank, num_processes)
+    backend.activate(
+        world_size=8,
+        virtual_rank=physical_rank,
+        real_ranks=[0, 1],
+        real_store=dist.PrefixStore("prism/", store),
+        timeout_s=10.0,
+    )
+    try:
+        assert not consistency.deferred()  # every activation checks before the real op first
+        group = dist.new_group(GROUP)
+        consistency.defer(True)
+        tensor = torch.ones(4)
+        dist.all_reduce(tensor, group=group)  # same op on both: its deferred check passes
+        consistency.settle(10.0)
+        assert tensor.tolist() == [4.0] * 4  # two real ones, two virtual mirrors
+        # Same bytes, another dtype: the real ops pair and complete, and the deferred check finds it.
+        odd = torch.ones(4) if physical_rank == 0 else torch.ones(4, dtype=torch.int32)
+        dist.all_reduce(odd, group=group)
+        with pytest.raises(RuntimeError) as raised:
+            consistency.settle(10.0)
+        text = str(raised.value)
+        assert "collective mismatch on group" in text and "at sequence number 1" in text
+        assert "ALL_REDUCE of 16 bytes Float" in text and "ALL_REDUCE of 16 bytes Int" in text
+    finally:
+        store.set(f"checked/{physical_rank}", "1")
+        store.wait([f"checked/{r}" for r in range(num_processes)])
+        backend.deactivate()
+
+
+def test_a_deferred_check_still_finds_a_mismatch_between_real_members(run_processes):
+    run_processes(_deferred_check_mismatch, 2)

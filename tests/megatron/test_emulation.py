@@ -153,6 +153,34 @@ def test_every_emulated_iteration_after_warm_up_folds_its_measurements_into_the_
 
 
 @pytest.mark.slow
+def test_real_ranks_of_one_model_parallel_group_start_together_and_no_iteration_holds_the_resimulation(
+    run_dir,
+):
+    """Ranks 0 and 8 share the model-parallel group {0, 1, 8, 9}. Both begin every iteration at one
+    agreed time and mark the start only then; how close together the two marks land is the host's
+    scheduling (tests/dist/test_agreed_start.py times it)."""
+    from prism_megatron.report.oplog import load_op_logs
+
+    logs = load_op_logs(str(run_dir))
+    phases = [read_json(run_dir / f"rank-{rank:05d}.json")["prism_phase"] for rank in REAL_RANKS]
+    agreed = [[s["start_ns"] for s in phase["agreed_starts"]] for phase in phases]
+    assert len(agreed[0]) == 4 and agreed[0] == agreed[1]
+    for rank, phase, agreed_ns in zip(REAL_RANKS, phases, agreed, strict=True):
+        starts_ns = logs[rank].iteration_starts_ns
+        assert all(mark >= start for mark, start in zip(starts_ns, agreed_ns, strict=True))
+        ends_ns = [s + round(t * 1e9) for s, t in zip(starts_ns, phase["iteration_times_s"], strict=True)]
+        # Iteration 0 is warm-up; the re-simulation after iteration i lies between its end and the
+        # next start, so it is in no iteration's time.
+        resimulations_s = phase["resimulation_s"]
+        assert len(resimulations_s) == 3
+        for i, resimulation_s in enumerate(resimulations_s[:-1], start=1):
+            assert starts_ns[i + 1] - ends_ns[i] >= resimulation_s * 1e9
+    assert phases[0]["simulated_iteration_times_s"] == phases[1]["simulated_iteration_times_s"], (
+        "both re-simulate from the same measurements"
+    )
+
+
+@pytest.mark.slow
 def test_rerunning_with_the_graph_skips_capture_and_gives_the_same_simulated_time(run_dir, tmp_path):
     done = emulate(
         "--train-iters", "2", "--prism-graph", str(run_dir / "graph"), "--prism-out", str(tmp_path)

@@ -1,0 +1,110 @@
+"""Does the emulation agree with its own simulation? Like compared with like, per real rank.
+
+Each emulated iteration ran one replay schedule: the simulation of the job from the spans measured
+so far (the closed loop re-simulates between iterations). The simulated iteration time of that
+schedule is what the iteration should have taken, had every real rank run as measured and the
+network cost what the simulation says; the difference, per iteration, is the emulation's error
+against itself. Its median and spread over the iterations after warm-up say whether the tool
+agrees with itself. The closed loop's last schedule (the simulation from the last measurements)
+is reported beside it, as its own line: it is the job's predicted time, not a comparison.
+
+Comparing the median emulated iteration with one simulation from the last few iterations' spans
+would mix two things: compute drifts within a run, so the last schedule need not be the schedule
+of the median iteration.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+from collections.abc import Mapping
+from typing import Any
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RankAgreement:
+    """One real rank's emulated iterations against the simulation of the schedule each ran."""
+
+    virtual_rank: int
+    iterations: tuple[int, ...]
+    """The iterations compared (after warm-up), numbered from 0 as in `iterations`."""
+    emulated_s: tuple[float, ...]
+    simulated_s: tuple[float, ...]
+    """The simulated iteration time of the schedule each iteration ran."""
+    closed_loop_final_s: float | None = None
+    """The simulation from the last measurements (the schedule a next iteration would run)."""
+
+    @property
+    def differences_pct(self) -> tuple[float, ...]:
+        """Per iteration: (emulated - simulated) / simulated, in percent."""
+        return tuple((e - s) / s * 100 for e, s in zip(self.emulated_s, self.simulated_s, strict=True))
+
+    @property
+    def median_pct(self) -> float:
+        return statistics.median(self.differences_pct)
+
+    @property
+    def spread_pct(self) -> tuple[float, float]:
+        """The smallest and largest per-iteration difference."""
+        return min(self.differences_pct), max(self.differences_pct)
+
+    @classmethod
+    def from_phase(cls, virtual_rank: int, phase: Mapping[str, Any]) -> RankAgreement | None:
+        """From a rank's `prism_phase` results (`EmulatePhase.summary`); None for a pass without
+        simulated times, or without an iteration after warm-up."""
+        emulated = phase.get("iteration_times_s") or []
+        simulated = phase.get("simulated_iteration_times_s") or []
+        first = int(phase.get("num_warmup", 0))
+        pairs = [
+            (i, e, s)
+            for i, (e, s) in enumerate(zip(emulated, simulated, strict=False))
+            if i >= first and s > 0
+        ]
+        if not pairs:
+            return None
+        return cls(
+            virtual_rank=virtual_rank,
+            iterations=tuple(i for i, _, _ in pairs),
+            emulated_s=tuple(float(e) for _, e, _ in pairs),
+            simulated_s=tuple(float(s) for _, _, s in pairs),
+            closed_loop_final_s=phase.get("closed_loop_final_s"),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "iterations": list(self.iterations),
+            "emulated_s": list(self.emulated_s),
+            "simulated_s": list(self.simulated_s),
+            "closed_loop_final_s": self.closed_loop_final_s,
+            "median_difference_pct": self.median_pct,
+            "min_difference_pct": self.spread_pct[0],
+            "max_difference_pct": self.spread_pct[1],
+        }
+
+    @classmethod
+    def from_json(cls, virtual_rank: int, entry: Mapping[str, Any]) -> RankAgreement:
+        """One entry of report.json's `agreement` (the derived percentages are recomputed)."""
+        return cls(
+            virtual_rank=virtual_rank,
+            iterations=tuple(entry["iterations"]),
+            emulated_s=tuple(entry["emulated_s"]),
+            simulated_s=tuple(entry["simulated_s"]),
+            closed_loop_final_s=entry.get("closed_loop_final_s"),
+        )
+
+
+def agreements(results: Mapping[int, Mapping[str, Any]]) -> tuple[RankAgreement, ...]:
+    """Every real rank's agreement, from the ranks' results files, by virtual rank."""
+    found = (
+        RankAgreement.from_phase(v, data.get("prism_phase") or {}) for v, data in sorted(results.items())
+    )
+    return tuple(a for a in found if a is not None)
+
+
+def describe(agreement: RankAgreement) -> str:
+    """'+0.42 % (-1.10 .. +2.31 %, 5 iterations)'."""
+    low, high = agreement.spread_pct
+    return (
+        f"{agreement.median_pct:+.2f} % ({low:+.2f} .. {high:+.2f} %, "
+        f"{len(agreement.iterations)} iteration{'s' if len(agreement.iterations) != 1 else ''})"
+    )

@@ -1,0 +1,91 @@
+"""The emulation against its own simulation: each iteration against the schedule it ran.
+
+A rank's results give, per iteration, the emulated time and the simulated time of the replay
+schedule that iteration ran (`EmulatePhase.summary`); the report compares them pairwise after
+warm-up, says the median and the range of the differences, and keeps the closed loop's last
+schedule as its own line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+import pytest
+
+from prism_megatron.report import RankReport, RunReport, TargetJob, iterations_from_times, write_report
+from prism_megatron.report.agreement import RankAgreement, agreements, describe
+from prism_megatron.report.schema import SchemaError, validate
+from prism_megatron.topology import Layout
+
+LAYOUT = Layout(world_size=64, tp=2, pp=4)
+PHASE_0 = {
+    "name": "emulate",
+    "num_warmup": 1,
+    "iteration_times_s": [0.900, 0.102, 0.099, 0.105],
+    "simulated_iteration_times_s": [0.080, 0.100, 0.100, 0.100],
+    "closed_loop_final_s": 0.101,
+}
+PHASE_33 = {**PHASE_0, "iteration_times_s": [0.950, 0.100, 0.100, 0.098]}
+
+
+def test_each_iteration_after_warm_up_is_compared_with_the_schedule_it_ran():
+    agreement = RankAgreement.from_phase(0, PHASE_0)
+    assert agreement.iterations == (1, 2, 3)  # iteration 0 is warm-up
+    assert agreement.differences_pct == pytest.approx((2.0, -1.0, 5.0))
+    assert agreement.median_pct == pytest.approx(2.0)
+    assert agreement.spread_pct == pytest.approx((-1.0, 5.0))
+    assert agreement.closed_loop_final_s == 0.101
+    assert describe(agreement) == "+2.00 % (-1.00 .. +5.00 %, 3 iterations)"
+
+
+def test_a_pass_without_simulated_times_or_without_iterations_after_warm_up_has_no_agreement():
+    assert RankAgreement.from_phase(0, {"name": "instant", "iteration_times_s": [0.1, 0.1]}) is None
+    assert RankAgreement.from_phase(0, {**PHASE_0, "iteration_times_s": [0.9]}) is None
+    found = agreements({0: {"prism_phase": PHASE_0}, 33: {"prism_phase": PHASE_33}, 5: {}})
+    assert [a.virtual_rank for a in found] == [0, 33]
+
+
+def _report(**changes):
+    iterations = iterations_from_times([0.95, 0.102, 0.1, 0.105], num_warmup=1)
+    report = RunReport(
+        target=TargetJob.from_layout(LAYOUT, micro_batch_size=1, global_batch_size=32, seq_length=128),
+        real_ranks=(0, 33),
+        iterations=iterations,
+        iteration_time_s=0.102,
+        ranks={r: RankReport(virtual_rank=r) for r in (0, 33)},
+        agreement=agreements({0: {"prism_phase": PHASE_0}, 33: {"prism_phase": PHASE_33}}),
+    )
+    return dataclasses.replace(report, **changes)
+
+
+def test_report_json_holds_the_per_iteration_comparison_and_reads_back_equal(tmp_path):
+    report = _report()
+    out = str(tmp_path / "run")
+    write_report(report, out)
+    with open(os.path.join(out, "report.json")) as f:
+        doc = json.load(f)
+    validate(doc)
+    entry = doc["agreement"]["0"]
+    assert entry["iterations"] == [1, 2, 3] and entry["simulated_s"] == [0.1, 0.1, 0.1]
+    assert entry["median_difference_pct"] == pytest.approx(2.0)
+    assert (entry["min_difference_pct"], entry["max_difference_pct"]) == pytest.approx((-1.0, 5.0))
+    assert entry["closed_loop_final_s"] == 0.101
+    assert RunReport.from_json(doc) == report
+    with open(os.path.join(out, "report.md")) as f:
+        md = f.read()
+    assert "## Emulated against its own simulation" in md
+    assert "| 0 | 3 | +2.00 % | -1.00 .. +5.00 % |" in md
+    assert "| 33 | 3 | +0.00 % | -2.00 .. +0.00 % |" in md
+
+
+def test_the_schema_refuses_an_agreement_of_a_rank_that_is_not_real_or_of_unequal_lists():
+    doc = _report().to_json()
+    doc["agreement"]["5"] = doc["agreement"].pop("33")
+    with pytest.raises(SchemaError, match=r"\$\.agreement\.5: virtual rank 5 is not one of real_ranks"):
+        validate(doc)
+    doc = _report().to_json()
+    doc["agreement"]["0"]["simulated_s"].pop()
+    with pytest.raises(SchemaError, match=r"\$\.agreement\.0: one value per iteration compared"):
+        validate(doc)
