@@ -116,16 +116,20 @@ def measure(options: argparse.Namespace, work_dir: str) -> dict:
     }
 
 
-def compute_per_iteration_ms(out_dir: str, virtual_rank: int, train_iters: int) -> tuple[float, float]:
-    """The rank's compute per iteration (device time, median after warm-up): run alone (its stage
-    in the capture pass, among instant virtual peers) and emulated (from the emulation's op log)."""
+def compute_per_iteration_ms(
+    out_dir: str, virtual_rank: int, train_iters: int, captured_rank: int | None = None
+) -> tuple[float, float]:
+    """The rank's compute per iteration (device time, median after warm-up): run alone (its role's
+    capture, `captured_rank`'s, default its own: among instant virtual peers) and emulated (from the
+    emulation's op log)."""
     import statistics
 
     from prism_megatron import files
     from prism_megatron.graph.capture import RankCapture, compute_intervals
     from prism_megatron.report.oplog import load_op_logs
 
-    capture = RankCapture.load(files.capture_path(os.path.join(out_dir, files.CAPTURE_DIR), virtual_rank))
+    captured = virtual_rank if captured_rank is None else captured_rank
+    capture = RankCapture.load(files.capture_path(os.path.join(out_dir, files.CAPTURE_DIR), captured))
     alone = [sum(b - a for a, b in compute_intervals(it)) for it in capture.recorded()]
     log = load_op_logs(out_dir)[virtual_rank]
     starts = [*log.iteration_starts_ns, float("inf")]

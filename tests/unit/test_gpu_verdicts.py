@@ -150,3 +150,20 @@ def test_an_extra_stamp_kernel_does_not_shift_the_pairing_of_marks(tmp_path):
     assert result["num_paired"] == len(times) and result["unpaired_spans"] == 0
     assert all(s["within"] and s["error_pct"] < 1e-6 for s in result["spans"])
     assert {round(s["captured_us"]) for s in result["spans"]} == {16000, 12000}
+
+
+def test_the_main_claim_has_a_row_per_part_and_spans_of_another_structure_fail(tmp_path):
+    steps(tmp_path, ("main_claim", "ok", ""))
+    result = {
+        "plain_iteration_s": 0.100, "emulated_iteration_s": 0.1005, "simulated_iteration_time_s": 0.1004,
+        "emulated_compute_ms": 100.5, "compute_error_pct": 0.5,
+        "spans": [{"alone_us": 500.0, "emulated_us": 501.0, "error_pct": 0.2}],
+        "num_spans": {"alone": 9, "emulated": 10},
+        "plain_peak_bytes": 1000, "emulated_peak_bytes": 1000, "plan_total_bytes": 1020, "plan_error_pct": -1.96,
+    }  # fmt: skip
+    write(tmp_path, "main_claim", "main_claim", result)
+    rows = by_label(verdicts.verdicts(str(tmp_path), ["main_claim"]))
+    assert [rows[f"main claim: {p}"][0] for p in ("compute", "iteration", "memory", "plan")] == ["PASS"] * 4
+    assert rows["main claim: spans"][0] == "FAIL" and "9 alone, 10 emulated" in rows["main claim: spans"][1]
+    dry = by_label(verdicts.verdicts(str(tmp_path), ["main_claim"], dry_run=True))
+    assert dry["main claim: spans"][0] == "CPU" and dry["main claim: memory"][0] == "PASS"
