@@ -15,9 +15,9 @@ record() {  # name status seconds note
   say "--- $1: $2 (${3} s) $4"
 }
 
-first_error() {  # the first compiler or Python error line of a step's output, for the summary table
+first_error() {  # the first compiler, Python or C++ runtime error line of a step's output, for the table
   local line
-  line=$(grep -m1 -E '\b(error|ERROR|[A-Za-z]*Error):' "$1" | tr -d '|\t' | cut -c1-200)
+  line=$(grep -m1 -E '\b(error|ERROR|[A-Za-z]*Error|[A-Za-z]*Exception):|^terminate called' "$1" | tr -d '|\t' | cut -c1-200)
   [[ -n "$line" ]] && echo ": $line"
 }
 
