@@ -7,7 +7,8 @@ SO_STAMP := prism_megatron/.built
 CSRC := $(shell find csrc -name '*.cpp' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh')
 
 .PHONY: venv build demo test test-fast lint format bench cuda-venv cuda-check clean venv-compat _venv-compat \
-	build-compat test-compat wheels-gpu patches-readme
+	build-compat test-compat wheels-gpu patches-readme cuda-check-default cuda-venv-gpu-pair cuda-check-gpu-pair \
+	prebuilt-gpu
 
 venv: $(STAMP)
 
@@ -75,12 +76,61 @@ cuda-venv:
 	  echo "$(CUDA_REQUIREMENTS)" >$(CUDA_STAMP); \
 	fi'
 
-cuda-check: cuda-venv
+# Both pairs: this machine's newest CUDA torch, and the lent GPU machine's (below).
+cuda-check: cuda-check-default cuda-check-gpu-pair
+
+cuda-check-default: cuda-venv
 	CUDA_HOME=$${CUDA_HOME:-/usr/local/cuda} TORCH_CUDA_ARCH_LIST=9.0 $(CUDA_PY) -m tools.native_build \
 	  --out build/cuda-check --work build/cuda-check-objects
 	# torch first: the extension links libc10, which importing torch loads. No kernel is launched.
 	cd build/cuda-check && $(abspath $(CUDA_PY)) -c "import torch, prism_megatron._C as C; assert C.with_cuda; assert hasattr(C.clock, 'cuda_wait_until'); print('CUDA build imports:', sorted(n for n in dir(C) if not n.startswith('_')))"
 	$(CUDA_PY) -X faulthandler -m tools.build_smoke --native-dir build/cuda-check/prism_megatron
+
+# The lent GPU machine's pair: Python 3.12 with torch 2.11.0, the package index's build for CUDA 13
+# (2.11.0+cu130, what that machine's python3 holds), compiled with this machine's nvcc for Hopper
+# (sm_90). The C++ last broke there on an enum torch 2.11 lacks, so every change compiles against it
+# here. Then the smoke check and the backend's tests, on CPU tensors (no GPU here), with that module
+# (PRISM_NATIVE_DIR puts it before the package's own). The venv (about 5 GB: torch's CUDA libraries)
+# lives outside the checkout like the one above, and is set up again only when the line changes.
+# The interpreter is PYTHON_COMPAT's (python3.12, or pyenv's newest 3.12).
+GPU_PAIR_TORCH := 2.11.0
+GPU_PAIR_REQUIREMENTS := torch==$(GPU_PAIR_TORCH) ninja numpy setuptools wheel pytest packaging pyyaml
+GPU_PAIR_VENV ?= $(HOME)/.cache/prism-megatron/venv-cuda-py312-torch$(GPU_PAIR_TORCH)
+GPU_PAIR_PY := $(GPU_PAIR_VENV)/bin/python
+GPU_PAIR_STAMP := $(GPU_PAIR_VENV)/.installed
+GPU_PAIR_NATIVE := build/cuda-check-gpu-pair/prism_megatron
+# The backend's device path and its safety on the test device, the op families, and real gloo
+# sub-communicators: about a minute on two cores.
+GPU_PAIR_TESTS := tests/unit/test_device_path_safety.py tests/unit/test_backend_ops.py \
+	tests/dist/test_device_path.py tests/dist/test_backend_real.py
+
+cuda-venv-gpu-pair:
+	@test -n "$(compat_interpreter)" || { echo "make cuda-venv-gpu-pair: no interpreter '$(PYTHON_COMPAT)' (set PYTHON_COMPAT to a Python 3.12)" >&2; exit 2; }
+	@mkdir -p $(dir $(GPU_PAIR_VENV))
+	@flock $(GPU_PAIR_VENV).lock sh -c 'if grep -qxF "$(GPU_PAIR_REQUIREMENTS)" $(GPU_PAIR_STAMP) 2>/dev/null; then \
+	  echo "$(GPU_PAIR_VENV): $(GPU_PAIR_REQUIREMENTS) already installed"; \
+	else \
+	  set -e; test -x $(GPU_PAIR_PY) || $(compat_interpreter) -m venv $(GPU_PAIR_VENV); \
+	  $(GPU_PAIR_PY) -m pip install -q $(GPU_PAIR_REQUIREMENTS); \
+	  echo "$(GPU_PAIR_REQUIREMENTS)" >$(GPU_PAIR_STAMP); \
+	fi'
+
+cuda-check-gpu-pair: cuda-venv-gpu-pair
+	CUDA_HOME=$${CUDA_HOME:-/usr/local/cuda} TORCH_CUDA_ARCH_LIST=9.0 $(GPU_PAIR_PY) -m tools.native_build \
+	  --out build/cuda-check-gpu-pair --work build/cuda-check-gpu-pair-objects
+	cd build/cuda-check-gpu-pair && $(abspath $(GPU_PAIR_PY)) -c "import torch, prism_megatron._C as C; assert torch.__version__ == '$(GPU_PAIR_TORCH)+cu130', torch.__version__; assert C.with_cuda; assert hasattr(C.clock, 'cuda_wait_until'); print('CUDA build for torch', torch.__version__, 'imports')"
+	$(GPU_PAIR_PY) -X faulthandler -m tools.build_smoke --native-dir $(GPU_PAIR_NATIVE)
+	PRISM_NATIVE_DIR=$(abspath $(GPU_PAIR_NATIVE)) PYTHONPATH=$(CURDIR) OMP_NUM_THREADS=1 \
+	  $(GPU_PAIR_PY) -m pytest -q -p no:cacheprovider $(GPU_PAIR_TESTS)
+
+# The module the lent GPU machine imports instead of building (benchmarks/gpu/run.sh, README "On a
+# GPU"): the GPU pair's build above, with the hash of the sources it was built from, in .prebuilt/
+# (ignored by git: the run names it in what it carries). run.sh uses it only when the hash matches
+# the sources it was sent, and builds there otherwise.
+prebuilt-gpu: cuda-check-gpu-pair
+	rm -rf .prebuilt && mkdir -p .prebuilt/prism_megatron
+	cp $(GPU_PAIR_NATIVE)/_C*.so .prebuilt/prism_megatron/
+	$(GPU_PAIR_PY) -m benchmarks.gpu.prebuilt --write .prebuilt
 
 # Build outputs only: the venvs stay (make cuda-check reinstalls nothing while its venv is current).
 clean:
@@ -146,13 +196,13 @@ test-compat: build-compat
 	PYTHONPATH=$(CURDIR) $(PY_COMPAT) -m pytest -q -p no:cacheprovider $(TESTS_COMPAT)
 
 # --- Wheels for the lent GPU machine (Python 3.12, its own CUDA torch, no network) ------------------
-# megatron-core for its Python and what prism imports that a torch-only environment may lack (numpy,
-# packaging, PyYAML, matplotlib and jsonschema, which every run's report is checked with, with their
-# dependencies), never torch. benchmarks/gpu/run.sh installs
-# the ones that machine lacks from .whl/ (benchmarks/gpu/carried_wheels.py). The tree that travels
-# there is capped at 64 MiB, so this refuses a larger set.
-WHEELS_GPU := megatron-core==$(MCORE_COMPAT) numpy packaging pyyaml matplotlib contourpy cycler fonttools \
-	kiwisolver pillow pyparsing python-dateutil six jsonschema jsonschema-specifications referencing rpds-py attrs
+# megatron-core for its Python and what prism imports that the machine's image lacks: jsonschema
+# (every run's report is checked with it) and its dependencies; never torch. The image holds numpy,
+# packaging, PyYAML, matplotlib with its dependencies, attrs and protobuf (carrying them took 40 of
+# the 64 MiB the travelling tree may have, beside the prebuilt module). benchmarks/gpu/run.sh
+# installs the ones that machine lacks from .whl/ (benchmarks/gpu/carried_wheels.py). The tree that
+# travels there is capped at 64 MiB, so this refuses a larger set.
+WHEELS_GPU := megatron-core==$(MCORE_COMPAT) jsonschema jsonschema-specifications referencing rpds-py
 WHEELS_GPU_PLATFORM := --only-binary=:all: --no-deps --python-version 3.12 --implementation cp \
 	--abi cp312 --abi abi3 --abi none --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
 	--platform manylinux2014_x86_64 --platform any

@@ -39,7 +39,8 @@ REAL_RANK = 0
 PIPELINE_SIZE = 4
 NUM_MICROBATCHES = 2
 WARMUP_ITERATIONS = 1
-EMULATE_TIMEOUT_S = 170.0
+EMULATE_TIMEOUT_S = {"cuda": 170.0, "cpu": 900.0}
+"""The command's limit: inside run.sh's 180 s step on the GPU; two shared cores take minutes (a dry run)."""
 
 LLAMA3_8B = {
     "--num-layers": "32", "--hidden-size": "4096", "--ffn-hidden-size": "14336",
@@ -83,7 +84,7 @@ def measure(options: argparse.Namespace, work_dir: str) -> dict:
         "--prism-device", options.device, "--prism-capture-iters", "2", "--prism-out", out_dir,
     ]  # fmt: skip
     begin = time.monotonic()
-    report = run_emulation([*flags, *prism], timeout_s=EMULATE_TIMEOUT_S)
+    report = run_emulation([*flags, *prism], timeout_s=EMULATE_TIMEOUT_S[options.device])
     command_s = time.monotonic() - begin
     rank = read_rank(out_dir, REAL_RANK)
     reported = report["ranks"][str(REAL_RANK)]
@@ -116,16 +117,20 @@ def measure(options: argparse.Namespace, work_dir: str) -> dict:
     }
 
 
-def compute_per_iteration_ms(out_dir: str, virtual_rank: int, train_iters: int) -> tuple[float, float]:
-    """The rank's compute per iteration (device time, median after warm-up): run alone (its stage
-    in the capture pass, among instant virtual peers) and emulated (from the emulation's op log)."""
+def compute_per_iteration_ms(
+    out_dir: str, virtual_rank: int, train_iters: int, captured_rank: int | None = None
+) -> tuple[float, float]:
+    """The rank's compute per iteration (device time, median after warm-up): run alone (its role's
+    capture, `captured_rank`'s, default its own: among instant virtual peers) and emulated (from the
+    emulation's op log)."""
     import statistics
 
     from prism_megatron import files
     from prism_megatron.graph.capture import RankCapture, compute_intervals
     from prism_megatron.report.oplog import load_op_logs
 
-    capture = RankCapture.load(files.capture_path(os.path.join(out_dir, files.CAPTURE_DIR), virtual_rank))
+    captured = virtual_rank if captured_rank is None else captured_rank
+    capture = RankCapture.load(files.capture_path(os.path.join(out_dir, files.CAPTURE_DIR), captured))
     alone = [sum(b - a for a, b in compute_intervals(it)) for it in capture.recorded()]
     log = load_op_logs(out_dir)[virtual_rank]
     starts = [*log.iteration_starts_ns, float("inf")]

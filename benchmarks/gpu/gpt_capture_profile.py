@@ -111,33 +111,66 @@ def stamp_kernels_by_stream(trace_path: str) -> dict[int, list[float]]:
     return {stream: sorted(starts) for stream, starts in by_stream.items()}
 
 
+OFFSET_WINDOW_NS = 2_000
+"""Differences (kernel start - mark) within this count as one clock offset: a stamp reads the timer at
+its own start, so a mark and its own kernel differ by the offset plus well under a microsecond."""
+
+
+def clock_offset_ns(times: list[int], starts_us: list[float]) -> float | None:
+    """The offset from the device timer to the trace's clock: the value that the most (mark, kernel)
+    differences agree on within OFFSET_WINDOW_NS (each true pair gives it; unrelated pairs scatter)."""
+    differences = sorted(ts * 1e3 - t for t in times for ts in starts_us)
+    best, best_count, low = None, 0, 0
+    for high, value in enumerate(differences):
+        while value - differences[low] > OFFSET_WINDOW_NS:
+            low += 1
+        if high - low + 1 > best_count:
+            best_count, best = high - low + 1, (differences[low] + value) / 2
+    return best
+
+
+def pair_marks(times: list[int], starts_us: list[float]) -> dict[int, float]:
+    """Each mark's own stamp kernel (start, us), by identity rather than by position: on the trace's
+    clock (less the offset), the mark and the kernel are each other's nearest. A stamp kernel of a mark
+    the capture does not keep, or a missing one, leaves the other pairs as they are, where pairing by
+    sorted position would shift every span after it; a span that really differs still pairs."""
+    offset = clock_offset_ns(times, starts_us)
+    if offset is None:
+        return {}
+    on_device = [ts * 1e3 - offset for ts in starts_us]
+    paired = {}
+    for t in times:
+        j = min(range(len(on_device)), key=lambda k: abs(on_device[k] - t))
+        if min(times, key=lambda other: abs(on_device[j] - other)) == t:
+            paired[t] = starts_us[j]
+    return paired
+
+
 def compare(iteration, stamps: dict[int, list[float]]) -> dict:
     """Each captured compute span against the same marks' gap in the trace."""
     from prism_megatron.graph.capture import compute_intervals
 
     times = compute_stream_times(iteration)
-    matching = [s for s, starts in stamps.items() if len(starts) >= len(times)]
-    if not matching:
-        return {
-            "error": f"no stream has {len(times)} stamp kernels: { ({s: len(v) for s, v in stamps.items()}) }"
-        }
-    stream = min(matching, key=lambda s: len(stamps[s]) - len(times))
-    # Marks on the compute stream and its stamp kernels run in the same order; extra stamps at the
-    # front (none expected) would be marks the capture does not keep.
-    starts_us = stamps[stream][len(stamps[stream]) - len(times) :]
-    at = {t: starts_us[i] for i, t in enumerate(times)}
-    spans = []
+    pairings = {stream: pair_marks(times, starts) for stream, starts in stamps.items()}
+    stream = max(pairings, key=lambda s: len(pairings[s]), default=None)
+    if stream is None or len(pairings[stream]) < len(times) / 2:
+        found = {s: len(p) for s, p in pairings.items()}
+        return {"error": f"no stream has stamp kernels for half of the {len(times)} marks (paired: {found})"}
+    at = pairings[stream]
+    spans, unpaired = [], 0
     for a, b in compute_intervals(iteration):
-        if a not in at or b not in at:
-            continue
         captured_ns = b - a
+        judged = captured_ns >= JUDGED_FROM_NS
+        if a not in at or b not in at:
+            unpaired += judged
+            continue
         profiled_ns = (at[b] - at[a]) * 1e3
         error = abs(captured_ns - profiled_ns) / profiled_ns if profiled_ns > 0 else float("inf")
-        judged = captured_ns >= JUDGED_FROM_NS
         spans.append({"captured_us": captured_ns / 1e3, "profiled_us": profiled_ns / 1e3,
                       "error_pct": 100 * error if judged else 0.0, "judged": judged,
                       "within": (not judged) or error <= TOLERANCE})  # fmt: skip
-    return {"stream": stream, "num_marks": len(times), "num_stamps": len(stamps[stream]), "spans": spans}
+    return {"stream": stream, "num_marks": len(times), "num_stamps": len(stamps[stream]),
+            "num_paired": len(at), "unpaired_spans": unpaired, "spans": spans}  # fmt: skip
 
 
 def measure() -> dict:
@@ -149,7 +182,7 @@ def measure() -> dict:
     result["num_ops"] = len(iteration.events)
     judged = [s for s in result.get("spans", []) if s["judged"]]
     result["spans"] = judged
-    result["ok"] = bool(judged) and all(s["within"] for s in judged)
+    result["ok"] = bool(judged) and all(s["within"] for s in judged) and not result.get("unpaired_spans")
     return result
 
 

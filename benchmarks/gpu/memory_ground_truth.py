@@ -4,7 +4,12 @@ Why: the emulation's memory claim is that a real rank allocates exactly what the
 real job allocates. One device can hold the whole of a tiny job, so the claim is checked exactly:
 (a) four real processes, all on the same device (cuda:0, or the CPU), joined over gloo (NCCL refuses
 two processes on one GPU), run the built-in GPT entry as a plain run; (b) `prism-megatron emulate`
-runs the same job with virtual rank 1 real and ranks 0, 2, 3 virtual. Rank 1's peak, as the entry
+runs the same job with virtual rank 1 real and ranks 0, 2, 3 virtual.
+
+On CUDA, (a)'s processes talk through the prism backend with every rank real, a pass-through to gloo
+sub-communicators: megatron-core's gradient sync issues a coalesced all-reduce, which gloo refuses
+for CUDA tensors, and the backend stages it through pinned host memory (never the device's
+allocator, so the peak is untouched). On the CPU, (a) is plain gloo. Rank 1's peak, as the entry
 records it (`torch.cuda.max_memory_allocated` over the training steps on CUDA, the live-storage peak
 on CPU), must be the same number of bytes in both.
 
@@ -110,14 +115,27 @@ def _wait_all(processes: list, timeout_s: float) -> list[str]:
 
 
 def gloo_rank_main(flags: list[str]) -> int:
-    """One process of the real run: gloo first (the entry keeps a default group it finds), then
-    the built-in entry's plain run, which writes rank-<r>.json to --prism-out."""
+    """One process of the real run: its process group first (the entry keeps a default group it
+    finds), then the built-in entry's plain run, which writes rank-<r>.json to --prism-out."""
+    import datetime
+
     import torch.distributed as dist
 
+    from prism_megatron import backend
     from prism_megatron.megatron.entry import pretrain
 
-    dist.init_process_group("gloo")
-    return pretrain.main(flags)
+    if flags[flags.index("--prism-device") + 1] != "cuda":
+        dist.init_process_group("gloo")
+        return pretrain.main(flags)
+    physical_rank = int(os.environ["RANK"])
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size=WORLD_SIZE,
+                          is_master=physical_rank == 0, timeout=datetime.timedelta(seconds=60))  # fmt: skip
+    backend.activate(world_size=WORLD_SIZE, virtual_rank=physical_rank, real_ranks=list(range(WORLD_SIZE)),
+                     real_store=dist.PrefixStore("prism/", store), device="cuda", timeout_s=60.0)  # fmt: skip
+    try:
+        return pretrain.main(flags)
+    finally:
+        backend.deactivate()
 
 
 def run_emulation(flags: list[str], timeout_s: float) -> dict:

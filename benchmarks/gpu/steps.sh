@@ -1,6 +1,7 @@
 # The step machinery of benchmarks/gpu/run.sh, sourced by it (and by its test, which checks the crash
 # follow-up on CPU). Needs WORK (a folder for each step's output and steps.tsv), LOG, BUDGET_S,
-# START_S (SECONDS at the start) and failed (set to 1 when a step fails).
+# START_S (SECONDS at the start) and failed (set to 1 when a step fails); LIMIT_FACTOR (default 1)
+# multiplies every step's limit (a dry run on the CPU, slower than the GPU it stands in for).
 #
 # run_step NAME LIMIT_S PREREQ -- COMMAND... runs one time-boxed step and records it in
 # WORK/steps.tsv as ok, skipped, timeout, failed or crashed; a crash (SIGSEGV, SIGABRT, SIGBUS,
@@ -14,15 +15,17 @@ record() {  # name status seconds note
   say "--- $1: $2 (${3} s) $4"
 }
 
-first_error() {  # the first compiler or Python error line of a step's output, for the summary table
+first_error() {  # the first compiler, Python or C++ runtime error line of a step's output, for the table
   local line
-  line=$(grep -m1 -E '\b(error|ERROR|[A-Za-z]*Error):' "$1" | tr -d '|\t' | cut -c1-200)
+  line=$(grep -m1 -E '\b(error|ERROR|[A-Za-z]*Error|[A-Za-z]*Exception):|^terminate called' "$1" | tr -d '|\t' | cut -c1-200)
   [[ -n "$line" ]] && echo ": $line"
 }
 
 # A crash, as timeout reports it: 128 + SIGILL, SIGABRT, SIGBUS, SIGFPE or SIGSEGV (not SIGKILL,
 # which is timeout's own -k).
 is_crash() { case "$1" in 132 | 134 | 135 | 136 | 139) return 0 ;; *) return 1 ;; esac; }
+# "signal 11 (SEGV)" for an exit status of 128 + 11.
+signal_of() { echo "signal $(($1 - 128)) ($(kill -l $(($1 - 128)) 2>/dev/null || echo '?'))"; }
 
 # The debugger for native backtraces: gdb, else cuda-gdb (which debugs host code too; the lent
 # image has no gdb), on PATH or in CUDA_HOME.
@@ -80,6 +83,7 @@ run_step() {
     record "$name" skipped 0 "out of time budget (${BUDGET_S} s)"
     return 0
   fi
+  limit_s=$((limit_s * ${LIMIT_FACTOR:-1}))
   ((limit_s > left_s)) && limit_s=$left_s
   mkdir -p "$WORK/$name"
   local cmd=("${@//\{out\}/$WORK/$name}")
@@ -87,17 +91,22 @@ run_step() {
   local t0=$SECONDS rc
   timeout -k 10 "$limit_s" "${cmd[@]}" 2>&1 | tee -a "$LOG" "$WORK/$name.out"
   rc=${PIPESTATUS[0]}
+  local elapsed_s=$((SECONDS - t0)) first
+  first=$(first_error "$WORK/$name.out")
   if ((rc == 0)); then
-    record "$name" ok $((SECONDS - t0)) ""
-  elif ((rc == 124 || rc == 137)); then
-    record "$name" timeout $((SECONDS - t0)) "killed at ${limit_s} s"
+    record "$name" ok "$elapsed_s" ""
+  elif ((rc == 124 || (rc == 137 && elapsed_s >= limit_s))); then
+    record "$name" timeout "$elapsed_s" "killed at ${limit_s} s (SIGTERM, SIGKILL 10 s later)$first"
     failed=1
   elif is_crash "$rc" && ((following_up == 0)); then
-    record "$name" crashed $((SECONDS - t0)) "signal $((rc - 128))$(first_error "$WORK/$name.out")"
+    record "$name" crashed "$elapsed_s" "$(signal_of "$rc")$first"
     failed=1
     crash_followup "$name" "$limit_s" "${cmd[@]}"
+  elif ((rc > 128)); then  # killed by a signal of its own (SIGKILL before the limit: out of memory?)
+    record "$name" crashed "$elapsed_s" "$(signal_of "$rc")$first"
+    failed=1
   else
-    record "$name" failed $((SECONDS - t0)) "exit status $rc$(first_error "$WORK/$name.out")"
+    record "$name" failed "$elapsed_s" "exit status $rc$first"
     failed=1
   fi
 }

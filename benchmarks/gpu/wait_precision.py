@@ -7,7 +7,8 @@ cost) and stamps again: error = end stamp - (start + target), what the next op o
 Target 0 is the baseline: the launch gaps of a stamp, a wait with nothing to wait, and a stamp.
 The timer's resolution is measured as the size of its ticks.
 
-Run: ``python -m benchmarks.gpu.wait_precision --out DIR``; writes DIR/wait_precision.json and .md.
+Run: ``python -m benchmarks.gpu.wait_precision --out DIR``; writes DIR/wait_precision.json and .md;
+exits 1 when the goal is not met, 2 without a GPU.
 """
 
 from __future__ import annotations
@@ -87,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     if result is None:
         return 2
     print(f"timer: {result['timer']}; goal {'met' if result['goal_met'] else 'NOT met'}")
-    return 0
+    return 0 if result["goal_met"] else 1
 
 
 if __name__ == "__main__":

@@ -27,7 +27,14 @@
 // Safety: a host watchdog thread watches every op in flight on a device. An op whose real part
 // failed, or that has not completed --prism-timeout after its issue, fails the run: the watchdog
 // prints the error with the flight recorder, ends every device wait (the abort cell the wait
-// kernels watch), and the next call into the backend raises it as DistBackendError.
+// kernels watch), and the next call into the backend raises it as DistBackendError. A device that
+// reports an error when the watchdog asks about an op (CUDA: a sticky error, such as an illegal
+// address in any kernel) fails the run the same way, with the device's own message: the watchdog's
+// thread is detached, and an exception escaping it would abort the process without that message.
+//
+// Refused: an op issued while its stream is captured into a CUDA graph. Its waits read the device
+// clock and host flags when they run; a replayed graph would repeat them with stale start times
+// and flags, so the op fails at issue with one clear error instead of hanging or lying later.
 //
 // Times: the op log holds marks on the device timeline (replay/timeline.h): the issue on the issuing
 // stream, every member's arrival (written by the wait-until), and the completion where the program
@@ -55,9 +62,15 @@
 
 namespace prism::backend {
 
+// The backend's two streams on a device, its own (Queue::new_stream), made once per backend: the
+// communication stream its ops complete on, and the helper thread's, on which gloo's copies back
+// to the device run while the communication stream waits for the helper's flag. The two must never
+// be one stream (the helper would wait for itself until the watchdog fired), which a pool that hands
+// streams out again would sooner or later make them.
 struct DeviceState {
   device::Queue* queue = nullptr;
   device::StreamId stream = 0;
+  device::StreamId helper_stream = 0;
   int device_index = -1;  // CUDA device, -1 for the test device
 };
 
@@ -155,7 +168,14 @@ class Watchdog {
       for (auto& op : ops) {
         // Done first: the helper thread sets an op's error before it releases the op's flag, so a
         // done op's failure is already visible below.
-        const bool done = op->queue->query(*op->done);
+        bool done = false;
+        try {
+          done = op->queue->query(*op->done);
+        } catch (...) {
+          device_failed(*op, std::current_exception());
+          lost_.push_back(std::move(op));  // kept: the failed device may still hold its tensors
+          continue;
+        }
         // Each op fails the run once: after a deactivation clears the failure, an op of that run
         // still on its stream must not fail the next one.
         if (!op->reported) {
@@ -181,8 +201,18 @@ class Watchdog {
     }
   }
 
+  // The device could not say whether the op is done: it failed (see the file comment).
+  static void device_failed(DeviceOp& op, const std::exception_ptr& error) {
+    if (!op.reported && !timeline::aborted()) {
+      fail_run("prism: the " + std::string(op.queue->name()) + " device reported an error while " +
+               op.describe.what() + " was in flight: " + message_of(error) + "; every device wait was ended");
+    }
+    op.reported = true;
+  }
+
   std::mutex mu_;
   std::deque<std::shared_ptr<DeviceOp>> in_flight_;
+  std::vector<std::shared_ptr<DeviceOp>> lost_;  // the watchdog's thread only
   bool started_ = false;
 };
 
@@ -212,7 +242,8 @@ struct HostJob {
   std::function<void()> after;  // the local part, when the data live on the host (test device)
   int64_t flag = -1;            // set when done; -1: the device does not wait for this job
   std::shared_ptr<DeviceOp> op;
-  int device_index = -1;        // CUDA: the device whose helper stream the waits go on
+  int device_index = -1;        // CUDA: the device whose helper stream the waits go on; -1: none
+  device::StreamId helper_stream = 0;  // CUDA: the backend's helper stream (DeviceState)
 };
 
 // The backend's helper thread: waits for real parts in issue order, off the program's thread.
@@ -255,10 +286,12 @@ class RealPartWaiter {
     try {
 #ifdef PRISM_WITH_CUDA
       // gloo on CUDA tensors: its wait makes the current stream wait for its copy back; that stream
-      // is this thread's own, and the flag is set only once it has run.
+      // is the backend's helper stream (never its communication stream, which waits for the flag
+      // set here), and the flag is set only once it has run.
       std::optional<c10::cuda::CUDAStreamGuard> guard;
       if (job.device_index >= 0) {
-        guard.emplace(c10::cuda::getStreamFromPool(false, static_cast<c10::DeviceIndex>(job.device_index)));
+        guard.emplace(c10::cuda::getStreamFromExternal(reinterpret_cast<cudaStream_t>(job.helper_stream),
+                                                       static_cast<c10::DeviceIndex>(job.device_index)));
       }
 #endif
       const int64_t limit_ns = job.op->issue_host_ns + job.op->timeout_ns;
@@ -416,11 +449,20 @@ c10::intrusive_ptr<c10d::Work> PrismBackend::launch_on_device(device::Queue* que
     device_guard.emplace(static_cast<c10::DeviceIndex>(device_index));
   }
 #endif
+  const device::StreamId issuing = queue->current_stream();
+  if (queue->capturing(issuing)) {
+    replay::op_log().complete(spec.log_id, clock::now_ns(), false);
+    TORCH_CHECK(false, "prism: ", spec.what(),
+                " was issued while its stream is being captured into a CUDA graph; the prism backend's ops "
+                "cannot be captured (their device waits read the clock and host flags when they run, and a "
+                "replay would repeat them with stale values): issue collectives outside torch.cuda.graph "
+                "(Megatron: leave --cuda-graph-impl at none, --enable-cuda-graph and --external-cuda-graph off)");
+  }
   if (!device_ || device_->queue != queue) {
-    device_ = std::make_shared<DeviceState>(DeviceState{queue, queue->new_stream(), device_index});
+    const device::StreamId comm_stream = queue->new_stream();
+    device_ = std::make_shared<DeviceState>(DeviceState{queue, comm_stream, queue->new_stream(), device_index});
   }
   const device::StreamId stream = device_->stream;
-  const device::StreamId issuing = queue->current_stream();
   auto owned = std::make_shared<OpPlan>(std::move(plan));
   auto op = std::make_shared<DeviceOp>();
   op->queue = queue;
@@ -439,6 +481,7 @@ c10::intrusive_ptr<c10d::Work> PrismBackend::launch_on_device(device::Queue* que
     HostJob job;
     job.op = op;
     job.device_index = queue->data_on_host() ? -1 : device_index;
+    job.helper_stream = device_->helper_stream;
     if (real_part && !is_p2p && ctx_->check_consistency) {
       job.steps.push_back(consistency_step(*owned, spec.seq, nccl ? owned->device : at::Device(at::kCPU)));
     }

@@ -197,6 +197,30 @@ c10::intrusive_ptr<c10d::Work> PrismBackend::allreduce_coalesced(std::vector<at:
   c10d::AllreduceCoalescedOptions real_opts = opts;
   real_opts.reduceOp = real_op(op);
   RealCall real_call;
+  if (real_ && tensors[0].is_cuda() && real_->getBackendName() != "nccl") {
+    // gloo has no coalesced all-reduce of CUDA tensors, and megatron-core's gradient sync issues one
+    // on every data-parallel group (torch's coalescing manager). Real members sharing a GPU (gloo)
+    // stage the tensors through pinned host memory (the host waits for the issuing stream here, as
+    // for a staged p2p send), and the local part copies them back on the backend's stream. Host
+    // staging leaves the device's allocator untouched: the rank's device memory stays NCCL's.
+    auto staged = std::make_shared<std::vector<at::Tensor>>();
+    real_call = [this, real_opts, staged](std::vector<at::Tensor>& t) {
+      staged->clear();
+      for (const auto& tensor : t) {
+        staged->push_back(at::empty(tensor.sizes(), tensor.options().device(at::kCPU).pinned_memory(true)));
+        staged->back().copy_(tensor);  // blocking: what the issuing stream produced
+      }
+      return real_->allreduce_coalesced(*staged, real_opts);
+    };
+    add_allreduce_parts(plan, layout_, op, std::move(real_call));
+    plan.local = [tensors = plan.outputs, staged, finish = std::move(plan.local)]() mutable {
+      for (size_t i = 0; i < tensors.size(); ++i) {
+        tensors[i].copy_((*staged)[i], /*non_blocking=*/true);
+      }
+      finish();
+    };
+    return launch(std::move(plan));
+  }
   if (real_) {
     real_call = [this, real_opts](std::vector<at::Tensor>& t) { return real_->allreduce_coalesced(t, real_opts); };
   }

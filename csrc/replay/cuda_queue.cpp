@@ -49,7 +49,27 @@ class CudaQueue : public Queue {
 
   StreamId current_stream() override { return as_id(c10::cuda::getCurrentCUDAStream(index_).stream()); }
 
-  StreamId new_stream() override { return as_id(c10::cuda::getStreamFromPool(false, index_).stream()); }
+  // A stream of the backend's own, never torch's pool: the pool hands each of its 32 streams out
+  // again every 32nd request, so a helper stream could be the communication stream it must release.
+  // Non-blocking (no implicit sync with the legacy default stream), like NCCL's and the pool's.
+  // Never destroyed: works and futures refer to it until the process ends.
+  StreamId new_stream() override {
+    const c10::cuda::CUDAGuard guard(index_);
+    cudaStream_t stream = nullptr;
+    check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+    return as_id(stream);
+  }
+
+  bool capturing(StreamId stream) override {
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    const cudaError_t error = cudaStreamIsCapturing(as_cuda(stream), &status);
+    if (error == cudaErrorStreamCaptureImplicit) {
+      (void)cudaGetLastError();  // the legacy default stream while another stream captures: capturing too
+      return true;
+    }
+    check(error, "cudaStreamIsCapturing");
+    return status != cudaStreamCaptureStatusNone;
+  }
 
   std::shared_ptr<Event> record(StreamId stream) override {
     const c10::cuda::CUDAGuard guard(index_);

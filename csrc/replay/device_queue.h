@@ -42,12 +42,19 @@ class Queue {
 
   // The stream the calling thread issues work on now (CUDA: the current stream of the device).
   virtual StreamId current_stream() = 0;
-  // A stream of its own, for the backend (like NCCL's communication stream).
+  // A stream of its own, for the backend (like NCCL's communication stream): created for the
+  // caller and never handed out again, so two streams a caller asked for are never one. (CUDA: not
+  // torch's pool of 32 streams per device, which hands the same stream out again every 32nd call:
+  // a helper stream that was the communication stream would wait on itself.)
   virtual StreamId new_stream() = 0;
+  // Whether the stream is being captured into a CUDA graph now. An op with waits on the device
+  // clock or on host flags cannot be captured: a replay would replay old times and flags.
+  virtual bool capturing(StreamId stream) = 0;
 
   // An event at the stream's current end; `wait` makes another stream wait for it on the device.
   virtual std::shared_ptr<Event> record(StreamId stream) = 0;
   virtual void wait(StreamId stream, const std::shared_ptr<Event>& event) = 0;
+  // Whether the event is done; throws when the device reports an error (CUDA: a sticky error).
   virtual bool query(const Event& event) = 0;
   // Blocks the calling host thread until the event is done (helper threads only: the program's
   // thread never blocks where a collective library would not).

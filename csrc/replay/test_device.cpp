@@ -10,6 +10,7 @@
 #include <exception>
 #include <functional>
 #include <mutex>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -141,8 +142,39 @@ class TestQueue : public device::Queue {
   }
 
   bool query(const device::Event& event) override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!device_error_.empty()) {
+        throw std::runtime_error(device_error_);
+      }
+    }
     const auto& e = static_cast<const TestEvent&>(event);
     return e.worker->reached(e.ticket);
+  }
+
+  bool capturing(device::StreamId stream) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return capturing_.count(stream) > 0;
+  }
+
+  void set_capturing(device::StreamId stream, bool on) {
+    at(stream);  // raises for a stream that does not exist
+    std::lock_guard<std::mutex> lock(mu_);
+    if (on) {
+      capturing_.insert(stream);
+    } else {
+      capturing_.erase(stream);
+    }
+  }
+
+  void set_device_error(const std::string& message) {
+    std::lock_guard<std::mutex> lock(mu_);
+    device_error_ = message;
+  }
+
+  int64_t num_streams() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return static_cast<int64_t>(workers_.size());
   }
 
   void synchronize(const device::Event& event) override {
@@ -224,6 +256,8 @@ class TestQueue : public device::Queue {
  private:
   std::mutex mu_;
   std::vector<std::shared_ptr<Worker>> workers_;
+  std::set<device::StreamId> capturing_;  // streams "being captured into a graph" (set_capturing)
+  std::string device_error_;              // non-empty: every query raises it (set_device_error)
 };
 
 // Never destroyed: its worker threads run until the process ends.
@@ -265,6 +299,9 @@ void synchronize_stream(device::StreamId stream) {
   worker->wait_for(worker->enqueued(), nullptr);
 }
 int64_t num_pending() { return instance().pending(); }
+int64_t num_streams() { return instance().num_streams(); }
+void set_capturing(device::StreamId stream, bool on) { instance().set_capturing(stream, on); }
+void set_device_error(const std::string& message) { instance().set_device_error(message); }
 
 }  // namespace prism::test_device
 

@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "replay/device_queue.h"
 
@@ -35,5 +36,12 @@ void synchronize();
 void synchronize_stream(device::StreamId stream);
 // Items enqueued and not yet run, over all streams (a test sees the host run ahead).
 int64_t num_pending();
+// Streams made so far, the default stream included (a test sees who asks for streams, and how often).
+int64_t num_streams();
+// CUDA's states a backend must handle, staged for tests: a stream being captured into a graph
+// (Queue::capturing answers true for it), and a sticky device error (every Queue::query throws
+// `message` until it is set to "").
+void set_capturing(device::StreamId stream, bool on);
+void set_device_error(const std::string& message);
 
 }  // namespace prism::test_device

@@ -75,6 +75,9 @@ void bind_test_device(py::module_& m) {
   m.def("synchronize", &test_device::synchronize, Release());
   m.def("synchronize_stream", &test_device::synchronize_stream, Release(), py::arg("stream"));
   m.def("num_pending", &test_device::num_pending);
+  m.def("num_streams", &test_device::num_streams);
+  m.def("set_capturing", &test_device::set_capturing, py::arg("stream"), py::arg("on"));
+  m.def("set_device_error", &test_device::set_device_error, py::arg("message"));
   py::class_<TestEvent>(m, "Event")
       .def(py::init<>())
       .def(

@@ -90,6 +90,34 @@ def num_pending() -> int:
     return _native().num_pending()
 
 
+def num_streams() -> int:
+    """Streams made so far, the default stream included (who asks the device for streams, how often)."""
+    return _native().num_streams()
+
+
+@contextlib.contextmanager
+def capturing(stream_id: int | None = None) -> Iterator[None]:
+    """Inside, the stream (default: the current one) reads as being captured into a CUDA graph,
+    as ``torch.cuda.graph`` would make it: what a backend must refuse is refused here too."""
+    stream_id = current_stream() if stream_id is None else stream_id
+    _native().set_capturing(stream_id, True)
+    try:
+        yield
+    finally:
+        _native().set_capturing(stream_id, False)
+
+
+@contextlib.contextmanager
+def device_error(message: str) -> Iterator[None]:
+    """Inside, every query of the device's progress raises ``message``, as CUDA does after a sticky
+    error (an illegal address in some kernel): the watchdog must report it, not die of it."""
+    _native().set_device_error(message)
+    try:
+        yield
+    finally:
+        _native().set_device_error("")
+
+
 class Event:
     """A point of a stream, as ``torch.cuda.Event(enable_timing=True)``."""
 

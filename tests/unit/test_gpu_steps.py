@@ -41,13 +41,20 @@ def test_a_crash_is_followed_by_a_backtrace_and_one_malloc_checked_rerun(tmp_pat
     status = {row[0]: row[1] for row in rows}
     assert [row[0] for row in rows] == ["smoke", "smoke_backtrace", "smoke_malloc_check", "after"]
     assert status["smoke"] == "crashed" and "signal 11" in rows[0][3]
-    assert status["smoke_malloc_check"] == "failed"  # crashed again, and not followed up again
+    assert status["smoke_malloc_check"] == "crashed"  # crashed again, and not followed up again
+    assert "signal 11 (SEGV)" in rows[2][3]
     assert "MALLOC_CHECK_=3" in log
     if shutil.which("gdb") is None:
         assert status["smoke_backtrace"] == "skipped"
     else:
         assert "SIGSEGV" in log and "#0" in log, log[-3000:]  # gdb stopped there and printed the stack
     assert status["after"] == "ok"
+
+
+def test_a_timeout_names_the_limit_and_the_signals(tmp_path):
+    rows, _ = run_steps(tmp_path, f"run_step slow 1 : -- {sys.executable} -c 'import time; time.sleep(30)'")
+    assert rows[0][:2] == ["slow", "timeout"]
+    assert rows[0][3].startswith("killed at 1 s (SIGTERM, SIGKILL 10 s later)")
 
 
 def test_a_plain_failure_is_not_followed_up(tmp_path):

@@ -1,4 +1,5 @@
-"""The GPU run's verdict table: each check reads its stage's JSON; a missing stage is NOT RUN, never PASS."""
+"""The GPU run's verdict table: the step's fate first (a crash, a timeout, a failure is FAIL with its
+note), then the stage's numbers; a stage that left nothing is never PASS, and every stage has a row."""
 
 from __future__ import annotations
 
@@ -12,17 +13,58 @@ def write(work, step: str, stage: str, data: dict) -> None:
     (work / step / f"{stage}.json").write_text(json.dumps(data))
 
 
+def steps(work, *rows: tuple[str, str, str]) -> None:
+    with open(work / "steps.tsv", "a") as f:
+        for name, status, note in rows:
+            f.write(f"{name}\t{status}\t1\t{note}\n")
+
+
 def by_label(rows):
-    return {label: (status, evidence) for label, status, evidence in rows}
+    return {label: (status, evidence) for _, label, status, evidence in rows}
 
 
-def test_a_stage_that_left_nothing_is_not_run(tmp_path):
-    rows = verdicts.verdicts(str(tmp_path))
-    assert {status for _, status, _ in rows} == {"NOT RUN"}
+def test_a_stage_that_never_ran_is_not_run_and_every_stage_has_a_row(tmp_path):
+    rows = verdicts.verdicts(str(tmp_path), ["build", "smoke"])
+    assert {status for *_, status, _ in rows} == {"NOT RUN"}
+    stages = [stage for stage, *_ in rows]
+    assert stages[:2] == ["build", "smoke"] and set(verdicts.CHECKS) <= set(stages)
     assert verdicts.main(["--work", str(tmp_path)]) == 0  # nothing failed, but nothing passed either
 
 
+def test_a_crash_a_timeout_and_a_failure_are_fail_with_the_signal_and_the_first_error(tmp_path):
+    steps(
+        tmp_path,
+        ("smoke", "crashed", "signal 11 (SEGV): Fatal Python error: Segmentation fault"),
+        ("smoke_backtrace", "ok", ""),
+        ("main_claim", "timeout", "killed at 150 s (SIGTERM, SIGKILL 10 s later)"),
+        ("wait_precision", "failed", "exit status 1"),
+        ("backend_ops", "ok", ""),
+    )
+    write(tmp_path, "wait_precision", "wait_precision", {"rows": [{"target_us": 100.0, "median_us": 1.0}]})
+    rows = verdicts.verdicts(str(tmp_path), ["smoke", "main_claim", "wait_precision", "backend_ops"])
+    got = {(stage, label): (status, evidence) for stage, label, status, evidence in rows}
+    assert got[("smoke", "ran")] == (
+        "FAIL",
+        "crashed: signal 11 (SEGV): Fatal Python error: Segmentation fault",
+    )
+    assert got[("smoke_backtrace", "diagnosis")][0] == "INFO"
+    assert all(got[("main_claim", f"main claim: {part}")][0] == "FAIL" for part in ("compute", "memory"))
+    assert "timeout: killed at 150 s" in got[("main_claim", "main claim: compute")][1]
+    # Its numbers would pass, but the step failed: FAIL.
+    assert got[("wait_precision", "wait kernel: median <= 2 us (waits >= 100 us)")][0] == "FAIL"
+    # It passed but left no numbers: FAIL, never PASS.
+    assert got[("backend_ops", "backend + op families, 1 process")] == (
+        "FAIL",
+        "the stage passed but left no results",
+    )
+    assert verdicts.main(["--work", str(tmp_path)]) == 1
+
+
 def test_bounds_decide_pass_and_fail(tmp_path):
+    steps(
+        tmp_path,
+        *((name, "ok", "") for name in ("backend_ops", "wait_precision", "memory_ground_truth", "gpt")),
+    )
     ops = ["mixed/all_reduce", "p2p/recv_from_virtual"]
     write(tmp_path, "backend_ops", "backend_ops", {"runs": {
         "1": {"created": True, "ops": ops, "failed_ops": [], "errors": []},
@@ -34,17 +76,23 @@ def test_bounds_decide_pass_and_fail(tmp_path):
     ]})  # fmt: skip
     write(tmp_path, "memory_ground_truth", "memory_ground_truth",
           {"memory_diff_bytes": 0, "real_peak_bytes": 10, "emulated_peak_bytes": 10})  # fmt: skip
-    write(tmp_path, "gpt", "gpt_capture_profile", {"spans": [
-        {"captured_us": 1000.0, "profiled_us": 1010.0, "error_pct": 0.99, "within": True},
-    ]})  # fmt: skip
     rows = by_label(verdicts.verdicts(str(tmp_path)))
-    assert rows["backend + op families on CUDA, 1 process"][0] == "PASS"
-    assert rows["backend + op families on CUDA, 2 processes"] == ("FAIL", "wrong results: p2p/exchange_real")
+    assert rows["backend + op families, 1 process"][0] == "PASS"
+    assert rows["backend + op families, 2 processes"] == ("FAIL", "wrong results: p2p/exchange_real")
     assert rows["wait kernel: median <= 2 us (waits >= 100 us)"][0] == "FAIL"  # 2.5 us at 1 ms
     assert rows["memory ground truth: TP2xDP2 peak identical"][0] == "PASS"
-    assert rows["GPT capture: spans within 2 % of profiler"][0] == "PASS"
     assert rows["Llama-3-8B rank W=8192: 1 % / 2 %"][0] == "NOT RUN"
     assert verdicts.main(["--work", str(tmp_path)]) == 1
+
+
+def test_a_dry_run_judges_correctness_and_shows_timing_as_cpu(tmp_path):
+    steps(tmp_path, ("wait_precision", "ok", ""), ("memory_ground_truth", "ok", ""))
+    write(tmp_path, "wait_precision", "wait_precision", {"rows": [{"target_us": 100.0, "median_us": 50.0}]})
+    write(tmp_path, "memory_ground_truth", "memory_ground_truth",
+          {"memory_diff_bytes": 4, "real_peak_bytes": 10, "emulated_peak_bytes": 14})  # fmt: skip
+    rows = by_label(verdicts.verdicts(str(tmp_path), dry_run=True))
+    assert rows["wait kernel: median <= 2 us (waits >= 100 us)"][0] == "CPU"
+    assert rows["memory ground truth: TP2xDP2 peak identical"][0] == "FAIL"
 
 
 def test_the_gpt_stage_matches_captured_spans_to_the_profilers_stamp_kernels(tmp_path):
@@ -77,3 +125,45 @@ def test_the_gpt_stage_matches_captured_spans_to_the_profilers_stamp_kernels(tmp
     assert set(spans) == {5000, 10000, 12000}  # start..send, call exit..reduce, reduce done..end
     assert spans[5000]["within"] and spans[12000]["within"]
     assert 0.98 < spans[10000]["error_pct"] < 1.0 and spans[10000]["within"]
+
+
+def test_an_extra_stamp_kernel_does_not_shift_the_pairing_of_marks(tmp_path):
+    """Marks pair with their own stamp kernels by time on a common clock, not by sorted position: a
+    stamp of a mark the capture does not keep (another mark on the stream) changes no span."""
+    from benchmarks.gpu import gpt_capture_profile as stage
+    from prism_megatron.graph.capture import CapturedIteration
+    from prism_megatron.replay import OpEvent, OpKind
+
+    ms = 1_000_000
+    base = 10**15
+    reduce = OpEvent(OpKind.ALL_REDUCE, (0, 2), -1, 0, 64, "Float", base + 16 * ms, base + 17 * ms, base + 18 * ms,
+                     False, True)  # fmt: skip
+    iteration = CapturedIteration(base, base + 30 * ms, (reduce,), ())
+    times = stage.compute_stream_times(iteration)
+    starts_us = [(t - base) / 1e3 + 55.5 for t in times]
+    starts_us.insert(1, (7 * ms) / 1e3 + 55.5)  # an unrelated stamp between the start and the reduce
+    trace = {"traceEvents": [{"cat": "kernel", "name": "stamp_kernel", "ts": ts, "args": {"stream": 3}}
+                             for ts in starts_us]}  # fmt: skip
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps(trace))
+    result = stage.compare(iteration, stage.stamp_kernels_by_stream(str(path)))
+    assert result["num_paired"] == len(times) and result["unpaired_spans"] == 0
+    assert all(s["within"] and s["error_pct"] < 1e-6 for s in result["spans"])
+    assert {round(s["captured_us"]) for s in result["spans"]} == {16000, 12000}
+
+
+def test_the_main_claim_has_a_row_per_part_and_spans_of_another_structure_fail(tmp_path):
+    steps(tmp_path, ("main_claim", "ok", ""))
+    result = {
+        "plain_iteration_s": 0.100, "emulated_iteration_s": 0.1005, "simulated_iteration_time_s": 0.1004,
+        "emulated_compute_ms": 100.5, "compute_error_pct": 0.5,
+        "spans": [{"alone_us": 500.0, "emulated_us": 501.0, "error_pct": 0.2}],
+        "num_spans": {"alone": 9, "emulated": 10},
+        "plain_peak_bytes": 1000, "emulated_peak_bytes": 1000, "plan_total_bytes": 1020, "plan_error_pct": -1.96,
+    }  # fmt: skip
+    write(tmp_path, "main_claim", "main_claim", result)
+    rows = by_label(verdicts.verdicts(str(tmp_path), ["main_claim"]))
+    assert [rows[f"main claim: {p}"][0] for p in ("compute", "iteration", "memory", "plan")] == ["PASS"] * 4
+    assert rows["main claim: spans"][0] == "FAIL" and "9 alone, 10 emulated" in rows["main claim: spans"][1]
+    dry = by_label(verdicts.verdicts(str(tmp_path), ["main_claim"], dry_run=True))
+    assert dry["main claim: spans"][0] == "CPU" and dry["main claim: memory"][0] == "PASS"
