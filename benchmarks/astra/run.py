@@ -235,6 +235,13 @@ def markdown(record: dict) -> str:
         else:
             met, theirs, error = "not run", "-", "-"
         lines.append(f"| {case['case']} | {case['ours_end_us']:.1f} | {theirs} | {error} | {met} |")
+    if not record["astra_sim"]:
+        lines += [
+            "",
+            "ASTRA-sim not run (no --astra-sim binary; benchmarks/astra/README.md says how to build one): "
+            "the end-time goal is **not judged** here. The inputs it would read were written, and the "
+            "command that runs it on them is below each case.",
+        ]
     for case in record["cases"]:
         lines += [
             "",
