@@ -25,6 +25,7 @@ what to do when it would fail deep in the compiler or build a module that cannot
 """
 
 import glob
+import importlib.metadata
 import os
 import re
 import subprocess
@@ -133,7 +134,13 @@ def _nvcc_toolkit():
 
 def check_build_environment(cuda):
     """Stop with one line where the build would fail or make a module that cannot load."""
-    problem = isolation_problem(torch.__version__, os.path.dirname(torch.__file__), _installed_torch())
+    # Compare distribution versions on both sides: a wheel's metadata says "2.14.1" where its
+    # torch.__version__ says "2.14.1+cu130".
+    try:
+        build_torch = importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:  # a source tree on the path: no metadata
+        build_torch = torch.__version__
+    problem = isolation_problem(build_torch, os.path.dirname(torch.__file__), _installed_torch())
     if problem is None and cuda:
         try:
             include_dirs = cpp_extension.include_paths(device_type="cuda")
