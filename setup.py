@@ -13,11 +13,23 @@ another torch must not hide the others); PRISM_DEBUG_SYMBOLS=1 compiles with -g1
 line tables for a native backtrace, at little cost in build time).
 
 Every build records the full version of the torch it compiles against; the module refuses to load
-under any other torch (csrc/module.cpp).
+under any other torch (csrc/module.cpp). So before compiling, a build stops with one line saying
+what to do when it would fail deep in the compiler or build a module that cannot load:
+
+- pip's isolated build (a plain `pip install .`) compiles against a torch pip put into a temporary
+  build environment, not the torch of the environment it installs into: it stops unless the two
+  versions agree (`pip install --no-build-isolation .` is the way, README "Install");
+- a CUDA build whose CUDA_HOME has no include/cuda_runtime_api.h (torch guesses CUDA_HOME from the
+  folder above `nvcc`, wrong where `nvcc` on PATH is a wrapper) stops, naming the toolkit that nvcc
+  itself runs from and PRISM_FORCE_CPU=1 for a CPU build.
 """
 
 import glob
+import importlib.metadata
 import os
+import re
+import subprocess
+import sys
 
 import torch
 from setuptools import setup
@@ -49,6 +61,94 @@ def _sources(pattern):
         )
     wanted = set(CORE_SOURCES) | set(chosen.split())
     return [p for p in found if p in wanted]
+
+
+def isolation_problem(build_torch, build_torch_dir, target_torch):
+    """One line when the torch the build sees is not the one the package will run with, else None.
+
+    Args:
+        build_torch: torch.__version__ of the build.
+        build_torch_dir: where that torch lies.
+        target_torch: the version installed where the package goes (None: no torch there).
+    """
+    if target_torch == build_torch:
+        return None
+    if "pip-build-env-" not in build_torch_dir and target_torch is None:
+        return None  # not pip's isolated build (python setup.py, a tree on PYTHONPATH): nothing to compare
+    there = (
+        f"this environment runs torch {target_torch}" if target_torch else "this environment has no torch yet"
+    )
+    return (
+        f"prism-megatron: this build sees torch {build_torch} from {build_torch_dir}, but {there}, and the "
+        "extension loads only beside the torch it was compiled against: install torch first, then "
+        '`pip install --no-build-isolation .` (README "Install")'
+    )
+
+
+def cuda_headers_problem(cuda_home, include_dirs, nvcc_toolkit):
+    """One line when a CUDA build would not find cuda_runtime_api.h, else None.
+
+    Args:
+        cuda_home: torch's CUDA_HOME.
+        include_dirs: the include folders torch passes to a CUDA build.
+        nvcc_toolkit: the toolkit folder `nvcc` on PATH runs from (None when unknown).
+    """
+    if any(os.path.isfile(os.path.join(d, "cuda_runtime_api.h")) for d in include_dirs):
+        return None
+    hint = (
+        f"the nvcc on PATH runs from {nvcc_toolkit}: rerun with CUDA_HOME={nvcc_toolkit}"
+        if nvcc_toolkit and os.path.realpath(nvcc_toolkit) != os.path.realpath(cuda_home)
+        else "set CUDA_HOME to the CUDA toolkit that has include/cuda_runtime_api.h"
+    )
+    return (
+        f"prism-megatron: a CUDA build needs cuda_runtime_api.h, and CUDA_HOME={cuda_home} (torch's "
+        f"guess from nvcc's folder unless CUDA_HOME is set) has none; {hint}, or PRISM_FORCE_CPU=1 "
+        "for a CPU-only build"
+    )
+
+
+def _installed_torch():
+    """The torch version where the package is installed: this interpreter without pip's build path."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONNOUSERSITE")}
+    code = (
+        "import importlib.metadata as m\ntry: print(m.version('torch'))\nexcept m.PackageNotFoundError: pass"
+    )
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    return done.stdout.strip() or None
+
+
+def _nvcc_toolkit():
+    """The toolkit folder nvcc on PATH compiles with (its dry run's TOP), None without nvcc."""
+    try:
+        done = subprocess.run(
+            ["nvcc", "--dryrun", "-c", "-x", "cu", os.devnull, "-o", os.devnull],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    match = re.search(r"^#\$ TOP=(.*)$", done.stdout + done.stderr, re.M)
+    return os.path.normpath(match.group(1).strip()) if match else None
+
+
+def check_build_environment(cuda):
+    """Stop with one line where the build would fail or make a module that cannot load."""
+    # Compare distribution versions on both sides: a wheel's metadata says "2.14.1" where its
+    # torch.__version__ says "2.14.1+cu130".
+    try:
+        build_torch = importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:  # a source tree on the path: no metadata
+        build_torch = torch.__version__
+    problem = isolation_problem(build_torch, os.path.dirname(torch.__file__), _installed_torch())
+    if problem is None and cuda:
+        try:
+            include_dirs = cpp_extension.include_paths(device_type="cuda")
+        except TypeError:  # torch before 2.6 names the argument `cuda`
+            include_dirs = cpp_extension.include_paths(cuda=True)
+        problem = cuda_headers_problem(cpp_extension.CUDA_HOME, include_dirs, _nvcc_toolkit())
+    if problem is not None:
+        raise SystemExit(problem)
 
 
 def _want_cuda():
@@ -85,7 +185,18 @@ def _extension():
     )
 
 
-setup(
-    ext_modules=[] if os.environ.get("PRISM_NO_EXTENSION") == "1" else [_extension()],
-    cmdclass={"build_ext": cpp_extension.BuildExtension.with_options(use_ninja=True)},
-)
+class BuildExtension(cpp_extension.BuildExtension.with_options(use_ninja=True)):
+    """torch's build, after `check_build_environment` (only when an extension is compiled: an sdist
+    or a PRISM_NO_EXTENSION install needs neither torch nor a toolkit)."""
+
+    def run(self):
+        if self.extensions:
+            check_build_environment(_want_cuda())
+        super().run()
+
+
+if __name__ == "__main__":  # pip's build backend and `python setup.py` both run it as __main__
+    setup(
+        ext_modules=[] if os.environ.get("PRISM_NO_EXTENSION") == "1" else [_extension()],
+        cmdclass={"build_ext": BuildExtension},
+    )

@@ -12,12 +12,15 @@ HELP = "compare two run folders of one job (before and after a change): exit 1 o
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = (
-        "Judge run B against run A (two --prism-out folders of the same job): iteration time, each real "
-        "rank's measured compute / exposed communication / bubble, each role's simulated breakdown, "
-        "peak memory per rank and category. A metric regresses when it grew beyond the threshold and, "
-        "where both runs have per-iteration samples, a Mann-Whitney U test says the shift is not noise. "
-        "Exit status: 0 no regression, 1 a regression, 2 bad input (not run folders, runs of different "
-        "jobs: the fields that differ are named)."
+        "Judge run B against run A (two --prism-out folders of the same job). The verdict rests on the "
+        "headline metrics: iteration time, throughput, peak memory per real rank. The breakdown (each real "
+        "rank's measured compute / exposed communication / bubble, each role's simulated breakdown, memory "
+        "by category) is reported and named where it moved, and gated only with --gate-breakdown. A metric "
+        "regresses when it moved the wrong way beyond the threshold and, where both runs have "
+        "per-iteration samples, a Mann-Whitney U test says the shift is not noise. When the runs emulated "
+        "different graphs, the output says how much of the change their captures alone explain. Exit "
+        "status: 0 no regression, 1 a regression, 2 bad input (not run folders, runs of different jobs: "
+        "the fields that differ are named)."
     )
     parser.add_argument("run_a", metavar="RUN_A", help="the run before the change (the baseline)")
     parser.add_argument("run_b", metavar="RUN_B", help="the run after the change (the one judged)")
@@ -35,6 +38,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=1.0,
         metavar="PCT",
         help="the same for peak memory and each memory category (default: 1)",
+    )
+    parser.add_argument(
+        "--gate-breakdown",
+        action="store_true",
+        help="let a breakdown metric's regression (a bubble, a role's simulated compute, a memory "
+        "category) fail the gate too; by default only the headline metrics decide",
     )
     parser.add_argument(
         "--alpha", type=float, default=0.05, help="significance level of the rank test (default: 0.05)"
@@ -58,6 +67,7 @@ def run(args: argparse.Namespace) -> int:
         max_regression_pct=args.max_regression,
         max_memory_regression_pct=args.max_memory_regression,
         alpha=args.alpha,
+        gate_breakdown=args.gate_breakdown,
     )
     out_dir = args.out or os.path.join(args.run_b, files.COMPARE_DIR)
     if os.path.isdir(args.run_b):

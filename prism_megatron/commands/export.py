@@ -41,6 +41,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="4GiB",
         help="refuse --all-ranks when its estimated size is larger (default: 4GiB; e.g. 500MB, 20GiB)",
     )
+    chakra.add_argument(
+        "--cluster",
+        help="network preset or cluster file: each broadcast gets its modelled time as its duration, "
+        "which ASTRA-sim replays (it simulates all-reduce, all-gather, reduce-scatter and all-to-all only)",
+    )
     network = kinds.add_parser(
         "astra-network",
         help="a cluster preset or file as ASTRA-sim's analytical network configuration (YAML)",
@@ -106,10 +111,16 @@ def _chakra(args: argparse.Namespace) -> int:
     graph_dir = _graph_dir(args.source)
     graph = load_graph(graph_dir)
     expanded = ExpandedGraph(graph, world_from_metadata(graph.metadata.layout))
+    cost_fn = None
+    if args.cluster is not None:
+        from prism_megatron.network import CostModel, load_cluster
+        from prism_megatron.sim.cost import NetworkCost
+
+        cost_fn = NetworkCost(CostModel(load_cluster(args.cluster)))
     existed = os.path.exists(args.out)
     try:
         exported = export_chakra(
-            expanded, args.out, all_ranks=args.all_ranks, prefix=prefix, max_bytes=max_bytes
+            expanded, args.out, all_ranks=args.all_ranks, prefix=prefix, max_bytes=max_bytes, cost_fn=cost_fn
         )
     except BaseException:
         if not existed:  # a refusal or a failure half-way leaves no folder behind

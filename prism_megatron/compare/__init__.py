@@ -48,7 +48,7 @@ def compare_runs(run_a: str, run_b: str, thresholds: Thresholds | None = None) -
     metrics_a, metrics_b = load_run(run_a), load_run(run_b)
     check_same_job(metrics_a.report, metrics_b.report)
     judged = judge(metrics_a, metrics_b, thresholds)
-    verdict = overall(judged)
+    verdict = overall(judged, thresholds.gate_breakdown)
     return Comparison(
         metrics_a, metrics_b, judged, verdict, to_json(metrics_a, metrics_b, judged, verdict, thresholds)
     )

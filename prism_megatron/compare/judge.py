@@ -13,7 +13,11 @@ The mirror image is an **improvement**; anything else is **same** (a change beyo
 that the test cannot tell from noise is "same", with the p-value shown). When the sample sizes
 cannot reach `alpha` at all (3 iterations against 3: the smallest p is 0.1), the test is skipped and
 the threshold decides, and the output says so. Metrics present in one run only are listed, never
-judged. Higher is worse for every metric compared (times, bytes).
+judged. Higher is worse for every metric compared (times, bytes) but the throughput.
+
+The run's verdict (`overall`) rests on the headline metrics (iteration time, throughput, peak
+memory: `metrics.Metric.headline`); the breakdown metrics get their own verdicts, which the output
+names, and decide the run's only with `Thresholds.gate_breakdown` (`--gate-breakdown`).
 """
 
 from __future__ import annotations
@@ -41,6 +45,8 @@ class Thresholds:
     """Memory metrics: the same for bytes."""
     alpha: float = 0.05
     """Significance level of the rank test."""
+    gate_breakdown: bool = False
+    """Let a breakdown metric's regression (a bubble, a role's simulated compute ...) fail the gate too."""
 
     def __post_init__(self) -> None:
         for name in ("max_regression_pct", "max_memory_regression_pct"):
@@ -76,6 +82,8 @@ class Judged:
     verdict: str
     megatron_name: str | None
     num_samples: tuple[int, int]
+    headline: bool = False
+    """Whether the run's verdict rests on it (else a breakdown metric, gated only when asked)."""
 
 
 def judge(run_a: RunMetrics, run_b: RunMetrics, thresholds: Thresholds) -> list[Judged]:
@@ -105,6 +113,7 @@ def _judge_one(
             verdict=ONLY_B if a is None else ONLY_A,
             megatron_name=some.megatron_name,
             num_samples=(len(a.samples) if a else 0, len(b.samples) if b else 0),
+            headline=some.headline,
         )
     scale_metric = metrics_a.get(a.scale_key) if a.scale_key else a
     scale_value = scale_metric.value if scale_metric is not None else a.value
@@ -122,10 +131,11 @@ def _judge_one(
             p_value = stats.mann_whitney(a.samples, b.samples).p_value
             test = "rank test"
             noise = p_value >= t.alpha
+    worse_pct = -change_pct if a.higher_is_better else change_pct
     verdict = SAME
-    if not noise and change_pct > threshold:
+    if not noise and worse_pct > threshold:
         verdict = REGRESSION
-    elif not noise and change_pct < -threshold:
+    elif not noise and worse_pct < -threshold:
         verdict = IMPROVEMENT
     return Judged(
         key=key,
@@ -141,12 +151,18 @@ def _judge_one(
         verdict=verdict,
         megatron_name=a.megatron_name,
         num_samples=(len(a.samples), len(b.samples)),
+        headline=a.headline,
     )
 
 
-def overall(judged: list[Judged]) -> str:
-    """REGRESSION if any metric regressed, else IMPROVEMENT if any improved, else SAME."""
-    verdicts = {j.verdict for j in judged}
+def gated(judged: list[Judged], gate_breakdown: bool = False) -> list[Judged]:
+    """The metrics the run's verdict rests on: the headline ones, or all with `gate_breakdown`."""
+    return [j for j in judged if j.headline or gate_breakdown]
+
+
+def overall(judged: list[Judged], gate_breakdown: bool = False) -> str:
+    """Over the gated metrics: REGRESSION if any regressed, else IMPROVEMENT if any improved, else SAME."""
+    verdicts = {j.verdict for j in gated(judged, gate_breakdown)}
     if REGRESSION in verdicts:
         return REGRESSION
     return IMPROVEMENT if IMPROVEMENT in verdicts else SAME

@@ -12,6 +12,15 @@ peak memory) and each real rank's op log (ops/). From them, per run:
 * peak memory per real rank, allocated and by category: one value (exact bytes; memory does not
   vary between iterations of a run).
 
+Headline metrics (`Metric.headline`) are what the gate's verdict rests on: the iteration time, the
+throughput (tokens/s per GPU, higher is better; per iteration: the run's tokens per GPU over that
+iteration's time) and each real rank's peak memory (allocated and reserved). The rest is the
+breakdown, which explains a change and is gated only when asked (`Thresholds.gate_breakdown`): the
+measured and simulated compute / exposed communication / bubble, the simulated iteration time and
+memory by category. A breakdown part moves for reasons that leave the job as fast as before (the
+virtual peers' capture, the machine's load while it was made), and a gate that fails on them gets
+switched off.
+
 Each metric has a `scale_key`: the metric whose value of run A a change is measured against. A time
 part (bubble, compute) is judged by what it adds to its iteration, not by its own size: a bubble
 growing from 0.1 ms to 0.2 ms is +100 % of itself but +0.03 % of a 300 ms iteration.
@@ -33,6 +42,7 @@ from prism_megatron.report.writer import load_report
 
 TIME = "time"
 MEMORY = "memory"
+THROUGHPUT = "throughput"
 _P2P = (OpKind.SEND, OpKind.RECV)
 _PARTS = (("compute_s", "compute"), ("exposed_comm_s", "exposed comm"), ("bubble_s", "bubble"))
 
@@ -46,13 +56,17 @@ class Metric:
     label: str
     """What a person reads: "rank 1 bubble (measured)"."""
     kind: str
-    """TIME (seconds) or MEMORY (bytes)."""
+    """TIME (seconds), MEMORY (bytes) or THROUGHPUT (tokens/s per GPU)."""
     value: float
     samples: tuple[float, ...] = ()
     scale_key: str = ""
     """The metric whose run-A value a change is expressed against ("" = this metric itself)."""
     megatron_name: str | None = None
     """Megatron-LM's name of the same number, where it has one."""
+    headline: bool = False
+    """The verdict rests on it (see the module docstring); else a breakdown metric."""
+    higher_is_better: bool = False
+    """Throughput: a fall is the regression."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,6 +122,20 @@ def _iteration(report: RunReport) -> Iterable[Metric]:
             report.iteration_time_s,
             samples,
             megatron_name="elapsed time per iteration (ms)",
+            headline=True,
+        )
+    throughput = report.tokens_per_s_per_gpu
+    if throughput is not None and report.iteration_time_s:
+        tokens_per_gpu = throughput * report.iteration_time_s  # per iteration
+        yield Metric(
+            "throughput",
+            "throughput (tokens/s per GPU)",
+            THROUGHPUT,
+            throughput,
+            tuple(tokens_per_gpu / s for s in samples if s > 0),
+            megatron_name="(global batch size x seq length / elapsed time / GPUs)",
+            headline=True,
+            higher_is_better=True,
         )
     if report.simulated_iteration_time_s is not None:
         yield Metric("simulated", "simulated iteration time", TIME, report.simulated_iteration_time_s)
@@ -169,6 +197,7 @@ def _memory(report: RunReport) -> list[Metric]:
                     MEMORY,
                     rank.peak_memory_allocated_bytes,
                     megatron_name="max allocated (MB) [memory stats]",
+                    headline=True,
                 )
             )
         if rank.peak_memory_reserved_bytes is not None:
@@ -179,6 +208,7 @@ def _memory(report: RunReport) -> list[Metric]:
                     MEMORY,
                     rank.peak_memory_reserved_bytes,
                     megatron_name="max reserved (MB) [memory stats]",
+                    headline=True,
                 )
             )
         for category, size in rank.memory_by_category.items():

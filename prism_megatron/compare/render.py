@@ -16,8 +16,9 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from prism_megatron.compare import stats
+from prism_megatron.compare.captures import capture_share
 from prism_megatron.compare.judge import IMPROVEMENT, REGRESSION, Judged, Thresholds
-from prism_megatron.compare.metrics import MEMORY, RunMetrics
+from prism_megatron.compare.metrics import MEMORY, THROUGHPUT, RunMetrics
 from prism_megatron.report.markdown import code, escape
 
 COMPARE_SCHEMA_VERSION = 1
@@ -27,6 +28,7 @@ _COLOURS = {REGRESSION: "tab:red", IMPROVEMENT: "tab:green"}
 def to_json(
     run_a: RunMetrics, run_b: RunMetrics, judged: Sequence[Judged], verdict: str, thresholds: Thresholds
 ) -> dict:
+    share = capture_share(run_a, run_b)
     return {
         "schema_version": COMPARE_SCHEMA_VERSION,
         "run_a": run_a.run_dir,
@@ -36,6 +38,20 @@ def to_json(
         "alpha": thresholds.alpha,
         "max_regression_pct": thresholds.max_regression_pct,
         "max_memory_regression_pct": thresholds.max_memory_regression_pct,
+        "gated": "all" if thresholds.gate_breakdown else "headline",
+        "breakdown_flagged": [
+            {"key": j.key, "metric": j.label, "verdict": j.verdict}
+            for j in judged
+            if not j.headline and j.verdict in (REGRESSION, IMPROVEMENT)
+        ],
+        "captures": None
+        if share is None
+        else {
+            "measured_change_s": share.measured_change_s,
+            "simulated_change_s": share.simulated_change_s,
+            "explained_pct": share.share_pct,
+            "sentence": share.sentence(),
+        },
         "versions": {"a": dict(run_a.report.versions), "b": dict(run_b.report.versions)},
         "same_graph": (
             run_a.graph_sha256 == run_b.graph_sha256 if run_a.graph_sha256 and run_b.graph_sha256 else None
@@ -45,7 +61,8 @@ def to_json(
                 "key": j.key,
                 "metric": j.label,
                 "megatron_name": j.megatron_name,
-                "unit": "bytes" if j.kind == MEMORY else "s",
+                "unit": _UNITS.get(j.kind, "s"),
+                "headline": j.headline,
                 "a": j.a,
                 "b": j.b,
                 "difference": j.difference,
@@ -65,17 +82,23 @@ def _finite(value: float | None) -> float | None:
     return value if value is None or math.isfinite(value) else None
 
 
+_UNITS = {MEMORY: "bytes", THROUGHPUT: "tokens/s per GPU"}
+
+
 def _value(kind: str, value: float | None) -> str:
     if value is None:
         return "-"
     if kind == MEMORY:
         return f"{value / (1 << 20):.2f} MiB"
+    if kind == THROUGHPUT:
+        return f"{value:.1f} tok/s"
     return f"{value * 1e3:.3f} ms"
 
 
 def to_markdown(doc: dict, judged: Sequence[Judged], *, plot_name: str | None = None) -> str:
     """The Markdown diff: the verdict first, then how it was reached, then every metric."""
-    flagged = [j for j in judged if j.verdict in (REGRESSION, IMPROVEMENT)]
+    gate_all = doc["gated"] == "all"
+    flagged = [j for j in judged if j.verdict in (REGRESSION, IMPROVEMENT) and (j.headline or gate_all)]
     lines = [
         "# prism-megatron compare",
         "",
@@ -85,14 +108,20 @@ def to_markdown(doc: dict, judged: Sequence[Judged], *, plot_name: str | None = 
         f"Verdict: **{doc['verdict']}**"
         + (f" ({', '.join(f'{escape(j.label)}: {j.verdict}' for j in flagged)})" if flagged else "")
         + ".",
+        *_breakdown_note(doc["breakdown_flagged"], gate_all),
+        *([] if doc["captures"] is None else ["", doc["captures"]["sentence"]]),
         "",
-        f"How: a metric of B is a regression when it grew by more than {doc['max_regression_pct']:g} % "
-        f"(times) or {doc['max_memory_regression_pct']:g} % (memory) of its scale in A and, where both "
-        f"runs have per-iteration samples, the {doc['test']} finds the shift significant at "
+        f"How: the verdict rests on {'every metric' if gate_all else 'the headline metrics'} "
+        f"({'--gate-breakdown' if gate_all else 'iteration time, throughput, peak memory'}). A metric of "
+        f"B is a regression when it moved the wrong way by more than {doc['max_regression_pct']:g} % "
+        f"(times, throughput) or {doc['max_memory_regression_pct']:g} % (memory) of its scale in A and, "
+        f"where both runs have per-iteration samples, the {doc['test']} finds the shift significant at "
         f"alpha = {doc['alpha']:g}; a metric with one value per run is judged on the threshold alone. "
         "A time part's change is a percentage of the iteration time.",
         "",
         *_graph_note(doc["same_graph"]),
+        "Headline metrics (what the verdict rests on) in bold.",
+        "",
         "| metric | Megatron's name | A | B | difference | change % | of | p | verdict |",
         "|---|---|---:|---:|---:|---:|---|---:|---|",
     ]
@@ -101,8 +130,9 @@ def to_markdown(doc: dict, judged: Sequence[Judged], *, plot_name: str | None = 
         p = "-" if j.p_value is None else f"{j.p_value:.3g}"
         difference = "-" if j.difference is None else _signed(j.kind, j.difference)
         verdict = f"**{j.verdict}**" if j.verdict in (REGRESSION, IMPROVEMENT) else j.verdict
+        label = f"**{escape(j.label)}**" if j.headline else escape(j.label)
         lines.append(
-            f"| {escape(j.label)} | {escape(j.megatron_name) if j.megatron_name else '-'} | "
+            f"| {label} | {escape(j.megatron_name) if j.megatron_name else '-'} | "
             f"{_value(j.kind, j.a)} | {_value(j.kind, j.b)} | "
             f"{difference} | {change} | {j.scale} | {p} | {verdict} |"
         )
@@ -124,15 +154,24 @@ def to_markdown(doc: dict, judged: Sequence[Judged], *, plot_name: str | None = 
     return "\n".join(lines) + "\n"
 
 
+def _breakdown_note(flagged: list[dict], gate_all: bool) -> list[str]:
+    if not flagged or gate_all:
+        return []
+    named = ", ".join(f"{m['metric']}: {m['verdict']}" for m in flagged)
+    return [
+        "",
+        f"Breakdown beyond its threshold (reported, not gated; `--gate-breakdown` gates it): {named}.",
+    ]
+
+
 def _graph_note(same_graph: bool | None) -> list[str]:
     if same_graph is None:
         return []
     if same_graph:
         return ["Both runs emulated the same execution graph.", ""]
     return [
-        "Note: the runs emulated different execution graphs (each captured its own), so the virtual peers "
-        "of each carry their own capture's noise; for a gate, emulate one graph before and after the change "
-        "(`--prism-graph RUN_A/graph`).",
+        "Note: the virtual peers of each run carry their own capture's noise; for a gate, emulate one graph "
+        "before and after the change (`--prism-graph RUN_A/graph`).",
         "",
     ]
 

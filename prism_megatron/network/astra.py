@@ -15,6 +15,12 @@ direction) and a latency in ns; the product of the counts is the number of NPUs.
 3. when the job spans several leaf groups: Switch across them, with the bandwidth divided by the
    oversubscription and the spine latency added.
 
+Latency: ASTRA-sim's analytical backend charges a message `hops x latency` plus its size over the
+bandwidth (BasicTopology::compute_communication_delay), and a Switch route is two hops (NPU ->
+switch -> NPU) where a FullyConnected one is one. Our cluster's latencies are per step, a message
+from one GPU to another, so a Switch dimension gets half the step latency per link and a message
+there pays the step latency once.
+
 What ASTRA-sim cannot express is dropped, and the file's comments say so: NVLink SHARP, rails (a
 rail-optimised tree and a plain fat tree map alike) and the per-call base latency.
 """
@@ -26,6 +32,8 @@ import math
 from prism_megatron.network.cluster import ClusterSpec
 
 _NS_PER_US = 1000.0
+HOPS = {"Switch": 2, "FullyConnected": 1, "Ring": 1}
+"""Links a message crosses between two members of a dimension (a ring's neighbours: one)."""
 
 
 def astra_network(spec: ClusterSpec, world_size: int) -> dict[str, list]:
@@ -71,7 +79,7 @@ def astra_network(spec: ClusterSpec, world_size: int) -> dict[str, list]:
         "topology": [d[0] for d in dims],
         "npus_count": [d[1] for d in dims],
         "bandwidth": [round(d[2], 3) for d in dims],
-        "latency": [round(d[3], 1) for d in dims],
+        "latency": [round(d[3] / HOPS[d[0]], 1) for d in dims],  # per link: a step is HOPS links
     }
 
 
@@ -87,7 +95,8 @@ def astra_network_yaml(spec: ClusterSpec, world_size: int) -> str:
         f"# ASTRA-sim analytical network for {world_size} NPUs on cluster {spec.name}",
         f"# ({spec.description})" if spec.description else "#",
         "# written by prism-megatron export astra-network; bandwidth in GB/s per link and direction (the",
-        "# share NCCL reaches), latency in ns per step. Not expressible here: " + ", ".join(dropped) + ".",
+        "# share NCCL reaches), latency in ns per link (a Switch message crosses two: half our step",
+        "# latency each). Not expressible here: " + ", ".join(dropped) + ".",
     ]
     for key in ("topology", "npus_count", "bandwidth", "latency"):
         values = ", ".join(str(v) for v in config[key])

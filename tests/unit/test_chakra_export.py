@@ -1,5 +1,6 @@
 """Chakra execution traces: our schema copy decodes Chakra's own files, and our files read back as our graph."""
 
+import dataclasses
 import json
 import os
 import re
@@ -10,17 +11,21 @@ from prism_megatron.cli import main
 from prism_megatron.graph import ExpandedGraph, save_graph
 from prism_megatron.graph.chakra import et_def_pb2 as et
 from prism_megatron.graph.chakra import export_chakra
-from prism_megatron.graph.chakra.export import COMM_TYPES, NODE_TYPES
+from prism_megatron.graph.chakra.export import COMM_TYPES, FEEDER_TYPES, NODE_TYPES
 from prism_megatron.graph.chakra.stream import attributes, encode_varint, framed, read_trace
-from prism_megatron.graph.schema import NodeType
+from prism_megatron.graph.schema import ExecutionGraph, GraphMetadata, NodeType, Op, RoleGraph
 from prism_megatron.graph.world import LayoutWorld
 from prism_megatron.network import PRESETS
 from prism_megatron.network.astra import astra_network
+from prism_megatron.replay.schedule import OpKind
 from prism_megatron.sim import PipelineSpec, layout_pipeline_graph
+from prism_megatron.sim.cost import AlphaBetaCost
 from prism_megatron.topology import Layout
 
 DATA = os.path.join(os.path.dirname(__file__), "data", "chakra")
 PROTO = os.path.join(os.path.dirname(et.__file__), "et_def.proto")
+ASTRA_SIM_RUNS = {et.ALL_REDUCE, et.ALL_GATHER, et.REDUCE_SCATTER, et.ALL_TO_ALL, et.BROADCAST}
+"""ASTRA-sim's Workload::issue_coll_comm: every other type is "Unsupported collective comm type"."""
 LAYOUT = Layout(world_size=16, tp=2, pp=4)
 SPEC = PipelineSpec(
     num_microbatches=4,
@@ -119,21 +124,105 @@ def test_traces_read_back_with_one_node_per_op_and_the_graphs_dependencies(expan
         for node, (stream, index, resolved) in zip(nodes, ops, strict=True):
             op, attrs = resolved.op, attributes(node)
             assert node.type == NODE_TYPES[op.type] and attrs["stream"] == stream
-            assert attrs["duration_ns"] == op.duration_ns and node.duration_micros == round(
-                op.duration_ns / 1000
-            )
+            assert attrs["duration_ns"] == op.duration_ns
             stream_order = [ids[(stream, index - 1)]] if index else []
             assert list(node.ctrl_deps) == stream_order
             assert list(node.data_deps) == stream_order + [ids[(d.stream, d.index)] for d in op.deps]
             if op.type == NodeType.COLLECTIVE:
-                assert attrs["comm_type"] == COMM_TYPES[op.comm] and attrs["comm_size"] == op.size_bytes
+                assert attrs["comm_type"] == COMM_TYPES[op.comm]
                 assert groups[int(attrs["pg_name"])] == resolved.members
             elif op.type in (NodeType.SEND, NodeType.RECV):
                 peer = attrs["comm_dst"] if op.type == NodeType.SEND else attrs["comm_src"]
                 assert peer == resolved.peer and rank in (attrs["comm_src"], attrs["comm_dst"])
+                assert attrs["comm_size"] == op.size_bytes
         sends = [n for n in nodes if n.type == et.COMM_SEND_NODE]
         # each send: its stream order (none for the first) and the compute that produced its data
         assert sends and all(len(n.data_deps) == len(n.ctrl_deps) + 1 for n in sends)
+
+
+def test_node_names_start_with_the_type_chakras_timeline_visualizer_looks_for(expanded, tmp_path):
+    export_chakra(expanded, str(tmp_path), [0])
+    _, nodes = read_trace(str(tmp_path / "chakra.0.et"))
+    for node in nodes:
+        assert node.name.split(" ")[0] == et.NodeType.Name(node.type), node.name
+        assert "," not in node.name and "=" not in node.name  # the visualizer splits its log on these
+    assert {n.name for n in nodes} >= {"COMP_NODE fwd", "COMP_NODE bwd", "COMM_COLL_NODE ALL_REDUCE tp"}
+
+
+def test_every_attribute_the_feeder_knows_has_the_type_it_reads(expanded, tmp_path):
+    """comm_src/dst/tag as int32_val, comm_type/comm_size as int64_val (src/feeder/et_feeder_node.cpp):
+    the feeder reads a value in another field as 0, every send would go from 0 to 0."""
+    export_chakra(expanded, str(tmp_path), all_ranks=True)
+    seen = set()
+    for rank in range(16):
+        _, nodes = read_trace(str(tmp_path / f"chakra.{rank}.et"))
+        for node in nodes:
+            for attr in node.attr:
+                if attr.name in FEEDER_TYPES:
+                    assert attr.WhichOneof("value") == FEEDER_TYPES[attr.name], (rank, node.name, attr.name)
+                    seen.add(attr.name)
+            if node.type in (et.COMM_SEND_NODE, et.COMM_RECV_NODE):
+                src, dst = (
+                    a.int32_val for name in ("comm_src", "comm_dst") for a in node.attr if a.name == name
+                )
+                assert src != dst and rank in (src, dst)
+    assert seen == set(FEEDER_TYPES)
+
+
+def test_durations_are_whole_microseconds_that_keep_each_streams_total(tmp_path):
+    """ASTRA-sim reads duration_micros only; 0.4 us ops rounded alone would all run as 1 ns."""
+    spec = dataclasses.replace(SPEC, fwd_ns=1400, bwd_ns=2600, tp_allreduces_per_chunk=4)
+    graph = ExpandedGraph(layout_pipeline_graph(LAYOUT, spec), LayoutWorld(LAYOUT))
+    export_chakra(graph, str(tmp_path), [0])
+    _, nodes = read_trace(str(tmp_path / "chakra.0.et"))
+    compute = [n for n in nodes if attributes(n)["stream"] == "compute" and n.type == et.COMP_NODE]
+    exact_us = written_us = 0.0
+    for node in compute:
+        exact_us += attributes(node)["duration_ns"] / 1000
+        written_us += node.duration_micros
+        assert abs(written_us - exact_us) <= 0.5 + 1e-9
+    assert {attributes(n)["duration_ns"] for n in compute} >= {350, 650}  # pieces shorter than 1 us
+    assert any(n.duration_micros == 0 for n in compute) and any(n.duration_micros == 1 for n in compute)
+
+
+def test_an_all_gathers_size_is_each_ranks_input(expanded, tmp_path):
+    """ASTRA-sim's Ring.cc and Chakra's PyTorch converter: an all-gather's comm_size is one rank's part."""
+    export_chakra(expanded, str(tmp_path), [0])
+    _, nodes = read_trace(str(tmp_path / "chakra.0.et"))
+    resolved = [r for ops in expanded.streams(0).values() for r in ops]
+    sizes = {}
+    for node, r in zip(nodes, resolved, strict=True):
+        if r.op.type == NodeType.COLLECTIVE:
+            sizes[r.op.comm] = (attributes(node)["comm_size"], r.op.size_bytes, len(r.members))
+    assert sizes[OpKind.ALL_GATHER] == (SPEC.dp_grad_bytes // 2, SPEC.dp_grad_bytes, 2)
+    assert sizes[OpKind.REDUCE_SCATTER] == (SPEC.dp_grad_bytes, SPEC.dp_grad_bytes, 2)  # the full input
+    assert sizes[OpKind.ALL_REDUCE][0] == sizes[OpKind.ALL_REDUCE][1]
+
+
+def test_collectives_astra_sim_refuses_are_exported_as_ones_it_runs(tmp_path):
+    kinds = [OpKind.BARRIER, OpKind.REDUCE, OpKind.GATHER, OpKind.SCATTER, OpKind.BROADCAST]
+    ops = tuple(
+        Op(type=NodeType.COLLECTIVE, comm=kind, group="world", seq=seq, size_bytes=4096)
+        for seq, kind in enumerate(kinds)
+    )
+    world = LayoutWorld(Layout(world_size=4))
+    roles = {name: RoleGraph(role=name, streams={"compute": ops}) for name in world.roles()}
+    graph = ExpandedGraph(ExecutionGraph(GraphMetadata(layout={}), roles), world)
+    export_chakra(graph, str(tmp_path), [0], cost_fn=AlphaBetaCost(latency_ns=1000, ns_per_byte=1.0))
+    _, nodes = read_trace(str(tmp_path / "chakra.0.et"))
+    got = [
+        (attributes(n)["comm_type"], attributes(n)["comm_size"], attributes(n).get("prism_comm_type"))
+        for n in nodes
+    ]
+    assert got == [
+        (et.ALL_REDUCE, 4, "BARRIER"),
+        (et.REDUCE_SCATTER, 4096, "REDUCE"),
+        (et.ALL_GATHER, 1024, "GATHER"),
+        (et.REDUCE_SCATTER, 4096, "SCATTER"),
+        (et.BROADCAST, 4096, None),
+    ]
+    assert {t for t, _, _ in got} <= ASTRA_SIM_RUNS
+    assert [n.duration_micros for n in nodes] == [0, 0, 0, 0, 5]  # the broadcast: 1 us + 4096 B x 1 ns/B
 
 
 def test_by_default_one_trace_per_role_and_the_role_map(expanded, tmp_path):
@@ -181,6 +270,10 @@ def test_the_export_command_reads_a_run_folder(expanded, tmp_path, capsys):
         ["export", "chakra", str(tmp_path / "run"), "--out", str(tmp_path / "y"), "--max-size", "lots"]
     )
     assert status == 2 and "--max-size 'lots'" in capsys.readouterr().err
+    out = ["--out", str(tmp_path / "z")]
+    assert main(["export", "chakra", str(tmp_path / "run"), *out, "--cluster", "dgx-h100"]) == 0
+    assert main(["export", "chakra", str(tmp_path / "run"), *out, "--cluster", "nowhere-9"]) == 2
+    assert "nowhere-9" in capsys.readouterr().err
 
 
 # ---- ASTRA-sim's network -------------------------------------------------------------------------
@@ -192,7 +285,10 @@ def test_a_preset_as_astra_sims_analytical_network(tmp_path, capsys):
     assert config["npus_count"] == [8, 32, 32]  # GPUs per node, nodes per leaf group, leaf groups
     assert config["bandwidth"][0] == pytest.approx(450 * 20.6 / 25, abs=1e-3)  # NVLink as NCCL reaches it
     assert config["bandwidth"][1] == pytest.approx(50 * 0.94)  # one NDR NIC per GPU
-    assert config["latency"][:2] == [3400.0, 14000.0]
+    # per link: ASTRA-sim's Switch route is two links, so each carries half the step latency
+    assert config["latency"][:2] == [1700.0, 7000.0]
+    spine = PRESETS["dgx-h100"].topology.spine_latency_us * 1000
+    assert config["latency"][2] == pytest.approx((14000.0 + spine) / 2, abs=0.1)
     assert astra_network(PRESETS["dgx-h100"], 64)["npus_count"] == [8, 8]
     out = tmp_path / "net.yml"
     assert main(["export", "astra-network", "dgx-h100", "--world-size", "64", "--out", str(out)]) == 0

@@ -25,7 +25,7 @@ from prism_megatron.topology import Layout
 BASE_MS = [120.0, 100.0, 101.0, 99.0, 100.5, 100.2, 99.6, 100.8]  # the first is warm-up
 
 
-def _run(tmp_path, name, times_ms, *, peak=1 << 20, tp=2, status="ok", bubble_s=0.01):
+def _run(tmp_path, name, times_ms, *, peak=1 << 20, tp=2, status="ok", bubble_s=0.01, simulated_s=0.09):
     out = str(tmp_path / name)
     times = [t / 1e3 for t in times_ms]
     iterations = iterations_from_times(times, num_warmup=1)
@@ -35,7 +35,7 @@ def _run(tmp_path, name, times_ms, *, peak=1 << 20, tp=2, status="ok", bubble_s=
         role="pp0",
         virtual_rank=0,
         count=16,
-        compute_s=0.05,
+        compute_s=simulated_s - 0.04,
         exposed_comm_s=0.04 - bubble_s,
         bubble_s=bubble_s,
     )
@@ -53,7 +53,8 @@ def _run(tmp_path, name, times_ms, *, peak=1 << 20, tp=2, status="ok", bubble_s=
             )
         },
         roles=(role,),
-        simulated_iteration_time_s=0.09,
+        simulated_iteration_time_s=simulated_s,
+        tokens_per_s_per_gpu=8 * 64 / median / 16,
         failure=None if status == "ok" else Failure(message="rank 2 died"),
         prism={"emulation": {"device": "cpu"}},
     )
@@ -209,7 +210,45 @@ def test_simulated_breakdown_is_judged_on_the_threshold_against_the_simulated_it
     result = compare_runs(a, b, Thresholds(max_regression_pct=5))
     bubble = next(j for j in result.judged if j.key == "role.pp0.bubble")
     assert bubble.change_pct == pytest.approx(100 * 0.01 / 0.09)
-    assert (bubble.test, bubble.verdict) == ("one value per run", "regression")
+    assert (bubble.test, bubble.verdict, bubble.headline) == ("one value per run", "regression", False)
+
+
+def test_only_a_breakdown_metric_regressing_passes_the_gate_and_is_named(capsys, tmp_path):
+    """The issue's false alarm: one role's simulated bubble grew while the job ran as fast as before."""
+    a = _run(tmp_path, "a", BASE_MS, bubble_s=0.01)
+    b = _run(tmp_path, "b", BASE_MS, bubble_s=0.02)
+    status, text, _ = _cli(capsys, ["compare", a, b])
+    assert status == 0
+    assert "Verdict: **same**." in text
+    assert "Breakdown beyond its threshold (reported, not gated; `--gate-breakdown` gates it): " in text
+    assert "role pp0 bubble (simulated): regression" in text
+    status, text, _ = _cli(capsys, ["compare", a, b, "--json", "--out", str(tmp_path / "j")])
+    doc = json.loads(text)
+    assert (status, doc["verdict"], doc["gated"]) == (0, "same", "headline")
+    assert {m["key"] for m in doc["breakdown_flagged"]} == {"role.pp0.bubble", "role.pp0.exposed_comm"}
+    headline = {m["key"] for m in doc["metrics"] if m["headline"]}
+    assert headline == {"iteration", "throughput", "memory.2.peak"}
+    # asked for, the breakdown gates too
+    status, text, _ = _cli(capsys, ["compare", a, b, "--gate-breakdown", "--out", str(tmp_path / "g")])
+    verdict_line = next(line for line in text.splitlines() if line.startswith("Verdict:"))
+    assert status == 1 and verdict_line.startswith("Verdict: **regression** (")
+    assert "role pp0 bubble (simulated): regression" in verdict_line
+
+
+def test_a_2x_straggler_is_a_regression_of_the_headline_metrics_and_exits_1(capsys, tmp_path):
+    a = _run(tmp_path, "a", BASE_MS)
+    b = _run(tmp_path, "b", [2 * t for t in BASE_MS])  # every iteration waits for a rank twice as slow
+    status, text, _ = _cli(capsys, ["compare", a, b, "--json"])
+    doc = json.loads(text)
+    assert (status, doc["verdict"]) == (1, "regression")
+    verdicts = {m["key"]: (m["verdict"], m["change_pct"]) for m in doc["metrics"]}
+    assert verdicts["iteration"][0] == "regression" and verdicts["iteration"][1] == pytest.approx(
+        100, abs=0.1
+    )
+    # throughput halves: a fall is its regression (rank-tested on the same iterations)
+    assert verdicts["throughput"][0] == "regression" and verdicts["throughput"][1] == pytest.approx(
+        -50, abs=0.1
+    )
 
 
 def test_too_few_samples_for_the_test_fall_back_to_the_threshold_and_say_so(capsys, tmp_path):
@@ -260,7 +299,29 @@ def test_compare_says_whether_both_runs_emulated_the_same_graph(capsys, tmp_path
         os.makedirs(os.path.join(run, "graph"))
         write_json({"sha256": digest}, os.path.join(run, "graph", "graph.json"))
     _, text, _ = _cli(capsys, ["compare", a, b, "--json"])
-    assert json.loads(text)["same_graph"] is True
+    doc = json.loads(text)
+    assert doc["same_graph"] is True and doc["captures"] is None
     write_json({"sha256": "2" * 64}, os.path.join(b, "graph", "graph.json"))
     _, text, _ = _cli(capsys, ["compare", a, b])
-    assert "the runs emulated different execution graphs" in text
+    assert "The runs emulated different execution graphs" in text
+    assert "the measured iteration time did not move" in text
+
+
+def test_with_different_graphs_the_verdict_says_how_much_the_captures_alone_explain(capsys, tmp_path):
+    """B is 10 ms slower; its own capture, simulated alone, is 6 ms slower than A's: 60 % of the change."""
+    a = _run(tmp_path, "a", BASE_MS, simulated_s=0.090)
+    b = _run(tmp_path, "b", [t + 10 for t in BASE_MS], simulated_s=0.096)
+    for run, digest in ((a, "1" * 64), (b, "2" * 64)):
+        os.makedirs(os.path.join(run, "graph"))
+        write_json({"sha256": digest}, os.path.join(run, "graph", "graph.json"))
+    status, text, _ = _cli(capsys, ["compare", a, b, "--json"])
+    doc = json.loads(text)
+    assert status == 1 and doc["captures"]["explained_pct"] == pytest.approx(60.0)
+    assert doc["captures"]["simulated_change_s"] == pytest.approx(0.006)
+    _, text, _ = _cli(capsys, ["compare", a, b, "--out", str(tmp_path / "m")])
+    verdict_paragraph = text.split("How:")[0]
+    assert "Verdict: **regression**" in verdict_paragraph
+    assert (
+        "+6.000 ms" in verdict_paragraph
+        and "the captures alone explain 60 % of the change" in verdict_paragraph
+    )

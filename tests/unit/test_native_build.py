@@ -155,3 +155,62 @@ def test_native_build_names_what_is_wrong():
         native_build.part_sources("everything")
     assert native_build.part_sources("clock") == ["csrc/replay/clock.cpp", "csrc/replay/clock_bindings.cpp"]
     assert native_build.main(["--root", str(REPO / "csrc")]) == 2  # no setup.py there
+
+
+# ---- what a build says before it compiles (setup.py's checks) -----------------------------------
+
+
+def _setup_module():
+    """setup.py as a module: its checks, without running setup() (it runs only as __main__)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("prism_setup", REPO / "setup.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_an_isolated_build_against_another_torch_stops_with_one_line_saying_what_to_do():
+    setup = _setup_module()
+    pip_env = "/tmp/pip-build-env-x1/overlay/lib/python3.11/site-packages/torch"
+    problem = setup.isolation_problem("2.14.1", pip_env, "2.13.0+cpu")
+    assert problem is not None and "\n" not in problem
+    assert "torch 2.14.1" in problem and "runs torch 2.13.0+cpu" in problem
+    assert "pip install --no-build-isolation ." in problem
+    fresh = setup.isolation_problem("2.14.1", pip_env, None)
+    assert fresh is not None and "has no torch yet" in fresh and "install torch first" in fresh
+    # the torch it will run with: no objection, isolated or not
+    assert setup.isolation_problem("2.13.0+cpu", pip_env, "2.13.0+cpu") is None
+    assert (
+        setup.isolation_problem("2.13.0+cpu", "/venv/lib/python3.11/site-packages/torch", "2.13.0+cpu")
+        is None
+    )
+
+
+def test_a_cuda_build_without_headers_names_the_toolkit_nvcc_runs_from(tmp_path):
+    setup = _setup_module()
+    guessed, toolkit = tmp_path / "usr-local", tmp_path / "cuda-13.0"
+    (guessed / "include").mkdir(parents=True)
+    (toolkit / "include").mkdir(parents=True)
+    (toolkit / "include" / "cuda_runtime_api.h").write_text("")
+    problem = setup.cuda_headers_problem(str(guessed), [str(guessed / "include")], str(toolkit))
+    assert problem is not None and "\n" not in problem
+    assert f"CUDA_HOME={guessed}" in problem and f"rerun with CUDA_HOME={toolkit}" in problem
+    assert "PRISM_FORCE_CPU=1" in problem
+    assert "set CUDA_HOME to the CUDA toolkit" in setup.cuda_headers_problem(str(guessed), [], None)
+    assert setup.cuda_headers_problem(str(toolkit), [str(toolkit / "include")], str(toolkit)) is None
+
+
+def test_the_toolkit_is_read_from_nvccs_own_dry_run(tmp_path, monkeypatch):
+    """A wrapper `nvcc` (a script in /usr/local/bin calling the real one) hides the toolkit's folder."""
+    setup = _setup_module()
+    fake = tmp_path / "bin" / "nvcc"
+    fake.parent.mkdir()
+    fake.write_text(
+        '#!/bin/sh\necho "#\\$ _NVVM_BRANCH_=nvvm" >&2\necho "#\\$ TOP=/opt/cuda-13.0/bin/.." >&2\n'
+    )
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}:{os.environ['PATH']}")
+    assert setup._nvcc_toolkit() == "/opt/cuda-13.0"
+    monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))
+    assert setup._nvcc_toolkit() is None

@@ -3,17 +3,44 @@
 One file per NPU, `<prefix>.<npu>.et` (npu = virtual rank, ASTRA-sim's naming), each a framed
 sequence (`stream.py`) of one `GlobalMetadata` and one `Node` per op of the rank's iteration:
 
-* COMPUTE -> COMP_NODE with `duration_micros`; WAIT -> a COMP_NODE of duration 0 that carries its
-  dependencies; COLLECTIVE -> COMM_COLL_NODE; SEND / RECV -> COMM_SEND_NODE / COMM_RECV_NODE.
+* COMPUTE -> COMP_NODE; WAIT -> a COMP_NODE of duration 0 that carries its dependencies;
+  COLLECTIVE -> COMM_COLL_NODE; SEND / RECV -> COMM_SEND_NODE / COMM_RECV_NODE.
+* names start with the node type's name ("COMP_NODE fwd", "COMM_COLL_NODE ALL_REDUCE tp"): Chakra's
+  timeline visualizer tells compute from communication by that word alone.
 * dependencies: `ctrl_deps` holds the stream order (the op or coalesced batch before it on its
   stream); `data_deps` holds every dependency, the stream order and the cross-stream ones (a wait on
   an async op). The stream order is repeated there because Chakra's feeders resolve data_deps (some
   only those), and a trace whose ops ignore their stream order would run them all at once.
-* attributes, as ASTRA-sim reads them: `is_cpu_op` (false), `comm_type` (CollectiveCommType),
-  `comm_size` (bytes; prism's size convention, the largest buffer the op touches on the rank),
-  `pg_name` (the communicator group's integer id, as a string), `comm_src` / `comm_dst` (global
-  ranks) and `comm_tag` (the op's sequence number); beyond ASTRA-sim, `duration_ns` (µs would round
-  short ops to 0) and `stream`.
+* durations: `duration_micros`, the only duration Chakra's feeders and ASTRA-sim read (whole
+  microseconds; ASTRA-sim runs a 0 as 1 ns). Each stream's durations are rounded with the remainder
+  carried to the next op, so a stream of many short ops keeps its total to within half a
+  microsecond where rounding each alone would drop or double them. The exact time stays in the
+  extra attribute `duration_ns`.
+* attributes, with the protobuf types Chakra's C++ feeder (src/feeder/et_feeder_node.cpp) reads:
+  `is_cpu_op` bool_val (false); `comm_type` int64_val (CollectiveCommType); `comm_size` int64_val;
+  `comm_src`, `comm_dst` (global ranks) and `comm_tag` (the op's sequence number) int32_val;
+  `pg_name` string_val (the communicator group's integer id). A value of another type reads as 0 there.
+  Beyond what the feeder reads: `duration_ns` int64_val, `stream` string_val and, where the exported
+  collective differs from ours, `prism_comm_type` (our collective's name).
+
+`comm_size`, per collective, as ASTRA-sim's collective algorithms (Ring.cc and the others) and
+Chakra's PyTorch converter take it, from prism's convention (the largest buffer the op touches on a
+rank): ALL_REDUCE, ALL_TO_ALL, BROADCAST the buffer; REDUCE_SCATTER its full input (the largest);
+ALL_GATHER each rank's input, the gathered buffer divided by the group size.
+
+ASTRA-sim runs ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER and ALL_TO_ALL over its network, replays a
+BROADCAST for its `duration_micros` on each rank alone, and refuses every other type ("Unsupported
+collective comm type"). The others are exported as the supported collective that synchronises the
+same members and moves the same bytes through the busiest rank (`EXPORTED_AS`):
+
+* BARRIER -> ALL_REDUCE of 4 bytes (what torch's NCCL barrier runs: a one-element all-reduce);
+* REDUCE (S bytes to the root) -> REDUCE_SCATTER of S: the root of a ring reduce receives
+  (n-1)/n S, as each rank of a reduce-scatter does;
+* GATHER (S gathered at the root) -> ALL_GATHER of S/n per rank; SCATTER (S from the root) ->
+  REDUCE_SCATTER of S: the root's (n-1)/n S again.
+
+Given a cost function (`cost_fn`, the network model of a cluster), a BROADCAST's `duration_micros`
+is its modelled time, which ASTRA-sim then replays; without one it is the graph's (0: 1 ns there).
 
 Communicator groups get integer ids 1, 2, ... (ASTRA-sim treats "0" and "" as "all ranks"), listed
 in `comm_groups.json` as {"<id>": [npu, ...]}, the file ASTRA-sim's --comm-group-configuration reads.
@@ -28,7 +55,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from prism_megatron import files
 from prism_megatron.graph.chakra import et_def_pb2 as et
@@ -44,6 +71,11 @@ DEFAULT_PREFIX = "chakra"
 DEFAULT_MAX_BYTES = 4 << 30
 COMM_GROUPS_FILE = "comm_groups.json"
 ROLES_FILE = "roles.json"
+BARRIER_BYTES = 4
+"""The all-reduce a barrier is exported as: one float32, as torch.distributed's NCCL barrier."""
+
+CostFn = Callable[[OpKind, tuple[int, ...], int], float]
+"""(kind, members, size_bytes) -> ns, as `prism_megatron.sim.cost.CostFn`."""
 
 NODE_TYPES = {
     NodeType.COMPUTE: et.COMP_NODE,
@@ -54,15 +86,44 @@ NODE_TYPES = {
 }
 COMM_TYPES = {
     OpKind.ALL_REDUCE: et.ALL_REDUCE,
-    OpKind.REDUCE: et.REDUCE,
     OpKind.ALL_GATHER: et.ALL_GATHER,
-    OpKind.GATHER: et.GATHER,
-    OpKind.SCATTER: et.SCATTER,
     OpKind.BROADCAST: et.BROADCAST,
     OpKind.ALL_TO_ALL: et.ALL_TO_ALL,
     OpKind.REDUCE_SCATTER: et.REDUCE_SCATTER,
-    OpKind.BARRIER: et.BARRIER,
 }
+"""Our collectives that ASTRA-sim runs as they are."""
+EXPORTED_AS = {
+    OpKind.BARRIER: et.ALL_REDUCE,
+    OpKind.REDUCE: et.REDUCE_SCATTER,
+    OpKind.GATHER: et.ALL_GATHER,
+    OpKind.SCATTER: et.REDUCE_SCATTER,
+}
+"""Our collectives that ASTRA-sim refuses, and the supported one each is exported as (see above)."""
+FEEDER_TYPES = {
+    "is_cpu_op": "bool_val",
+    "comm_type": "int64_val",
+    "comm_size": "int64_val",
+    "comm_src": "int32_val",
+    "comm_dst": "int32_val",
+    "comm_tag": "int32_val",
+    "pg_name": "string_val",
+}
+"""The AttributeProto field Chakra's C++ feeder reads for each attribute it knows."""
+_INT32_MAX = (1 << 31) - 1
+
+
+def comm_type_of(kind: OpKind) -> int:
+    """The CollectiveCommType a collective of ours is exported as."""
+    return COMM_TYPES[kind] if kind in COMM_TYPES else EXPORTED_AS[kind]
+
+
+def comm_size_of(kind: OpKind, size_bytes: int, num_members: int) -> int:
+    """`comm_size` as ASTRA-sim reads it, from prism's size (the largest buffer the op touches)."""
+    if kind == OpKind.BARRIER:
+        return BARRIER_BYTES
+    if kind in (OpKind.ALL_GATHER, OpKind.GATHER):  # ASTRA-sim: each rank's input
+        return size_bytes // max(1, num_members)
+    return size_bytes
 
 
 class CommGroups:
@@ -79,17 +140,40 @@ class CommGroups:
 
 
 def _attr(name: str, value) -> et.AttributeProto:
-    if isinstance(value, bool):
-        return et.AttributeProto(name=name, bool_val=value)
-    if isinstance(value, int):
-        return et.AttributeProto(name=name, int64_val=value)
-    return et.AttributeProto(name=name, string_val=str(value))
+    """An attribute in the field Chakra's feeder reads it from (FEEDER_TYPES), else by Python type."""
+    field = FEEDER_TYPES.get(name)
+    if field is None:
+        field = (
+            "bool_val" if isinstance(value, bool) else "int64_val" if isinstance(value, int) else "string_val"
+        )
+    if field == "int32_val" and not 0 <= value <= _INT32_MAX:
+        raise ValueError(f"attribute {name}={value} does not fit the int32 Chakra's feeder reads it as")
+    if field == "string_val":
+        value = str(value)
+    return et.AttributeProto(name=name, **{field: value})
+
+
+class _Rounder:
+    """Whole microseconds from nanoseconds, the remainder carried to the next call (one per stream)."""
+
+    def __init__(self) -> None:
+        self.exact_ns = 0
+        self.written_us = 0
+
+    def micros(self, duration_ns: float) -> int:
+        self.exact_ns += duration_ns
+        target_us = max(self.written_us, round(self.exact_ns / 1000))
+        out, self.written_us = target_us - self.written_us, target_us
+        return out
 
 
 def rank_trace(
-    expanded: ExpandedGraph, virtual_rank: int, groups: CommGroups
+    expanded: ExpandedGraph, virtual_rank: int, groups: CommGroups, cost_fn: CostFn | None = None
 ) -> tuple[et.GlobalMetadata, list[et.Node]]:
-    """The metadata and nodes of one rank's trace; `groups` collects the groups it names."""
+    """The metadata and nodes of one rank's trace; `groups` collects the groups it names.
+
+    `cost_fn` (optional) gives a BROADCAST's duration, which ASTRA-sim replays instead of simulating.
+    """
     streams = expanded.streams(virtual_rank)
     ids: dict[tuple[str, int], int] = {}
     for name, ops in streams.items():
@@ -99,10 +183,18 @@ def rank_trace(
     for name, ops in streams.items():
         previous_batch: list[int] = []  # the stream waits for every op of the batch before
         batch: list[int] = []
+        rounder = _Rounder()
         for index, resolved in enumerate(ops):
             node_id = ids[(name, index)]
             cross = [ids[(dep.stream, dep.index)] for dep in resolved.op.deps]
-            nodes.append(_node(resolved, node_id, name, previous_batch, cross, virtual_rank, groups))
+            node = _node(resolved, node_id, name, virtual_rank, groups)
+            node.ctrl_deps.extend(previous_batch)
+            node.data_deps.extend(dict.fromkeys([*previous_batch, *cross]))
+            if _replayed(resolved.op):
+                node.duration_micros = rounder.micros(_duration_ns(resolved, cost_fn))
+            else:  # ASTRA-sim simulates it and ignores the duration
+                node.duration_micros = round(resolved.op.duration_ns / 1000)
+            nodes.append(node)
             batch.append(node_id)
             if not resolved.op.coalesced:
                 previous_batch, batch = batch, []
@@ -118,16 +210,33 @@ def rank_trace(
     return metadata, nodes
 
 
-def _node(resolved: ResolvedOp, node_id, stream, ctrl_deps, cross_deps, virtual_rank, groups) -> et.Node:
+def _replayed(op) -> bool:
+    """Whether ASTRA-sim spends the node's `duration_micros` (compute, waits, broadcasts)."""
+    return op.type in (NodeType.COMPUTE, NodeType.WAIT) or op.comm == OpKind.BROADCAST
+
+
+def _duration_ns(resolved: ResolvedOp, cost_fn: CostFn | None) -> float:
+    """What ASTRA-sim should spend on the node where it does not simulate it itself."""
+    op = resolved.op
+    if cost_fn is not None and op.type == NodeType.COLLECTIVE and op.comm == OpKind.BROADCAST:
+        return cost_fn(op.comm, resolved.members, op.size_bytes)
+    return op.duration_ns
+
+
+def _node(resolved: ResolvedOp, node_id: int, stream: str, virtual_rank: int, groups: CommGroups) -> et.Node:
     op = resolved.op
     attrs = [_attr("is_cpu_op", False), _attr("stream", stream), _attr("duration_ns", op.duration_ns)]
+    label = op.name
     if op.type == NodeType.COLLECTIVE:
         attrs += [
-            _attr("comm_type", COMM_TYPES[op.comm]),
-            _attr("comm_size", op.size_bytes),
+            _attr("comm_type", comm_type_of(op.comm)),
+            _attr("comm_size", comm_size_of(op.comm, op.size_bytes, len(resolved.members))),
             _attr("comm_tag", op.seq),
-            _attr("pg_name", str(groups.id_of(resolved.members))),
+            _attr("pg_name", groups.id_of(resolved.members)),
         ]
+        if op.comm not in COMM_TYPES:
+            attrs.append(_attr("prism_comm_type", op.comm.name))
+        label = " ".join(part for part in (op.comm.name, op.group, op.name) if part)
     elif op.type in (NodeType.SEND, NodeType.RECV):
         sending = op.type == NodeType.SEND
         src, dst = (virtual_rank, resolved.peer) if sending else (resolved.peer, virtual_rank)
@@ -137,14 +246,16 @@ def _node(resolved: ResolvedOp, node_id, stream, ctrl_deps, cross_deps, virtual_
             _attr("comm_size", op.size_bytes),
             _attr("comm_tag", op.seq),
         ]
-    name = op.name or (op.comm.name if op.comm is not None else op.type.name)
+        label = " ".join(part for part in (op.group, op.name) if part)
+    elif op.type == NodeType.WAIT:
+        label = " ".join(part for part in ("wait", op.name) if part)
+    node_type = NODE_TYPES[op.type]
     return et.Node(
         id=node_id,
-        name=name or "op",
-        type=NODE_TYPES[op.type],
-        ctrl_deps=list(ctrl_deps),
-        data_deps=list(dict.fromkeys([*ctrl_deps, *cross_deps])),
-        duration_micros=round(op.duration_ns / 1000),
+        name=" ".join(
+            dict.fromkeys(part for part in (et.NodeType.Name(node_type), *label.split(" ")) if part)
+        ),
+        type=node_type,
         attr=attrs,
     )
 
@@ -184,8 +295,11 @@ def export_chakra(
     all_ranks: bool = False,
     prefix: str = DEFAULT_PREFIX,
     max_bytes: int = DEFAULT_MAX_BYTES,
+    cost_fn: CostFn | None = None,
 ) -> Exported:
     """Write the traces of the given ranks (default: each role's representative; `all_ranks`: every NPU).
+
+    `cost_fn`, the network model of a cluster, gives each BROADCAST the duration ASTRA-sim replays.
 
     Raises:
         ValueError: `all_ranks` would write more than `max_bytes` (the message gives the estimate).
@@ -207,7 +321,7 @@ def export_chakra(
     groups = CommGroups()
     paths, total = [], 0
     for rank in ranks:
-        data = trace_bytes(*rank_trace(expanded, rank, groups))
+        data = trace_bytes(*rank_trace(expanded, rank, groups, cost_fn))
         path = os.path.join(directory, f"{prefix}.{rank}.et")
         files.write_atomically(path, data)
         paths.append(path)
