@@ -157,7 +157,7 @@ def to_markdown(doc: dict, judged: Sequence[Judged], *, plot_name: str | None = 
 def _breakdown_note(flagged: list[dict], gate_all: bool) -> list[str]:
     if not flagged or gate_all:
         return []
-    named = ", ".join(f"{m['metric']}: {m['verdict']}" for m in flagged)
+    named = ", ".join(f"{escape(m['metric'])}: {m['verdict']}" for m in flagged)
     return [
         "",
         f"Breakdown beyond its threshold (reported, not gated; `--gate-breakdown` gates it): {named}.",
