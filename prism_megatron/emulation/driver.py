@@ -23,6 +23,10 @@ from prism_megatron.graph.capture import RankCapture, build_graph
 from prism_megatron.graph.classes import save_classes
 from prism_megatron.report import Failure, RunReport
 
+MODELLED_CAPTURE_ITERS = 2
+"""Iterations a capture pass runs on a modelled GPU: its times are deterministic (the GPU model's), so
+one warm-up iteration (`rank.NUM_WARMUP`) and one recorded iteration give every span."""
+
 
 @dataclasses.dataclass(frozen=True)
 class RunOutcome:
@@ -60,7 +64,8 @@ def run(plan: RunPlan, progress: Progress | None = None) -> RunOutcome:
         graph = obtain_graph(plan, progress, walls)
         summary = outputs.capture_summary(plan, graph, walls, made_here=not plan.reuses_graph)
         sim_result = simulate(plan, graph, progress, walls)
-        emulate(plan, progress, walls)
+        if not plan.modelled:  # a modelled device's iteration is the simulation's (see modelled_run)
+            emulate(plan, progress, walls)
     except RunFailed as exc:
         progress.end("failed")
         failure = Failure(message=str(exc), dead_rank=exc.dead_rank, last_op=exc.last_op)
@@ -75,7 +80,10 @@ def run(plan: RunPlan, progress: Progress | None = None) -> RunOutcome:
                                                        results=outputs.measured_results(plan),
                                                        failure=stopped, capture=summary), sim_result)  # fmt: skip
         raise stop from None
-    results = outputs.measured_results(plan) if failure else outputs.rank_results(plan.out_dir)
+    if plan.modelled:
+        results = outputs.rank_results(plan.path(files.CAPTURE_DIR))
+    else:
+        results = outputs.measured_results(plan) if failure else outputs.rank_results(plan.out_dir)
     return _reported(plan, progress, walls, sim_result, results, failure, summary)
 
 
@@ -160,7 +168,7 @@ def _load(path: str, plan: RunPlan) -> ExecutionGraph:
 
 def capture_launches(plan: RunPlan) -> list[Launch]:
     """The capture passes: the slice in batches of `plan.nproc` processes, each rank recording its ops."""
-    iterations = plan.config.capture.capture_iters
+    iterations = MODELLED_CAPTURE_ITERS if plan.modelled else plan.config.capture.capture_iters
     return [
         Launch(
             name=f"capture-{number}",

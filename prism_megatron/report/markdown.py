@@ -51,6 +51,7 @@ def render_markdown(report: RunReport, outputs: Mapping[str, str], skipped: Mapp
         ["# prism-megatron run report"],
         _status(report),
         _summary(report),
+        report.modelled.markdown() if report.modelled is not None else [],
         _target(report),
         _capture(report),
         _ranks(report),

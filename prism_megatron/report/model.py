@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import prism_megatron
 from prism_megatron.report import schema
+from prism_megatron.report.modelled import ModelledReport
 from prism_megatron.topology import Layout
 
 if TYPE_CHECKING:
@@ -336,6 +337,8 @@ class RunReport:
     """Calls per Megatron patch during the run."""
     capture: CaptureSummary | None = None
     """How the graph was captured (None while the run has not obtained it)."""
+    modelled: ModelledReport | None = None
+    """On a modelled GPU (--prism-device model:<gpu>): the modelled iteration; None on a real device."""
     versions: Mapping[str, str | None] = dataclasses.field(default_factory=current_versions)
     created: str = dataclasses.field(default_factory=_now)
     """When the report was made (ISO 8601, UTC)."""
@@ -364,6 +367,7 @@ class RunReport:
             "shims_used": dict(self.shims_used) if self.shims_used is not None else None,
             "patches": dict(self.patches) if self.patches is not None else None,
             "capture": self.capture.to_json() if self.capture is not None else None,
+            "modelled": self.modelled.to_json() if self.modelled is not None else None,
             "versions": dict(self.versions),
             "created": self.created,
         }
@@ -391,6 +395,7 @@ class RunReport:
             shims_used=doc.get("shims_used"),
             patches=doc.get("patches"),
             capture=CaptureSummary.from_json(doc["capture"]) if doc.get("capture") else None,
+            modelled=ModelledReport.from_json(doc["modelled"]) if doc.get("modelled") else None,
             versions=doc["versions"],
             created=doc.get("created", ""),
         )

@@ -24,6 +24,7 @@ from prism_megatron.megatron.job import target
 from prism_megatron.megatron.job.target import ParallelSizes
 from prism_megatron.megatron.run import cpu_share, world
 from prism_megatron.patches import control_flow, cpu_shim, parallel_state, pipeline, pipeline_ops, registry
+from prism_megatron.patches import modelled_device as modelled_patches
 from prism_megatron.replay import timeline
 
 
@@ -128,6 +129,8 @@ def start(config: PrismConfig) -> Runtime:
     if device == "cpu":
         runtime.cpu = cpu_share.take(config.emulation)
         runtime.apply(cpu_shim.MEGATRON_CORE_SHIMS)
+    if config.emulation.modelled_gpu is not None:
+        runtime.apply(modelled_patches.ALL_RECORDS)
     return runtime
 
 
