@@ -64,6 +64,8 @@ class EmulationConfig:
     """Pass this process runs: capture (record ops for the graph), emulate (replay --prism-graph), auto (emulate with --prism-graph, else peers answer at once); prism-megatron emulate sets it."""
 
     def __post_init__(self) -> None:
+        if self.device not in DEVICES:
+            raise ValueError(f"--prism-device {self.device}: valid devices are {', '.join(DEVICES)}")
         if self.phase != "auto" and not self.emulate:
             raise ValueError(f"--prism-phase {self.phase} needs --prism-emulate")
         if self.emulate and self.world_size is None:

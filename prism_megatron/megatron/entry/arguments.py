@@ -207,6 +207,8 @@ def derive(args: argparse.Namespace) -> None:
     if args.bf16 and args.fp16:
         raise ValueError("--bf16 and --fp16 are exclusive; pass one")
     target.derive(args)
+    if args.bf16:  # arguments.py: "bfloat16 requires gradient accumulation and all-reduce in fp32"
+        args.accumulate_allreduce_grads_in_fp32 = True
     if args.virtual_pipeline_model_parallel_size is None:
         args.align_param_gather = False  # arguments.py: not without the interleaved schedule
     _derive_context_parallel(args)

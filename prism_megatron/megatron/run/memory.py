@@ -160,9 +160,9 @@ class LiveStorageTracker(TorchDispatchMode):
         for inner in _inner_optimizers(optimizer):
             for state in inner.state.values():
                 self.label(OPTIMIZER_STATE, (v for v in state.values() if isinstance(v, torch.Tensor)))
-            if not hasattr(optimizer, "shard_fp32_from_float16_groups"):
-                continue
-            for group in optimizer.shard_fp32_from_float16_groups:
+        # The fp32 main parameters live on each Megatron optimizer (a chained one holds several).
+        for child in getattr(optimizer, "chained_optimizers", None) or [optimizer]:
+            for group in getattr(child, "shard_fp32_from_float16_groups", None) or ():
                 self.label(OPTIMIZER_STATE, group)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
