@@ -15,12 +15,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from launching import quiet_env, run_entry
 
 from prism_megatron.megatron.job.configs import read_config
 from prism_megatron.megatron.job.job import job_from_flags
 from prism_megatron.megatron.plan.rank_plan import plan_ranks
-
-from .launching import quiet_env, run_entry
 
 REPO = Path(__file__).resolve().parents[2]
 LLAMA_405B = read_config(REPO / "launch" / "configs" / "llama3-405b-16384gpus.args")

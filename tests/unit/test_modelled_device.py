@@ -75,3 +75,17 @@ def test_the_report_says_modelled_where_a_measured_run_says_measured():
     for kind in KINDS:
         assert kind.replace("_", " ") in text
     assert "MFU 40.4%" in report.summary_line()
+
+
+def test_a_modelled_run_refuses_what_it_cannot_model_in_one_line():
+    import argparse
+
+    from prism_megatron.emulation.plan import _check_modelled
+
+    config = PrismConfig(emulation=EmulationConfig(device="model:h100"))
+    dense = argparse.Namespace(num_experts=None)
+    _check_modelled(config, "builtin", dense)
+    with pytest.raises(ValueError, match=r"--script pretrain_gpt\.py on a modelled GPU is not supported yet"):
+        _check_modelled(config, "pretrain_gpt.py", dense)
+    with pytest.raises(ValueError, match="--num-experts 8 on --prism-device model:h100: MoE routing"):
+        _check_modelled(config, "builtin", argparse.Namespace(num_experts=8))
