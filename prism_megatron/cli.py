@@ -20,10 +20,7 @@ import sys
 import warnings
 
 from prism_megatron import __version__, commands
-
-
-class CommandLineError(Exception):
-    """A user mistake on the command line; its message names the flag and what would be valid."""
+from prism_megatron.commands import CommandLineError
 
 
 class OneLineParser(argparse.ArgumentParser):

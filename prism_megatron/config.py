@@ -26,6 +26,8 @@ from typing import Any
 MODELLED_GPUS = ("a100", "b200", "h100", "h200")
 """The GPUs the GPU model knows (`prism_megatron.gpu_model.GPU_NAMES`; a unit test keeps the two equal)."""
 MODELLED_PREFIX = "model:"
+PRESET_OF_GPU = {gpu: f"dgx-{gpu}" for gpu in MODELLED_GPUS}
+"""The cluster preset (`network/presets.py`) a modelled GPU runs in unless --prism-cluster says otherwise."""
 DEVICES = ("auto", "cpu", "cuda", *(MODELLED_PREFIX + name for name in MODELLED_GPUS))
 DATA_POLICIES = ("mirror",)  # what prism_megatron.backend offers
 PHASES = ("auto", "capture", "emulate")
@@ -210,8 +212,6 @@ class PrismConfig:
     def __post_init__(self) -> None:
         gpu = self.emulation.modelled_gpu
         if gpu is not None and self.cluster.cluster == "default":
-            from prism_megatron.network.presets import PRESET_OF_GPU
-
             # A modelled GPU runs in the system built of it, unless --prism-cluster names another.
             object.__setattr__(self, "cluster", ClusterConfig(cluster=PRESET_OF_GPU[gpu]))
         if self.emulation.phase == "emulate" and self.capture.graph is None:
@@ -307,14 +307,25 @@ def flag_table() -> list[tuple[str, Any, str]]:
     return rows
 
 
+class RaisingParser(argparse.ArgumentParser):
+    """An argparse parser whose user errors raise ValueError with argparse's one-line message (after
+    `error_prefix`) instead of printing the whole usage and exiting: every parser of flags that a
+    library call reads (--prism-*, Megatron's) is one, so a caller decides how a mistake reaches the
+    user (the commands and the launcher: one line, exit status 2). Abbreviations are refused, as
+    Megatron-LM refuses them."""
+
+    def __init__(self, *args: Any, error_prefix: str = "", **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+        self.error_prefix = error_prefix
+
+    def error(self, message: str) -> typing.NoReturn:  # argparse's hook
+        raise ValueError(f"{self.error_prefix}{message}")
+
+
 def parse_prism_flags(argv: list[str]) -> PrismConfig:
     """The PrismConfig of the `--prism-*` flags among other flags (a script's or Megatron's)."""
-    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    parser = RaisingParser(add_help=False)
     add_prism_arguments(parser)
-
-    def one_line(message: str):  # argparse would print the usage of every --prism-* flag first
-        raise ValueError(message)
-
-    parser.error = one_line  # type: ignore[method-assign]
     known, _ = parser.parse_known_args(argv)
     return PrismConfig.from_args(known)

@@ -8,7 +8,7 @@ which then runs unmodified. ARGS are the script's Megatron flags plus `--prism-*
 Under srun without torchrun, the SLURM task variables stand in for torchrun's (RANK, WORLD_SIZE,
 LOCAL_RANK); MASTER_ADDR and MASTER_PORT must be set by the job script.
 
-Which pass the processes run is `--prism-phase` (see `prism_megatron.emulation.rank`): `capture`
+Which pass the processes run is `--prism-phase` (see `prism_megatron.passes.rank`): `capture`
 records the ops of the ranks `--prism-ranks` selects into `--prism-out`; `emulate` replays every
 virtual peer from `--prism-graph` (a graph folder, or a folder of capture files that each process
 builds into the same graph) with the closed loop; without either, virtual peers answer at once.
@@ -21,10 +21,10 @@ from __future__ import annotations
 import os
 import sys
 
-from prism_megatron.cli import CommandLineError
+from prism_megatron.commands import CommandLineError
 from prism_megatron.config import parse_prism_flags
+from prism_megatron.emulation.preflight import BUILTIN
 
-BUILTIN = "builtin"
 USAGE = "usage: python -m prism_megatron.launch {builtin | SCRIPT.py} [megatron and --prism-* flags]"
 _SLURM_TO_TORCHRUN = {"RANK": "SLURM_PROCID", "WORLD_SIZE": "SLURM_NTASKS", "LOCAL_RANK": "SLURM_LOCALID"}
 
@@ -53,13 +53,13 @@ def run_megatron_lm(script_path: str, script_args: list[str]) -> int:
     if config.patches.list_patches:
         print(catalog.table())
         return 0
-    rt = runtime.start(config)
+    rt = runtime.Runtime.start(config)
     try:
         record = script.run_script(script_path, script_args, rt)
         memory_report = record.finish()
         if record.model is not None:
             out = results.collect_megatron_lm(rt=rt, record=record, memory_report=memory_report)
-            runtime.finish_phase(rt, out)
+            rt.finish_phase(out)
             results.write(rt.config, rt.virtual_rank, out)
     finally:
         rt.close()

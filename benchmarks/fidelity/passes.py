@@ -128,8 +128,8 @@ def capture_with_results(run_plan, job: workload.Job, **extra) -> tuple:
     """`capture`, and every capture process's result (slice order)."""
     from prism_megatron import files
     from prism_megatron.emulation import driver
-    from prism_megatron.emulation.closed_loop import load_or_build_graph
     from prism_megatron.graph import save_graph
+    from prism_megatron.passes.closed_loop import load_or_build_graph
 
     results = []
     for launch in driver.prepare_capture(run_plan):

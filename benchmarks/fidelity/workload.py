@@ -113,11 +113,11 @@ def _bring_up(request: Request):
     from prism_megatron.megatron.run import runtime
 
     job = request.job
-    rt = runtime.start(parse_prism_flags(list(request.argv)))
+    rt = runtime.Runtime.start(parse_prism_flags(list(request.argv)))
     rt.sizes = runtime.ParallelSizes(tp=job.tp, pp=job.pp, vpp=job.vpp)
-    runtime.bring_up(rt)
+    rt.bring_up()
     programs.initialize_model_parallel(job)
-    runtime.before_model(rt)
+    rt.before_model()
     return rt
 
 
@@ -218,15 +218,14 @@ class ComputeClock:
 def _iterate(rt, step, count: int, clock: ComputeClock | None, host_returns_ns: list[int]) -> None:
     """`count` training steps, each between the runtime's iteration marks, as the entries run them
     (the pass times, records, replays and folds them there)."""
-    from prism_megatron.megatron.run import runtime
 
     for _ in range(count):
-        runtime.iteration_begins(rt)
+        rt.iteration_begins()
         if clock is not None:
             clock.new_iteration()
         step()
         host_returns_ns.append(time.monotonic_ns())
-        runtime.iteration_ends(rt)
+        rt.iteration_ends()
 
 
 @contextlib.contextmanager
@@ -326,7 +325,7 @@ def _trace_gpt(request: Request) -> dict[str, list]:
     from prism_megatron.megatron.run import runtime
 
     trace: dict[str, list] = {"starts_ns": [], "ends_ns": [], "all_reduces_ns": []}
-    begins, ends = runtime.iteration_begins, runtime.iteration_ends
+    begins, ends = runtime.Runtime.iteration_begins, runtime.Runtime.iteration_ends
 
     def noted_begins(rt):
         trace["starts_ns"].append(time.monotonic_ns())
@@ -336,7 +335,7 @@ def _trace_gpt(request: Request) -> dict[str, list]:
         ends(rt)
         trace["ends_ns"].append(time.monotonic_ns())
 
-    runtime.iteration_begins, runtime.iteration_ends = noted_begins, noted_ends
+    runtime.Runtime.iteration_begins, runtime.Runtime.iteration_ends = noted_begins, noted_ends
     exchanges = _Windows()
     _record_exchanges(schedules.P2PCommunicator, exchanges)
     _record_all_reduces(trace["all_reduces_ns"])
@@ -355,7 +354,7 @@ def _virtual_rank_of(config) -> int:
 def _run_sleep(request: Request) -> dict[str, Any]:
     from megatron.core import parallel_state
 
-    from prism_megatron.megatron.run import memory, runtime
+    from prism_megatron.passes import memory
 
     sleeps_ns: list[tuple[int, int, int]] = []
     if request.record_sleeps:
@@ -383,7 +382,7 @@ def _run_sleep(request: Request) -> dict[str, Any]:
         phase = rt.phase
         phase.read_marks(wait=True)
         out: dict[str, Any] = {}
-        runtime.finish_phase(rt, out)  # the pass's files: capture file, op log
+        rt.finish_phase(out)  # the pass's files: capture file, op log
         return {
             "virtual_rank": virtual_rank,
             "mode": request.mode,

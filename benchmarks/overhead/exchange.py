@@ -49,11 +49,11 @@ def _communicator(*, emulate: bool):
     emulation = EmulationConfig(
         emulate=emulate, world_size=2 if emulate else None, ranks="1" if emulate else None, device="cpu"
     )
-    rt = runtime.start(PrismConfig(emulation=emulation))
+    rt = runtime.Runtime.start(PrismConfig(emulation=emulation))
     rt.sizes = runtime.ParallelSizes(pp=2)
-    runtime.bring_up(rt)
+    rt.bring_up()
     parallel_state.initialize_model_parallel(pipeline_model_parallel_size=2, create_gloo_process_groups=False)
-    runtime.before_model(rt)
+    rt.before_model()
     config = ModelParallelConfig(pipeline_model_parallel_size=2, pipeline_dtype=torch.float32)
     group = parallel_state.get_pipeline_model_parallel_group()
     return rt, schedules.P2PCommunicator(pp_group=group, config=config)

@@ -79,10 +79,10 @@ def _activation(world_size: int) -> dict:
     config = PrismConfig(
         emulation=EmulationConfig(emulate=True, world_size=world_size, ranks="0", device="cpu")
     )
-    rt = runtime.start(config)
+    rt = runtime.Runtime.start(config)
     rt.sizes = runtime.ParallelSizes(tp=TP, pp=PP)
     try:
-        runtime.bring_up(rt)
+        rt.bring_up()
         parallel_state.initialize_model_parallel(
             tensor_model_parallel_size=TP, pipeline_model_parallel_size=PP, create_gloo_process_groups=False
         )

@@ -22,7 +22,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from prism_megatron.cli import CommandLineError
+from prism_megatron.commands import CommandLineError
 from prism_megatron.config import parse_prism_flags
 
 NAME = "emulate"
@@ -54,7 +54,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def default_nproc(megatron_args: list[str]) -> int:
+def default_nproc(megatron_args: list[str], script: str = "builtin") -> int:
     """One process per real rank: the number of ranks --prism-ranks selects (1 without emulation)."""
     from prism_megatron.emulation.plan import megatron_flags
     from prism_megatron.megatron.job import target
@@ -62,7 +62,7 @@ def default_nproc(megatron_args: list[str]) -> int:
     config = parse_prism_flags(megatron_args)
     if not config.emulation.emulate:
         return 1
-    job = target.derive(megatron_flags(megatron_args), world_size=config.emulation.world_size)
+    job = target.derive(megatron_flags(megatron_args, script), world_size=config.emulation.world_size)
     return len(target.select_real_ranks(job.layout(), config.emulation.ranks))
 
 
@@ -92,7 +92,9 @@ def run(args: argparse.Namespace) -> int:
         try:
             if not config.emulation.emulate or config.emulation.phase != "auto":
                 nproc = (
-                    args.nproc_per_node if args.nproc_per_node is not None else default_nproc(megatron_args)
+                    args.nproc_per_node
+                    if args.nproc_per_node is not None
+                    else default_nproc(megatron_args, args.script)
                 )
                 return processes.wait(processes.start(launcher_command(nproc, args.script, megatron_args)))
             if args.report_only:
@@ -110,17 +112,7 @@ def check_builtin_flags(megatron_args: list[str], world_size: int) -> None:
     from prism_megatron.megatron.entry import arguments as pretrain_args
     from prism_megatron.megatron.entry import model
 
-    def one_line(message: str):
-        raise ValueError(message)
-
-    parser = pretrain_args.build_parser()
-    parser.error = one_line  # type: ignore[method-assign]
-    args, unknown = parser.parse_known_args(megatron_args)
-    if unknown:
-        raise ValueError(
-            f"the built-in entry does not support {' '.join(unknown)}; run a Megatron-LM script with --script"
-        )
-    pretrain_args.derive(args)
+    args = pretrain_args.parse(megatron_args)  # the entry's own parser and derivations
     pretrain_args.derive_world(args, world_size)
     pretrain_args.check_local_spec(args)
     model.transformer_config(args)  # megatron-core's own checks of the model's configuration

@@ -78,7 +78,7 @@ def _megatron_argv(words: list[str]) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from prism_megatron.cli import CommandLineError
+    from prism_megatron.commands import CommandLineError
 
     if args.json_path:
         files.check_output(args.json_path, "--json")

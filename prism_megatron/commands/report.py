@@ -69,9 +69,9 @@ def _simulated_from_graph(run_dir: str, report):
     graph_dir = os.path.join(run_dir, files.GRAPH_DIR)
     if os.path.exists(os.path.join(run_dir, files.SIMULATED_SPANS_FILE)) or not os.path.isdir(graph_dir):
         return None
-    from prism_megatron.emulation.closed_loop import network_cost
     from prism_megatron.graph import load_graph
     from prism_megatron.graph.world import world_from_metadata
+    from prism_megatron.passes.closed_loop import network_cost
     from prism_megatron.sim import WhatIf, simulate
 
     graph = load_graph(graph_dir)

@@ -68,9 +68,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from prism_megatron.emulation.closed_loop import network_cost
     from prism_megatron.graph import load_graph
     from prism_megatron.graph.world import world_from_metadata
+    from prism_megatron.passes.closed_loop import network_cost
     from prism_megatron.sim import (
         DeadlockError,
         SimulationFault,

@@ -8,12 +8,12 @@ versions), the cluster, stragglers, and anything else under `prism`.
 
 from __future__ import annotations
 
-from prism_megatron.report.model import RunReport
+from prism_megatron.report.model import RunReport, target_to_json
 
 
 def job_fields(report: RunReport) -> dict[str, object]:
     """The fields that name the job, flattened ("target.tp", "real_ranks", ...)."""
-    fields: dict[str, object] = {f"target.{k}": v for k, v in report.target.to_json().items()}
+    fields: dict[str, object] = {f"target.{k}": v for k, v in target_to_json(report.target).items()}
     fields["real_ranks"] = list(report.real_ranks)
     fields["model_flops_per_iteration"] = report.model_flops_per_iteration
     fields["device"] = (report.prism.get("emulation") or {}).get("device")

@@ -39,9 +39,10 @@ def capture_ranks(layout: Layout, classes: Sequence[RoleClass], nproc: int) -> t
     return tuple(ranks) + tuple(extra)
 
 
-def with_slice(plan):
-    """The plan with its role classes and the capture's ranks (`RunPlan.role_classes`, `slice_ranks`)."""
-    model = job_model(plan.flags, plan.megatron_args)
+def with_slice(plan, argv: Sequence[str]):
+    """The plan with its role classes and the capture's ranks (`RunPlan.role_classes`, `slice_ranks`);
+    `argv`: the flag list the plan's job came from (for the flags `job_model` cannot model)."""
+    model = job_model(plan.job, argv)
     classes = role_classes(plan.layout, model, capture_all=plan.config.capture.capture_all_roles)
     return dataclasses.replace(
         plan, role_classes=classes, slice_ranks=capture_ranks(plan.layout, classes, plan.nproc)

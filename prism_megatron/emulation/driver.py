@@ -13,14 +13,13 @@ from typing import Any
 
 from prism_megatron import files
 from prism_megatron.emulation import outputs, processes
-from prism_megatron.emulation.closed_loop import load_or_build_graph, network_cost
 from prism_megatron.emulation.launches import Launch, RunFailed, run_launch
 from prism_megatron.emulation.plan import RunPlan
-from prism_megatron.emulation.preflight import graph_facts
 from prism_megatron.emulation.progress import Progress
 from prism_megatron.graph import ExecutionGraph, LayoutWorld, save_graph
 from prism_megatron.graph.capture import RankCapture, build_graph
 from prism_megatron.graph.classes import save_classes
+from prism_megatron.passes.closed_loop import load_or_build_graph, network_cost
 from prism_megatron.report import Failure, RunReport
 
 MODELLED_CAPTURE_ITERS = 2
@@ -146,7 +145,7 @@ def obtain_graph(plan: RunPlan, progress: Progress, walls: dict[str, float]) -> 
         try:
             captures = [RankCapture.load(path) for path in paths]
             graph = build_graph(captures, LayoutWorld(plan.layout), plan.layout.kwargs(),
-                                extra=graph_facts(plan), classes=plan.role_classes)  # fmt: skip
+                                extra=plan.graph_facts(), classes=plan.role_classes)  # fmt: skip
         except (OSError, ValueError) as exc:
             raise RunFailed(f"the captured ops do not make a graph: {exc}") from exc
         captured = len(graph.metadata.extra["captured_ranks"])
@@ -161,7 +160,7 @@ def _load(path: str, plan: RunPlan) -> ExecutionGraph:
     if path == plan.config.capture.graph and plan.reused_graph is not None:
         return plan.reused_graph  # checked (and built) before the run started
     try:
-        return load_or_build_graph(path, plan.layout, extra=graph_facts(plan))
+        return load_or_build_graph(path, plan.layout, extra=plan.graph_facts())
     except (OSError, ValueError) as exc:
         raise RunFailed(str(exc)) from exc
 
@@ -188,7 +187,7 @@ def emulate_launch(plan: RunPlan) -> Launch:
         ranks=plan.real_ranks,
         out_dir=plan.out_dir,
         flags=("--prism-phase", "emulate", "--prism-graph", plan.path(files.GRAPH_DIR)),
-        num_iterations=plan.flags.train_iters,
+        num_iterations=plan.train_iters,
     )
 
 

@@ -29,9 +29,10 @@ import time
 from collections.abc import Sequence
 
 from prism_megatron import files
-from prism_megatron.emulation import processes, watchdog
+from prism_megatron.emulation import processes
 from prism_megatron.emulation.progress import Progress
-from prism_megatron.emulation.rank import read_progress
+from prism_megatron.passes import watchdog
+from prism_megatron.passes.rank import read_progress
 
 POLL_S = 0.3
 DUMP_WAIT_S = 5.0

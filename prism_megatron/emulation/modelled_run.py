@@ -59,7 +59,7 @@ def modelled_report(
     results: dict[int, dict[str, Any]],
     *,
     model_flops: float | None,
-    tokens_per_iteration: int,
+    tokens_per_iteration: int | None,
 ) -> ModelledReport | None:
     """The modelled iteration of the job (None before the simulation has run)."""
     from prism_megatron.sim import breakdown
@@ -71,7 +71,9 @@ def modelled_report(
     iteration_s = sim_result.iteration_time_ns / 1e9
     world_size = plan.layout.world_size
     tflops = model_flops / (iteration_s * world_size) / 1e12 if model_flops and iteration_s else None
-    tokens = tokens_per_iteration / (iteration_s * world_size) if iteration_s else None
+    tokens = (
+        tokens_per_iteration / (iteration_s * world_size) if iteration_s and tokens_per_iteration else None
+    )
     rows = breakdown(sim_result)
     critical = max(rows, key=lambda row: row.compute_ns)
     split = _compute_split(plan, critical.role, results)

@@ -8,7 +8,6 @@ the iteration times in the progress files) and says why it ended.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import os
@@ -17,14 +16,12 @@ from typing import Any
 from prism_megatron import files
 from prism_megatron.emulation import modelled_run
 from prism_megatron.emulation.plan import RunPlan
-from prism_megatron.emulation.rank import NUM_WARMUP, read_progress
+from prism_megatron.passes.rank import NUM_WARMUP, read_progress
 from prism_megatron.report import (
     Failure,
-    ModelShape,
     RankReport,
     RoleReport,
     RunReport,
-    TargetJob,
     iterations_from_times,
     median_iteration_time_s,
     model_flops_per_iteration,
@@ -32,7 +29,6 @@ from prism_megatron.report import (
     tokens_per_s_per_gpu,
     write_report,
 )
-from prism_megatron.report.flops import padded_vocab_size
 from prism_megatron.report.model import CaptureSummary
 
 
@@ -58,25 +54,15 @@ def measured_results(plan: RunPlan) -> dict[int, dict[str, Any]]:
     return results
 
 
-def target_job(plan: RunPlan) -> TargetJob:
-    flags, layout = plan.flags, plan.layout
-    mbs = flags.micro_batch_size or 1
-    gbs = flags.global_batch_size or mbs * layout.dp
-    return TargetJob.from_layout(
-        layout, micro_batch_size=mbs, global_batch_size=gbs, seq_length=flags.seq_length or 1
-    )
-
-
 def model_flops(plan: RunPlan) -> float | None:
-    """Model FLOPs of one iteration, when the flags give the model's shape."""
-    flags = plan.flags
-    if None in (flags.num_layers, flags.hidden_size, flags.num_attention_heads, flags.seq_length):
+    """Model FLOPs of one iteration of the plan's job; None when its flags do not give the model's
+    shape or the batch (a Megatron-LM script whose tokenizer sets the vocabulary, for one)."""
+    job = plan.job
+    if job.global_batch_size is None or job.model.missing(
+        "num_layers", "hidden_size", "num_attention_heads", "seq_length", "padded_vocab_size"
+    ):
         return None
-    vocab = flags.padded_vocab_size or padded_vocab_size(
-        32000, tp=plan.layout.tp, divisible_by=flags.make_vocab_size_divisible_by
-    )
-    shape = ModelShape.from_args(argparse.Namespace(**{**vars(flags), "padded_vocab_size": vocab}))
-    return model_flops_per_iteration(shape, target_job(plan).global_batch_size)
+    return model_flops_per_iteration(job.model, job.global_batch_size)
 
 
 def iteration_times(results: dict[int, dict[str, Any]]) -> list[float]:
@@ -137,20 +123,20 @@ def build_report(
     }
     modelled = None
     if plan.modelled:
-        job = target_job(plan)
+        job = plan.job
         modelled = modelled_run.modelled_report(
             plan,
             sim_result,
             results,
             model_flops=flops,
-            tokens_per_iteration=job.global_batch_size * job.seq_length,
+            tokens_per_iteration=(job.global_batch_size or 0) * (job.model.seq_length or 0) or None,
         )
     patches: dict[str, int] = {}
     for data in results.values():
         for name, calls in (data.get("patches_used") or {}).items():
             patches[name] = patches.get(name, 0) + int(calls)
     return RunReport(
-        target=target_job(plan),
+        target=plan.job,
         real_ranks=_real_ranks(plan),
         status=status,
         iterations=iterations,
@@ -166,12 +152,12 @@ def build_report(
         ),
         tokens_per_s_per_gpu=(
             tokens_per_s_per_gpu(
-                target_job(plan).global_batch_size,
-                target_job(plan).seq_length,
+                plan.job.global_batch_size,
+                plan.job.model.seq_length,
                 iteration_time_s,
                 plan.layout.world_size,
             )
-            if iteration_time_s
+            if iteration_time_s and plan.job.global_batch_size and plan.job.model.seq_length
             else None
         ),
         failure=failure,

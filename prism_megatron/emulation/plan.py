@@ -12,25 +12,26 @@ import os
 import time
 from collections.abc import Sequence
 
-from prism_megatron.config import PrismConfig, parse_prism_flags
+from prism_megatron.config import PrismConfig, RaisingParser, parse_prism_flags
+from prism_megatron.emulation import preflight
 from prism_megatron.emulation.capture_slice import with_slice
+from prism_megatron.emulation.preflight import BUILTIN
 from prism_megatron.megatron.job import target
+from prism_megatron.target import TargetJob
 from prism_megatron.topology import Layout, RoleClass
 
-BUILTIN = "builtin"
 
-
-def megatron_flags(megatron_args: Sequence[str]) -> argparse.Namespace:
+def megatron_flags(megatron_args: Sequence[str], script: str = BUILTIN) -> argparse.Namespace:
     """The target job's flags as Megatron-LM names them (`megatron.job.target`; the script parses the
-    rest), and `--train-iters`; not yet derived."""
-    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    rest), and `--train-iters`; not yet derived. The built-in entry's own defaults apply under it
+    (its mock data's vocabulary when --vocab-size is not given)."""
+    parser = RaisingParser(add_help=False, error_prefix="Megatron flags: ")
     target.add_job_arguments(parser)
     parser.add_argument("--train-iters", type=int, default=None)
+    if script == BUILTIN:
+        from prism_megatron.megatron.entry.arguments import MOCK_VOCAB_SIZE
 
-    def one_line(message: str):  # argparse would print its usage (25 lines) first
-        raise ValueError(f"Megatron flags: {message}")
-
-    parser.error = one_line  # type: ignore[method-assign]
+        parser.set_defaults(vocab_size=MOCK_VOCAB_SIZE)
     return parser.parse_known_args(list(megatron_args))[0]
 
 
@@ -42,8 +43,11 @@ class RunPlan:
     megatron_args: tuple[str, ...]
     """The user's flags after `--` (Megatron's and --prism-*), passed on to every launch."""
     script: str
-    flags: argparse.Namespace
-    """The target job's flags after Megatron-LM's derivations (`megatron.job.target.derive`)."""
+    job: TargetJob
+    """The target job the flags describe (layout sizes, schedule, batch, model shape), as
+    `megatron.job.target.derive` reads it."""
+    train_iters: int | None
+    """--train-iters: the iterations each pass runs (None: the script's default)."""
     layout: Layout
     real_ranks: tuple[int, ...]
     """Ranks the emulation runs for real (--prism-ranks), one process each."""
@@ -80,12 +84,22 @@ class RunPlan:
 
     @property
     def num_microbatches(self) -> int | None:
-        return self.flags.num_microbatches
+        return self.job.schedule.num_microbatches
 
-    @property
-    def job(self) -> target.TargetJob:
-        """The target job the flags describe (layout sizes, schedule, batch, model shape)."""
-        return target.target_job(self.flags, world_size=self.layout.world_size)
+    def graph_facts(self) -> dict[str, object]:
+        """The facts of the job a captured graph records beside its layout (metadata.extra)."""
+        from prism_megatron.passes.rank import NUM_WARMUP  # the capture pass's; it imports the replay
+
+        return {
+            "script": self.script,
+            "num_layers": self.job.model.num_layers,
+            "hidden_size": self.job.model.hidden_size,
+            "seq_length": self.job.model.seq_length,
+            "micro_batch_size": self.job.micro_batch_size,
+            "num_microbatches": self.num_microbatches,
+            "capture_iters": self.config.capture.capture_iters,
+            "num_warmup": NUM_WARMUP,
+        }
 
 
 def plan_run(
@@ -112,9 +126,10 @@ def plan_run(
             f"--prism-phase {config.emulation.phase} is for processes started by hand; "
             "prism-megatron emulate runs every pass itself"
         )
-    flags = megatron_flags(megatron_args)
+    flags = megatron_flags(megatron_args, script)
     _check_counts(flags)
-    layout = target.derive(flags, world_size=config.emulation.world_size).layout()
+    job = target.derive(flags, world_size=config.emulation.world_size)
+    layout = job.layout()
     real = target.select_real_ranks(layout, config.emulation.ranks)
     if config.emulation.modelled_gpu is not None:
         _check_modelled(config, script, flags)
@@ -138,17 +153,23 @@ def plan_run(
         config=config,
         megatron_args=tuple(megatron_args),
         script=script,
-        flags=flags,
+        job=job,
+        train_iters=flags.train_iters,
         layout=layout,
         real_ranks=real,
         slice_ranks=(),
         nproc=nproc,
         out_dir=out_dir,
     )
-    plan = with_slice(plan)
-    from prism_megatron.emulation import preflight  # it reads the plan
-
-    graph = preflight.check(plan, existing_run=existing_run)
+    plan = with_slice(plan, megatron_args)
+    graph = preflight.check(
+        cluster=config.cluster.cluster,
+        script=script,
+        out_dir=None if existing_run else out_dir,
+        graph_path=config.capture.graph,
+        layout=layout,
+        facts=plan.graph_facts(),
+    )
     return dataclasses.replace(plan, reused_graph=graph) if graph is not None else plan
 
 

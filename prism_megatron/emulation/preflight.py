@@ -11,29 +11,41 @@ from __future__ import annotations
 import os
 import sys
 
-from prism_megatron.emulation.plan import BUILTIN, RunPlan
 from prism_megatron.files import check_output
+from prism_megatron.topology import Layout
 
+BUILTIN = "builtin"
+"""The script name of the built-in training entry (`prism_megatron.launch builtin`)."""
 MODEL_FACTS = ("num_layers", "hidden_size", "seq_length", "micro_batch_size", "num_microbatches")
 """Facts of the job a graph records (metadata.extra) that must match for it to be reused."""
 
 
-def check(plan: RunPlan, *, existing_run: bool = False):
-    """Every check below, in order; ValueError naming the flag and the fix. Returns the graph
-    --prism-graph names, loaded (None without it), for the run to use.
+def check(
+    *,
+    cluster: str,
+    script: str,
+    out_dir: str | None,
+    graph_path: str | None,
+    layout: Layout,
+    facts: dict[str, object],
+):
+    """Every check below, in order, on what the plan holds (it calls this; this module knows no
+    plan); ValueError naming the flag and the fix. Returns the graph --prism-graph names, loaded
+    (None without it), for the run to use.
 
-    `existing_run`: the run folder holds the passes' outputs already (--report-only)."""
-    check_cluster(plan.config.cluster.cluster)
-    check_script(plan.script)
-    if not existing_run:
-        check_output(plan.out_dir, "--prism-out", directory=True)
-    return check_graph(plan.config.capture.graph, plan) if plan.reuses_graph else None
+    `out_dir`: the run folder to be created (None: it holds the passes' outputs already, --report-only);
+    `facts`: the job's facts a reused graph must record (`RunPlan.graph_facts`)."""
+    check_cluster(cluster)
+    check_script(script)
+    if out_dir is not None:
+        check_output(out_dir, "--prism-out", directory=True)
+    return check_graph(graph_path, layout, facts) if graph_path is not None else None
 
 
 def check_cluster(source: str) -> None:
     """The cluster preset or file (a cluster spec, or costs measured where the job runs), loaded and
     validated whole, as every pass that simulates will read it (`closed_loop.network_cost`)."""
-    from prism_megatron.emulation.closed_loop import network_cost
+    from prism_megatron.passes.closed_loop import network_cost
 
     try:
         network_cost(source)
@@ -62,40 +74,22 @@ def check_script(script: str, name: str = "--script") -> None:
         )
 
 
-def check_graph(path: str, plan: RunPlan):
+def check_graph(path: str, layout: Layout, facts: dict[str, object]):
     """A reused graph is whole (its digest) and describes this job (its layout and model facts);
     returns it (an `ExecutionGraph`)."""
-    from prism_megatron.emulation.closed_loop import load_or_build_graph
+    from prism_megatron.passes.closed_loop import load_or_build_graph
 
-    facts = graph_facts(plan)
     try:
-        graph = load_or_build_graph(path, plan.layout, extra=facts)
+        graph = load_or_build_graph(path, layout, extra=facts)
     except (OSError, ValueError) as exc:
         message = str(exc)
         raise ValueError(
             message if message.startswith("--prism-graph") else f"--prism-graph {path}: {message}"
         ) from None
-    mismatches = graph.metadata.mismatches(plan.layout.kwargs(), {key: facts[key] for key in MODEL_FACTS})
+    mismatches = graph.metadata.mismatches(layout.kwargs(), {key: facts[key] for key in MODEL_FACTS})
     if mismatches:
         raise ValueError(
             f"--prism-graph {path} was captured for another job: {'; '.join(mismatches)}; "
             "capture again (leave out --prism-graph) or pass the flags it was captured with"
         )
     return graph
-
-
-def graph_facts(plan: RunPlan) -> dict[str, object]:
-    """The facts of the job a captured graph records beside its layout (metadata.extra)."""
-    from prism_megatron.emulation.rank import NUM_WARMUP
-
-    flags = plan.flags
-    return {
-        "script": plan.script,
-        "num_layers": flags.num_layers,
-        "hidden_size": flags.hidden_size,
-        "seq_length": flags.seq_length,
-        "micro_batch_size": flags.micro_batch_size,
-        "num_microbatches": plan.num_microbatches,
-        "capture_iters": plan.config.capture.capture_iters,
-        "num_warmup": NUM_WARMUP,
-    }

@@ -23,7 +23,7 @@ import subprocess
 import time
 from collections.abc import Iterator, Sequence
 
-from prism_megatron.emulation.watchdog import ORCHESTRATOR_ENV
+from prism_megatron.passes.watchdog import ORCHESTRATOR_ENV
 
 STOP_GRACE_S = 5.0
 """How long a stopped launch may take to end on SIGTERM before what is left is killed."""

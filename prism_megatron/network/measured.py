@@ -4,7 +4,7 @@ Why a second kind of cluster description: `ClusterSpec` describes NCCL on a GPU 
 rates and efficiencies. A job whose network is this machine's own (gloo between CPU processes on
 loopback: a CPU emulation of a job, or the fidelity suite's ground truth) is described better by what
 was measured on it, table by table, than by a fabric it does not have. `--prism-cluster` takes such a
-file wherever it takes a cluster file; `network_cost` in `prism_megatron.emulation.closed_loop`
+file wherever it takes a cluster file; `network_cost` in `prism_megatron.passes.closed_loop`
 tells the two apart by the file's ``kind``.
 
 File (YAML or JSON)::

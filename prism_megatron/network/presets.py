@@ -153,11 +153,3 @@ PRESETS: dict[str, ClusterSpec] = {
     spec.name: spec for spec in (DGX_A100, DGX_H100, DGX_H200, DGX_B200, GB200_NVL72)
 }
 """Built-in clusters by name; ``load_cluster(name)`` returns one."""
-
-PRESET_OF_GPU: dict[str, str] = {
-    "a100": "dgx-a100",
-    "h100": "dgx-h100",
-    "h200": "dgx-h200",
-    "b200": "dgx-b200",
-}
-"""The cluster preset a modelled GPU (`--prism-device model:<gpu>`) runs in unless --prism-cluster says otherwise."""

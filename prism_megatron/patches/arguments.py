@@ -16,8 +16,8 @@ import os
 
 from prism_megatron.config import add_prism_arguments
 from prism_megatron.megatron.job import target
-from prism_megatron.megatron.run import runtime
 from prism_megatron.patches.registry import Patch, variants
+from prism_megatron.patches.run import Run
 from prism_megatron.patches.versions import EVERY_VERIFIED, MEGATRON_CORE_0_16, MEGATRON_CORE_0_19
 
 
@@ -42,19 +42,19 @@ def _add_arguments(original):
     return add_megatron_arguments
 
 
-def _set_target_world(rt: runtime.Runtime, args: argparse.Namespace) -> None:
+def _set_target_world(rt: Run, args: argparse.Namespace) -> None:
     """args.world_size = W and args.rank = this process's virtual rank; remember the sizes."""
     rt.sizes = parallel_sizes(args)
     if not rt.config.emulation.emulate:
         return
     real_ranks = rt.real_ranks()
     physical_rank = int(os.environ.get("RANK", "0"))
-    runtime.check_process_count(real_ranks)
+    rt.check_process_count(real_ranks)
     args.world_size = rt.config.emulation.world_size
     args.rank = real_ranks[physical_rank]
 
 
-def _keep_data_flags_real(rt: runtime.Runtime, args: argparse.Namespace) -> None:
+def _keep_data_flags_real(rt: Run, args: argparse.Namespace) -> None:
     """Rank 0 decides do_train/do_valid/do_test and broadcasts them; when it is virtual, decide here.
 
     Rank 0 sets each flag when its data loader exists and there are iterations to run; with mock or
@@ -67,7 +67,7 @@ def _keep_data_flags_real(rt: runtime.Runtime, args: argparse.Namespace) -> None
     args.do_valid = args.do_test = evaluating
 
 
-def _validate(original, *, run: runtime.Runtime):
+def _validate(original, *, run: Run):
     def validate_args(args, defaults={}):  # noqa: B006  (Megatron-LM's own signature)
         _set_target_world(run, args)
         result = original(args, defaults)
@@ -102,4 +102,4 @@ ARGUMENT_RECORDS: tuple[Patch, ...] = (
         },
     ),
 )
-"""The argument hooks (validate_args bound to the run's `Runtime`)."""
+"""The argument hooks (validate_args bound to the run, a `run.Run`)."""

@@ -39,7 +39,7 @@ def all_patches() -> tuple[registry.AnyRecord, ...]:
 
 def table() -> str:
     """Every patch record, then the layer-spec substitutions of the built-in entry."""
-    from prism_megatron.megatron.entry import parallel_spec
+    from prism_megatron.megatron.layers import parallel_spec
 
     return registry.table((*all_patches(), *parallel_spec.SUBSTITUTIONS))
 
@@ -72,7 +72,7 @@ def _cell(text: str) -> str:
 
 def readme() -> str:
     """README.md of this folder: every record (every variant) with what, where, why and versions."""
-    from prism_megatron.megatron.entry import parallel_spec
+    from prism_megatron.megatron.layers import parallel_spec
 
     lines = [
         "# Patches",

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from prism_megatron.megatron.run.world import VirtualWorld
+from prism_megatron.passes.world import VirtualWorld
 from prism_megatron.patches.registry import Patch
 from prism_megatron.patches.versions import EVERY_VERIFIED
 

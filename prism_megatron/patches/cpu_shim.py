@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
-from prism_megatron.megatron.run import memory
+from prism_megatron.passes import memory
 from prism_megatron.patches.pipeline_ops import PinnedSend
 from prism_megatron.patches.registry import ModePatch, Patch
 from prism_megatron.patches.versions import EVERY_VERIFIED

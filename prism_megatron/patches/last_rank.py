@@ -14,19 +14,19 @@ torch.distributed's rank; the writer setters read `args.rank`).
 
 from __future__ import annotations
 
-from prism_megatron.megatron.run import runtime
 from prism_megatron.patches.registry import Patch, variants
+from prism_megatron.patches.run import Run
 from prism_megatron.patches.versions import EVERY_VERIFIED, MEGATRON_CORE_0_16, MEGATRON_CORE_0_19
 
 
-def last_real_rank(rt: runtime.Runtime) -> int | None:
+def last_real_rank(rt: Run) -> int | None:
     """The highest virtual rank a real process runs; None without emulation (Megatron's rule holds)."""
     if not rt.config.emulation.emulate or rt.sizes is None:
         return None
     return max(rt.real_ranks())
 
 
-def _is_last_rank(original, *, run: runtime.Runtime):
+def _is_last_rank(original, *, run: Run):
     def is_last_rank():
         last = last_real_rank(run)
         return original() if last is None else run.virtual_rank == last
@@ -34,7 +34,7 @@ def _is_last_rank(original, *, run: runtime.Runtime):
     return is_last_rank
 
 
-def _writer_setter(original, *, run: runtime.Runtime):
+def _writer_setter(original, *, run: Run):
     """Run Megatron's setter as if this were rank W-1 on the last real rank, as no rank elsewhere."""
 
     def set_writer(args):
@@ -53,7 +53,7 @@ def _writer_setter(original, *, run: runtime.Runtime):
 
 
 def writer_records() -> tuple[Patch, ...]:
-    """The records (bound to a run by its `Runtime`, as `run`)."""
+    """The records (bound to a run, as `run`: a `run.Run`)."""
     return (
         *variants(
             name="megatron_lm.last_rank_is_last_real_rank",

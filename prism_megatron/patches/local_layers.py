@@ -3,7 +3,7 @@
 Megatron-LM's `gpt_builder` builds megatron-core's local spec (`get_gpt_layer_local_spec`,
 `get_gpt_decoder_block_spec(use_transformer_engine=False)`), whose torch norm refuses sequence
 parallelism and whose attention refuses context parallelism. The built-in entry substitutes
-`prism_megatron.megatron.layers` in its own spec (`megatron/entry/parallel_spec.py`); a script we do not edit gets
+`prism_megatron.megatron.layers` in its own spec (`megatron/layers/parallel_spec.py`); a script we do not edit gets
 them from these two records, applied with the CPU device shim (a CPU has no Transformer Engine; where
 Transformer Engine builds the layers they are not applied).
 

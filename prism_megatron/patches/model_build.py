@@ -2,7 +2,7 @@
 
 Two builds need it: the memory plan builds every rank's model, DDP buffers and optimizer shard on the
 meta device (`prism_megatron.megatron.plan.build`), and the built-in entry builds multi-latent
-attention on megatron-core's local layers (`prism_megatron.megatron.entry.local_mla`). Each change
+attention on megatron-core's local layers (`prism_megatron.megatron.layers.local_mla`). Each change
 is a record, applied only for the duration of a build (`building_on`, `mla_constructible`):
 
 * `build.current_device`, `build.tensor_cuda`: while building a model and its DDP wrapper

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from megatron.core.pipeline_parallel.p2p_communication import P2PCommunicator
 
-from prism_megatron.megatron.run.world import VirtualWorld
+from prism_megatron.passes.world import VirtualWorld
 from prism_megatron.patches.pipeline_ops import PlausibleValues, RealPeerOp, Transfer, VirtualPeerOp
 from prism_megatron.patches.registry import Patch
 from prism_megatron.patches.versions import EVERY_VERIFIED

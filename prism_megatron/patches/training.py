@@ -1,6 +1,6 @@
 """Megatron-LM's training loop hooks: what changes when its own script (e.g. `pretrain_gpt.py`) runs
 as a prism real rank (`prism_megatron.megatron.run.script` applies them). The hooks are records like
-every patch:
+every patch, bound to the run through the protocol of `run.py`:
 
 - arguments (arguments.py): `--prism-*` on Megatron-LM's parser; W and the virtual rank in
   `validate_args`; do_train/do_valid/do_test when rank 0 is virtual;
@@ -24,9 +24,9 @@ from typing import Any
 
 import torch
 
-from prism_megatron.megatron.run import memory, runtime
 from prism_megatron.patches import arguments, last_rank, local_layers
 from prism_megatron.patches.registry import Patch, variants
+from prism_megatron.patches.run import Run, StepRecord
 from prism_megatron.patches.versions import EVERY_VERIFIED, MEGATRON_CORE_0_16, MEGATRON_CORE_0_19
 
 _SM90 = (9, 0)
@@ -36,65 +36,35 @@ def _record(name: str, target: str, make, reason: str, **kw: Any) -> Patch:
     return Patch(name=name, target=target, make=make, verified_on=EVERY_VERIFIED, reason=reason, **kw)
 
 
-def _initialize_distributed(original, *, run: runtime.Runtime):
+def _initialize_distributed(original, *, run: Run):
     # 0.19 added skip_model_parallel_init (passed through untouched).
     def _initialize_distributed(get_embedding_ranks, get_position_embedding_ranks, store, *args, **kwargs):
         if not torch.distributed.is_initialized() and (run.device == "cpu" or run.config.emulation.emulate):
-            runtime.bring_up(run)
+            run.bring_up()
         original(get_embedding_ranks, get_position_embedding_ranks, store, *args, **kwargs)
-        runtime.before_model(run)
+        run.before_model()
 
     return _initialize_distributed
 
 
-class TrainingRecord:
-    """What the `train_step` hook saw: per iteration grad norm and loss, and the model and optimizer."""
-
-    def __init__(self, rt: runtime.Runtime) -> None:
-        self.rt = rt
-        self.iterations: list[dict[str, Any]] = []
-        self.model: list | None = None
-        self.optimizer: Any = None
-        self.tracker: memory.LiveStorageTracker | None = None
-
-    def before_step(self, model: list, optimizer: Any) -> None:
-        runtime.iteration_begins(self.rt)
-        if self.model is None:
-            self.model, self.optimizer = model, optimizer
-            if self.rt.device == "cpu":
-                self.tracker = memory.LiveStorageTracker().__enter__()
-                self.tracker.label_model(model)
-
-    def after_step(self, returned: tuple) -> None:
-        runtime.iteration_ends(self.rt)
-        loss_dict, grad_norm = returned[0], returned[5]
-        loss = loss_dict.get("lm loss") if isinstance(loss_dict, dict) else None
-        self.iterations.append(
-            {
-                "loss": None if loss is None else float(loss),
-                "grad_norm": None if grad_norm is None else float(grad_norm),
-            }
-        )
-        if self.tracker is not None:
-            self.tracker.label_optimizer(self.optimizer)
-
-    def finish(self) -> memory.MemoryReport | None:
-        if self.tracker is not None:
-            self.tracker.__exit__(None, None, None)
-            return self.tracker.report()
-        if self.model is not None and torch.cuda.is_available():
-            return memory.cuda_report(self.model, self.optimizer)
-        return None
-
-
-def _train_step(original, *, training_record: TrainingRecord):
+def _train_step(original, *, training_record: StepRecord):
     def train_step(forward_step_func, data_iterator, model, optimizer, *args, **kwargs):
         training_record.before_step(model, optimizer)
         returned = original(forward_step_func, data_iterator, model, optimizer, *args, **kwargs)
-        training_record.after_step(returned)
+        training_record.after_step(_step_of(returned))
         return returned
 
     return train_step
+
+
+def _step_of(returned: tuple) -> dict[str, Any]:
+    """Loss and grad norm from what Megatron-LM's `train_step` returns (loss dict first, grad norm sixth)."""
+    loss_dict, grad_norm = returned[0], returned[5]
+    loss = loss_dict.get("lm loss") if isinstance(loss_dict, dict) else None
+    return {
+        "loss": None if loss is None else float(loss),
+        "grad_norm": None if grad_norm is None else float(grad_norm),
+    }
 
 
 def _plausible_batch(batch: dict, vocab_size: int, seed: int) -> None:
@@ -117,12 +87,12 @@ def _plausible_batch(batch: dict, vocab_size: int, seed: int) -> None:
             batch["position_ids"].copy_(torch.arange(s).expand_as(batch["position_ids"]))
 
 
-def _fill_if_source_is_virtual(rt: runtime.Runtime, batch: dict, source: int, tp_rank: int) -> None:
+def _fill_if_source_is_virtual(rt: Run, batch: dict, source: int, tp_rank: int) -> None:
     if tp_rank != 0 and rt.world is not None and not rt.world.is_real(source):
         _plausible_batch(batch, arguments.megatron_lm_args().padded_vocab_size, seed=rt.virtual_rank)
 
 
-def _tp_batch_from_iterator(original, *, run: runtime.Runtime):
+def _tp_batch_from_iterator(original, *, run: Run):
     """Up to 0.16: `get_batch_on_this_tp_rank(data_iterator, mtp_on_this_rank)` reads and broadcasts."""
 
     def get_batch_on_this_tp_rank(data_iterator, mtp_on_this_rank: bool = False):
@@ -136,7 +106,7 @@ def _tp_batch_from_iterator(original, *, run: runtime.Runtime):
     return get_batch_on_this_tp_rank
 
 
-def _tp_batch_from_dict(original, *, run: runtime.Runtime):
+def _tp_batch_from_dict(original, *, run: Run):
     """From 0.19: the script fetches the batch on TP rank 0 and passes the dict, the source rank and
     this rank's TP rank (with a dozen layout flags) to `megatron.core.utils.get_batch_on_this_tp_rank`."""
     signature = inspect.signature(original)
@@ -252,8 +222,8 @@ _TP_BATCH_0_19 = (
 
 
 def emulation_records() -> tuple[Patch, ...]:
-    """Megatron-LM hooks (both devices); a run binds them with its `Runtime` (`run`) and its
-    `TrainingRecord` (`training_record`)."""
+    """Megatron-LM hooks (both devices); a run binds them with itself (`run`, a `run.Run`) and its
+    training record (`training_record`, a `run.StepRecord`)."""
     return (
         *arguments.ARGUMENT_RECORDS,
         *last_rank.writer_records(),

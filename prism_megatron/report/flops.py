@@ -28,84 +28,23 @@ Mamba models.
 
 from __future__ import annotations
 
-import dataclasses
-import math
-from collections.abc import Sequence
-from typing import Any
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class ModelShape:
-    """The GPT model's shape as Megatron's flags give it."""
-
-    num_layers: int
-    hidden_size: int
-    num_attention_heads: int
-    seq_length: int
-    padded_vocab_size: int
-    """The vocabulary after Megatron pads it (`padded_vocab_size`)."""
-    ffn_hidden_size: int | None = None
-    """Default 4 x hidden_size, as Megatron's."""
-    num_query_groups: int | None = None
-    """GQA groups; None for multi-head attention (one group per head)."""
-    kv_channels: int | None = None
-    """Default hidden_size / num_attention_heads."""
-    swiglu: bool = False
-    num_experts: int | None = None
-    moe_router_topk: int = 2
-    moe_ffn_hidden_size: int | None = None
-    """Default ffn_hidden_size."""
-    moe_shared_expert_intermediate_size: int | None = None
-    moe_layer_freq: int | Sequence[int] = 1
-    """Every k-th layer is MoE (layer i when i % k == 0), or a 0/1 pattern per layer."""
-
-    def __post_init__(self) -> None:
-        sizes = (self.num_layers, self.hidden_size, self.num_attention_heads, self.seq_length)
-        if min(*sizes, self.padded_vocab_size) < 1:
-            raise ValueError(
-                f"model sizes must be positive: num_layers={self.num_layers}, hidden_size={self.hidden_size}, "
-                f"num_attention_heads={self.num_attention_heads}, seq_length={self.seq_length}, "
-                f"padded_vocab_size={self.padded_vocab_size}"
-            )
-        pattern = self.moe_layer_freq
-        if not isinstance(pattern, int) and len(pattern) != self.num_layers:
-            raise ValueError(
-                f"--moe-layer-freq pattern has {len(pattern)} entries but --num-layers is {self.num_layers}"
-            )
-
-    @classmethod
-    def from_args(cls, args: Any) -> ModelShape:
-        """From a parsed Megatron argument namespace (attributes named as Megatron's flags' dests)."""
-        vocab = getattr(args, "padded_vocab_size", None) or args.vocab_size
-        return cls(
-            num_layers=args.num_layers,
-            hidden_size=args.hidden_size,
-            num_attention_heads=args.num_attention_heads,
-            seq_length=args.seq_length,
-            padded_vocab_size=vocab,
-            ffn_hidden_size=getattr(args, "ffn_hidden_size", None),
-            num_query_groups=args.num_query_groups if getattr(args, "group_query_attention", False) else None,
-            kv_channels=getattr(args, "kv_channels", None),
-            swiglu=bool(getattr(args, "swiglu", False)),
-            num_experts=getattr(args, "num_experts", None),
-            moe_router_topk=getattr(args, "moe_router_topk", 2),
-            moe_ffn_hidden_size=getattr(args, "moe_ffn_hidden_size", None),
-            moe_shared_expert_intermediate_size=getattr(args, "moe_shared_expert_intermediate_size", None),
-            moe_layer_freq=getattr(args, "moe_layer_freq", 1),
-        )
-
-    def num_moe_layers(self) -> int:
-        if self.num_experts is None:
-            return 0
-        if isinstance(self.moe_layer_freq, int):
-            return math.ceil(self.num_layers / self.moe_layer_freq)
-        return sum(1 for flag in self.moe_layer_freq if flag)
+from prism_megatron.target import ModelShape
 
 
 def model_flops_per_iteration(shape: ModelShape, global_batch_size: int) -> float:
-    """FLOPs of one iteration over `global_batch_size` sequences (see the module docstring)."""
+    """FLOPs of one iteration over `global_batch_size` sequences (see the module docstring); `shape`
+    is the target job's (`prism_megatron.target.ModelShape`).
+
+    Raises:
+        ValueError: a size the formula needs is not given (names the flags), or a batch below 1.
+    """
     if global_batch_size < 1:
         raise ValueError(f"--global-batch-size must be >= 1, got {global_batch_size}")
+    missing = shape.missing(
+        "num_layers", "hidden_size", "num_attention_heads", "seq_length", "padded_vocab_size"
+    )
+    if missing:
+        raise ValueError(f"the model FLOPs need {', '.join(missing)}")
     h, s, layers = shape.hidden_size, shape.seq_length, shape.num_layers
     ffn = shape.ffn_hidden_size or 4 * h
     kv_channels = shape.kv_channels or h // shape.num_attention_heads
@@ -140,9 +79,3 @@ def tokens_per_s_per_gpu(
             f"need a positive iteration time and world size, got {iteration_time_s} s and W={world_size}"
         )
     return global_batch_size * seq_length / (iteration_time_s * world_size)
-
-
-def padded_vocab_size(vocab_size: int, *, tp: int, divisible_by: int = 128) -> int:
-    """Megatron's padding: the vocabulary rounded up to a multiple of divisible_by x tp."""
-    multiple = divisible_by * tp
-    return -(-vocab_size // multiple) * multiple

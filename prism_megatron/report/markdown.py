@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from prism_megatron.report.model import MEGATRON_NAMES, RunReport
+from prism_megatron.report.model import MEGATRON_NAMES, RunReport, target_to_json
 
 _TITLES = {
     "iteration_time.png": "Iteration time",
@@ -112,7 +112,7 @@ def _summary(report: RunReport) -> list[str]:
 
 
 def _target(report: RunReport) -> list[str]:
-    t = report.target.to_json()
+    t = target_to_json(report.target)
     keys = [
         "world_size",
         "tp",

@@ -4,7 +4,7 @@ The report renders what the run measured and what the simulator predicted; it co
 its own beyond unit changes (ns to s) and the median the issue defines `iteration_time_s` as. The
 pieces come from where they are made:
 
-* `RankReport.from_pieces`: a real rank's peak memory (`prism_megatron.megatron.run.memory.MemoryReport`
+* `RankReport.from_pieces`: a real rank's peak memory (`prism_megatron.passes.memory.MemoryReport`
   or its `as_dict()`, as the per-rank results file holds it) and its simulated breakdown
   (`prism_megatron.sim.rank_breakdown`);
 * `RoleReport.from_breakdown`: one row of `prism_megatron.sim.breakdown`;
@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import prism_megatron
 from prism_megatron.report import schema
 from prism_megatron.report.modelled import ModelledReport
+from prism_megatron.target import TargetJob
 from prism_megatron.topology import Layout
 
 if TYPE_CHECKING:
@@ -48,70 +49,37 @@ MEGATRON_NAMES = {
 carries it as `megatron_names`; report.md shows it beside ours)."""
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class TargetJob:
-    """The production job being emulated: its parallel sizes, rank order and batch shape."""
+def target_to_json(job: TargetJob) -> dict[str, Any]:
+    """report.json's `target`: the job's layout sizes, rank order and batch (`dp` spelled out)."""
+    sizes = job.sizes
+    return {
+        "world_size": job.world_size,
+        "tp": sizes.tp,
+        "pp": sizes.pp,
+        "cp": sizes.cp,
+        "ep": sizes.ep,
+        "etp": sizes.etp or sizes.tp,  # spelled out, so a report reads back equal to what was written
+        "vpp": sizes.vpp,
+        "micro_batch_size": job.micro_batch_size,
+        "global_batch_size": job.global_batch_size,
+        "seq_length": job.model.seq_length,
+        "order": sizes.order,
+        "dp": job.layout().dp,
+    }
 
-    world_size: int
-    tp: int = 1
-    pp: int = 1
-    cp: int = 1
-    ep: int = 1
-    etp: int | None = None
-    """Expert-tensor-parallel size; None means the same as tp (as in `Layout`)."""
-    vpp: int | None = None
-    """Model chunks per pipeline stage; None when the schedule is not interleaved."""
-    micro_batch_size: int
-    global_batch_size: int
-    seq_length: int
-    order: str = "tp-cp-ep-dp-pp"
-    """Megatron's rank order, fastest dimension first."""
 
-    def __post_init__(self) -> None:
-        if self.etp is None:  # spelled out, so a report reads back equal to what was written
-            object.__setattr__(self, "etp", self.tp)
-
-    @property
-    def dp(self) -> int:
-        """Data-parallel size: W / (tp pp cp) (0 when that does not divide; the schema refuses it)."""
-        model_size = self.tp * self.pp * self.cp
-        return self.world_size // model_size if self.world_size % model_size == 0 else 0
-
-    @classmethod
-    def from_layout(
-        cls, layout: Layout, *, micro_batch_size: int, global_batch_size: int, seq_length: int
-    ) -> TargetJob:
-        return cls(
-            world_size=layout.world_size,
-            tp=layout.tp,
-            pp=layout.pp,
-            cp=layout.cp,
-            ep=layout.ep,
-            etp=layout.etp,
-            vpp=layout.vpp,
-            order=layout.order,
-            micro_batch_size=micro_batch_size,
-            global_batch_size=global_batch_size,
-            seq_length=seq_length,
-        )
-
-    def layout(self) -> Layout:
-        """The job's `Layout` (ValueError when the sizes do not make one)."""
-        return Layout(
-            world_size=self.world_size,
-            tp=self.tp,
-            pp=self.pp,
-            cp=self.cp,
-            ep=self.ep,
-            etp=self.etp,
-            vpp=self.vpp,
-            order=self.order,
-        )
-
-    def to_json(self) -> dict[str, Any]:
-        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        out["dp"] = self.dp
-        return out
+def target_from_json(doc: Mapping[str, Any]) -> TargetJob:
+    """The job report.json's `target` describes (what `target_to_json` wrote; the rest unknown)."""
+    layout = Layout(
+        world_size=doc["world_size"], tp=doc["tp"], pp=doc["pp"], cp=doc["cp"], ep=doc["ep"], etp=doc["etp"],
+        vpp=doc["vpp"], order=doc["order"],
+    )  # fmt: skip
+    return TargetJob.from_layout(
+        layout,
+        micro_batch_size=doc["micro_batch_size"],
+        global_batch_size=doc["global_batch_size"],
+        seq_length=doc["seq_length"],
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -315,6 +283,7 @@ class RunReport:
     """Everything report.json holds (see `schema.py` for the document and its checks)."""
 
     target: TargetJob
+    """The target job (`prism_megatron.target`); report.json keeps its layout and batch."""
     real_ranks: tuple[int, ...]
     status: str = "ok"
     """'ok', 'failed' (then `failure` says why) or 'running' (written while the run goes on)."""
@@ -349,7 +318,7 @@ class RunReport:
             "schema_version": schema.SCHEMA_VERSION,
             "status": self.status,
             "failure": dataclasses.asdict(self.failure) if self.failure else None,
-            "target": self.target.to_json(),
+            "target": target_to_json(self.target),
             "real_ranks": list(self.real_ranks),
             "iterations": [dataclasses.asdict(it) for it in self.iterations],
             "iteration_time_s": self.iteration_time_s,
@@ -377,9 +346,8 @@ class RunReport:
     def from_json(cls, doc: Any, source: str = "report.json") -> RunReport:
         """Read a report.json document; SchemaError when it does not follow the schema."""
         schema.validate(doc, source)
-        target = {k: v for k, v in doc["target"].items() if k != "dp"}
         return cls(
-            target=TargetJob(**target),
+            target=target_from_json(doc["target"]),
             real_ranks=tuple(doc["real_ranks"]),
             status=doc["status"],
             iterations=tuple(IterationRecord(**it) for it in doc["iterations"]),

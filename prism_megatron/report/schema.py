@@ -31,7 +31,7 @@ STATUSES = ("ok", "failed", "running", "interrupted")
 """running and interrupted runs have not finished (`FINISHED` have)."""
 FINISHED = ("ok", "failed")
 MEMORY_CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations")
-"""Categories of `memory_by_category`, as `prism_megatron.megatron.run.memory` names them."""
+"""Categories of `memory_by_category`, as `prism_megatron.passes.memory` names them."""
 
 _REL_TOLERANCE = 1e-6
 

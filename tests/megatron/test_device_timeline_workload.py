@@ -32,9 +32,9 @@ pytest.importorskip("megatron.core")
 
 from benchmarks.fidelity import passes, workload
 from prism_megatron import files
-from prism_megatron.emulation.closed_loop import network_cost
 from prism_megatron.graph import LayoutWorld, NodeType
 from prism_megatron.graph.capture import RankCapture, compute_intervals, first_difference
+from prism_megatron.passes.closed_loop import network_cost
 from prism_megatron.sim import simulate
 from prism_megatron.topology import Layout
 

@@ -25,8 +25,9 @@ from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 from megatron.core.transformer.transformer_block import TransformerBlock
 
 from prism_megatron.megatron.entry import arguments as pretrain_args
-from prism_megatron.megatron.entry import model, parallel_spec
+from prism_megatron.megatron.entry import model
 from prism_megatron.megatron.job.job import job_from_flags
+from prism_megatron.megatron.layers import parallel_spec
 from prism_megatron.megatron.plan import theory
 from prism_megatron.patches import cpu_shim, registry
 

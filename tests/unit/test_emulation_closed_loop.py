@@ -10,9 +10,9 @@ import dataclasses
 
 import pytest
 
-from prism_megatron.emulation.closed_loop import ClosedLoop, load_or_build_graph
-from prism_megatron.emulation.schedule_index import ScheduleIndex
 from prism_megatron.graph import COMPUTE_STREAM, LayoutWorld, NodeType, save_graph
+from prism_megatron.passes.closed_loop import ClosedLoop, load_or_build_graph
+from prism_megatron.passes.schedule_index import ScheduleIndex
 from prism_megatron.sim import (
     AlphaBetaCost,
     PipelineSpec,
@@ -129,8 +129,8 @@ def _async_iteration(complete_after_start_us: float):
 
 
 def test_a_wait_that_ended_at_the_scheduled_completion_is_not_measured_as_compute():
-    from prism_megatron.emulation.closed_loop import blocked_waits
     from prism_megatron.graph.capture import GroupNames, iteration_streams
+    from prism_megatron.passes.closed_loop import blocked_waits
     from prism_megatron.replay import OpKind, ReplaySchedule, ScheduledOp
 
     world = LayoutWorld(Layout(world_size=8, tp=2, pp=2))

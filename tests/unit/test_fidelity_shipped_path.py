@@ -113,15 +113,15 @@ def test_a_sleep_model_process_steps_between_the_runtimes_iteration_marks():
         and isinstance(n.func, ast.Attribute)
         and isinstance(n.func.value, ast.Name)
     }
-    assert {"runtime.iteration_begins", "runtime.iteration_ends"} <= calls
+    assert {"rt.iteration_begins", "rt.iteration_ends"} <= calls
     assert "parse_prism_flags(list(request.argv))" in source  # the pass's config is its command line's
 
 
 def test_the_suites_captures_leave_the_plans_role_classes_beside_them(case, tmp_path, monkeypatch):
     """The graph is built from the capture folder, one capture per class of roles: without the classes
     file there every role would be its own class, and the roles not captured would be missing."""
-    from prism_megatron.emulation import closed_loop
     from prism_megatron.graph import classes
+    from prism_megatron.passes import closed_loop
 
     plan = _plan(case, tmp_path)
     built = []

@@ -158,7 +158,7 @@ PLAN_JOB = ("--num-layers", "4", "--hidden-size", "1024", "--num-attention-heads
         (("--group-query-attention", "--num-query-groups", "5"),
          "--num-attention-heads 16 must be divisible by --num-query-groups 5"),
         (("--tensor-model-parallel-size", "8", "--num-attention-heads", "12", "--kv-channels", "64"),
-         "megatron-core rejects the configuration: num_attention_heads (12) must be a multiple of "
+         "megatron-core refuses these flags: num_attention_heads (12) must be a multiple of "
          "tensor_model_parallel_size (8)"),
     ],
     ids=["misspelt-flag", "unknown-flag", "heads-not-divisible-by-query-groups", "megatron-core-check"],

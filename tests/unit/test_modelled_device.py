@@ -5,9 +5,15 @@ from __future__ import annotations
 import pytest
 
 from prism_megatron import gpu_model
-from prism_megatron.config import DEVICES, MODELLED_GPUS, ClusterConfig, EmulationConfig, PrismConfig
+from prism_megatron.config import (
+    DEVICES,
+    MODELLED_GPUS,
+    PRESET_OF_GPU,
+    ClusterConfig,
+    EmulationConfig,
+    PrismConfig,
+)
 from prism_megatron.network import PRESETS, load_cluster
-from prism_megatron.network.presets import PRESET_OF_GPU
 from prism_megatron.replay import timeline
 from prism_megatron.report.modelled import KINDS, ModelledReport
 

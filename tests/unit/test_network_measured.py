@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from prism_megatron.emulation.closed_loop import network_cost
 from prism_megatron.network.measured import MeasuredCost, interpolate, load_measured, monotone
+from prism_megatron.passes.closed_loop import network_cost
 from prism_megatron.replay import OpKind
 from prism_megatron.sim import NetworkCost
 

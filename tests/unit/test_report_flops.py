@@ -4,8 +4,9 @@ import argparse
 
 import pytest
 
+from prism_megatron.megatron.job import target
 from prism_megatron.report import ModelShape, model_flops_per_iteration, tflops_per_gpu
-from prism_megatron.report.flops import padded_vocab_size
+from prism_megatron.target import padded_vocab_size
 
 GPT3 = {
     "num_layers": 96,
@@ -63,27 +64,24 @@ def test_throughput_per_gpu_divides_by_time_and_world_size():
         tflops_per_gpu(1e15, 0.0, 8)
 
 
-def test_the_shape_reads_megatron_arguments():
-    args = argparse.Namespace(
-        num_layers=2,
-        hidden_size=64,
-        num_attention_heads=4,
-        seq_length=32,
-        vocab_size=1000,
-        ffn_hidden_size=None,
-        group_query_attention=True,
-        num_query_groups=2,
-        kv_channels=None,
-        swiglu=True,
-        num_experts=None,
-    )
-    shape = ModelShape.from_args(args)
-    assert (shape.num_query_groups, shape.swiglu, shape.padded_vocab_size) == (2, True, 1000)
+def test_the_shape_is_the_target_jobs_as_megatron_flags_give_it():
+    parser = argparse.ArgumentParser()
+    target.add_job_arguments(parser)
+    flags = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
+             "--vocab-size", "1000", "--group-query-attention", "--num-query-groups", "2", "--swiglu"]  # fmt: skip
+    shape = target.derive(parser.parse_args(flags)).model
+    assert (shape.num_query_groups, shape.swiglu, shape.padded_vocab_size) == (2, True, 1024)
     assert padded_vocab_size(50257, tp=8) == 51200
+    assert padded_vocab_size(50257, tp=8, null_tokenizer=True, padded=50304) == 50304
+
+
+def test_a_shape_without_a_size_the_formula_needs_is_refused_naming_the_flag():
+    with pytest.raises(ValueError, match="the model FLOPs need --padded-vocab-size"):
+        model_flops_per_iteration(ModelShape(**{**GPT3, "padded_vocab_size": None}), B)
 
 
 def test_impossible_shapes_are_refused():
-    with pytest.raises(ValueError, match="model sizes must be positive"):
+    with pytest.raises(ValueError, match="model sizes must be positive: --hidden-size 0"):
         ModelShape(**{**GPT3, "hidden_size": 0})
     with pytest.raises(ValueError, match="--moe-layer-freq pattern has 3 entries"):
         ModelShape(**GPT3, num_experts=8, moe_layer_freq=[1, 0, 1])

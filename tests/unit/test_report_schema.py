@@ -17,12 +17,15 @@ from prism_megatron.report import (
     validate,
 )
 from prism_megatron.report.schema import SCHEMA_VERSION
+from prism_megatron.topology import Layout
 
 
 def _doc(**changes):
     iterations = iterations_from_times([2.0, 1.0, 1.2, 1.1], num_warmup=1)
     report = RunReport(
-        target=TargetJob(world_size=16, tp=2, pp=2, micro_batch_size=1, global_batch_size=8, seq_length=128),
+        target=TargetJob.from_layout(
+            Layout(world_size=16, tp=2, pp=2), micro_batch_size=1, global_batch_size=8, seq_length=128
+        ),
         real_ranks=(0, 5),
         iterations=iterations,
         iteration_time_s=median_iteration_time_s(iterations),

@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from prism_megatron.emulation import watchdog
-from prism_megatron.emulation.watchdog import RankWatchdog, Verdict
+from prism_megatron.passes import watchdog
+from prism_megatron.passes.watchdog import RankWatchdog, Verdict
 
 TIMEOUT_S = 20.0
 

@@ -20,10 +20,15 @@ import argparse
 import importlib.util
 import math
 
-from prism_megatron.config import add_prism_arguments
+from prism_megatron.config import RaisingParser, add_prism_arguments
 from prism_megatron.megatron.entry import training_log
-from prism_megatron.megatron.job import target
+from prism_megatron.megatron.job import flags, target
 
+LOCAL_POSITION_EMBEDDINGS = ("learned_absolute", "rope")
+"""The position embeddings of the entry's GPT (Megatron-LM declares more, `job.flags`)."""
+MLA_FLAGS = ("--q-lora-rank", "--kv-lora-rank", "--qk-head-dim", "--qk-pos-emb-head-dim", "--v-head-dim",
+             "--rotary-scaling-factor", "--mscale", "--mscale-all-dim")  # fmt: skip
+"""Multi-latent attention's flags beyond the switch (Megatron-LM's declarations, `job.flags`)."""
 REQUIRED = (
     "num_layers",
     "hidden_size",
@@ -70,10 +75,7 @@ IGNORED_VALUED = (
 def _model_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("model")
     g.add_argument("--qk-layernorm", action="store_true")
-    g.add_argument(
-        "--position-embedding-type", choices=("learned_absolute", "rope"), default="learned_absolute"
-    )
-    g.add_argument("--rotary-base", type=int, default=10000)
+    flags.add_megatron_lm_flags(g.add_argument, ("--position-embedding-type", "--rotary-base"))
     g.add_argument("--normalization", choices=("LayerNorm", "RMSNorm"), default="LayerNorm")
     g.add_argument("--disable-bias-linear", action="store_true")
     g.add_argument("--hidden-dropout", type=float, default=0.1)
@@ -90,25 +92,12 @@ def _model_args(parser: argparse.ArgumentParser) -> None:
 def _mla_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("multi-latent attention")
     g.add_argument("--multi-latent-attention", action="store_true")
-    g.add_argument("--q-lora-rank", type=int, default=None, help="default: no query compression")
-    g.add_argument("--kv-lora-rank", type=int, default=32)
-    g.add_argument("--qk-head-dim", type=int, default=128)
-    g.add_argument("--qk-pos-emb-head-dim", type=int, default=64)
-    g.add_argument("--v-head-dim", type=int, default=128)
-    g.add_argument("--rotary-scaling-factor", type=float, default=1.0, help="YaRN scaling of MLA's RoPE")
-    g.add_argument("--mscale", type=float, default=1.0)
-    g.add_argument("--mscale-all-dim", type=float, default=0.0)
+    flags.add_megatron_lm_flags(g.add_argument, MLA_FLAGS)
 
 
 def _parallel_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("parallelism")
-    g.add_argument(
-        "--cp-comm-type",
-        nargs="+",
-        choices=("p2p", "a2a", "allgather", "a2a+p2p"),
-        default=["p2p"],
-        help="one for every layer, or one per layer",
-    )
+    flags.add_megatron_lm_flags(g.add_argument, ("--cp-comm-type",))  # the layers check the values
     g.add_argument("--hierarchical-context-parallel-sizes", nargs="+", type=int, default=None)
     g.add_argument(
         "--variable-seq-lengths", action="store_true", help="pipeline stages exchange shapes first"
@@ -133,13 +122,13 @@ def _training_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--adam-beta1", type=float, default=0.9)
     g.add_argument("--adam-beta2", type=float, default=0.999)
     g.add_argument("--clip-grad", type=float, default=1.0)
-    g.add_argument("--use-distributed-optimizer", action="store_true")
-    g.add_argument("--overlap-grad-reduce", action="store_true")
-    g.add_argument("--overlap-param-gather", action="store_true")
+    flags.add_megatron_lm_flags(
+        g.add_argument,
+        ("--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather", "--ddp-bucket-size",
+         "--accumulate-allreduce-grads-in-fp32"),
+    )  # fmt: skip
     g.add_argument("--no-align-grad-reduce", action="store_false", dest="align_grad_reduce")
     g.add_argument("--align-param-gather", action="store_true")
-    g.add_argument("--ddp-bucket-size", type=int, default=None)
-    g.add_argument("--accumulate-allreduce-grads-in-fp32", action="store_true")
     g.add_argument("--recompute-granularity", choices=("full", "selective"), default=None)
     g.add_argument("--recompute-method", choices=("uniform", "block"), default=None)
     g.add_argument("--recompute-num-layers", type=int, default=None)
@@ -148,7 +137,6 @@ def _training_args(parser: argparse.ArgumentParser) -> None:
 
 def _moe_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("mixture of experts")
-    g.add_argument("--moe-shared-expert-intermediate-size", type=int, default=None)
     g.add_argument("--moe-grouped-gemm", action="store_true", help="built as per-expert GEMMs (see model.py)")
     g.add_argument("--moe-token-dispatcher-type", choices=("allgather", "alltoall"), default="allgather")
     g.add_argument("--moe-router-score-function", choices=("softmax", "sigmoid"), default="softmax")
@@ -157,19 +145,14 @@ def _moe_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--moe-router-topk-scaling-factor", type=float, default=None)
     g.add_argument("--moe-router-num-groups", type=int, default=None)
     g.add_argument("--moe-router-group-topk", type=int, default=None)
-    g.add_argument(
-        "--moe-router-load-balancing-type",
-        choices=("aux_loss", "seq_aux_loss", "global_aux_loss", "sinkhorn", "none"),
-        default="aux_loss",
-    )
-    g.add_argument("--moe-aux-loss-coeff", type=float, default=0.0)
+    flags.add_megatron_lm_flags(g.add_argument, ("--moe-router-load-balancing-type", "--moe-aux-loss-coeff"))
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    """The entry's parser; a mistake raises ValueError (one line: the launcher prints it, exit 2)."""
+    parser = RaisingParser(
         prog="python -m prism_megatron.megatron.entry.pretrain",
         description="Built-in megatron-core GPT pretraining entry (mock data) with Megatron-LM flag names.",
-        allow_abbrev=False,
     )
     target.add_job_arguments(parser, required=REQUIRED)
     parser.set_defaults(vocab_size=MOCK_VOCAB_SIZE)
@@ -180,12 +163,17 @@ def build_parser() -> argparse.ArgumentParser:
     _moe_args(parser)
     training_log.add_arguments(parser)
     ignored = parser.add_argument_group("accepted and ignored (bookkeeping of a real run)")
+    # Under a name of their own, so that no config built from the args copies them (`core_config`).
     for flag in IGNORED_SWITCHES:
-        ignored.add_argument(flag, action="store_true", help=argparse.SUPPRESS)
+        ignored.add_argument(flag, action="store_true", dest=_ignored(flag), help=argparse.SUPPRESS)
     for flag in IGNORED_VALUED:
-        ignored.add_argument(flag, help=argparse.SUPPRESS)
+        ignored.add_argument(flag, dest=_ignored(flag), help=argparse.SUPPRESS)
     add_prism_arguments(parser)
     return parser
+
+
+def _ignored(flag: str) -> str:
+    return "ignored_" + flag.removeprefix("--").replace("-", "_")
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -209,6 +197,11 @@ def derive(args: argparse.Namespace) -> None:
     target.derive(args)
     if args.bf16:  # arguments.py: "bfloat16 requires gradient accumulation and all-reduce in fp32"
         args.accumulate_allreduce_grads_in_fp32 = True
+    if args.position_embedding_type not in LOCAL_POSITION_EMBEDDINGS:
+        raise ValueError(
+            f"--position-embedding-type {args.position_embedding_type}: the built-in entry builds "
+            f"{' or '.join(LOCAL_POSITION_EMBEDDINGS)}; run Megatron-LM's pretrain_gpt.py with --script for it"
+        )
     if args.virtual_pipeline_model_parallel_size is None:
         args.align_param_gather = False  # arguments.py: not without the interleaved schedule
     _derive_context_parallel(args)

@@ -31,126 +31,37 @@ from megatron.core.models.gpt.gpt_layer_specs import (
 )
 from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 from megatron.core.tensor_parallel import set_defaults_if_not_set_tensor_model_parallel_attributes
-from megatron.core.transformer import MLATransformerConfig, TransformerConfig
+from megatron.core.transformer import TransformerConfig
 from torch._subclasses.fake_tensor import FakeTensor
 
 from prism_megatron.config import MODELLED_PREFIX
-from prism_megatron.megatron.entry import local_mla, parallel_spec
-from prism_megatron.megatron.job import target
+from prism_megatron.megatron.job import core_config, target
+from prism_megatron.megatron.layers import local_mla, parallel_spec
 from prism_megatron.patches import model_build
-
-# Megatron-LM's default bucket size floor (training.py get_model: max(4e7, 1e6 * dp_cp)).
-_MIN_BUCKET_SIZE_PARAMS = 40_000_000
-_BUCKET_SIZE_PER_DP_RANK_PARAMS = 1_000_000
-
-
-def params_dtype(args: argparse.Namespace) -> torch.dtype:
-    if args.bf16:
-        return torch.bfloat16
-    if args.fp16:
-        return torch.float16
-    return torch.float32
 
 
 def transformer_config(args: argparse.Namespace) -> TransformerConfig:
-    """The TransformerConfig Megatron-LM would derive from these flags (fusions off: no TE/apex on CPU);
-    an MLATransformerConfig with --multi-latent-attention.
+    """The TransformerConfig Megatron-LM would derive from these flags (`job.core_config`, the plan's
+    builder), with what this entry changes: kernel fusions off (no TE or apex on CPU), the MoE
+    experts as per-expert GEMMs (`_moe_fields`), the bias switch under Megatron-LM's flag name.
 
     Raises:
         ValueError: megatron-core's own checks (`__post_init__`) refuse the combination of flags.
     """
-    dtype = params_dtype(args)
-    fields = dict(
-        num_layers=args.num_layers,
-        hidden_size=args.hidden_size,
-        num_attention_heads=args.num_attention_heads,
-        num_query_groups=args.num_query_groups if args.group_query_attention else None,
-        kv_channels=args.kv_channels,
-        ffn_hidden_size=args.ffn_hidden_size,
-        qk_layernorm=args.qk_layernorm,
-        tensor_model_parallel_size=args.tensor_model_parallel_size,
-        pipeline_model_parallel_size=args.pipeline_model_parallel_size,
-        virtual_pipeline_model_parallel_size=args.virtual_pipeline_model_parallel_size,
-        num_layers_in_first_pipeline_stage=args.decoder_first_pipeline_num_layers,
-        num_layers_in_last_pipeline_stage=args.decoder_last_pipeline_num_layers,
-        account_for_embedding_in_pipeline_split=args.account_for_embedding_in_pipeline_split,
-        account_for_loss_in_pipeline_split=args.account_for_loss_in_pipeline_split,
-        context_parallel_size=args.context_parallel_size,
-        cp_comm_type=args.cp_comm_type[0] if len(args.cp_comm_type) == 1 else args.cp_comm_type,
-        expert_model_parallel_size=args.expert_model_parallel_size,
-        expert_tensor_parallel_size=args.expert_tensor_parallel_size,
-        sequence_parallel=args.sequence_parallel,
-        params_dtype=dtype,
-        pipeline_dtype=dtype,
-        bf16=args.bf16,
-        fp16=args.fp16,
-        hidden_dropout=args.hidden_dropout,
-        attention_dropout=args.attention_dropout,
-        init_method_std=args.init_method_std,
-        use_cpu_initialization=args.use_cpu_initialization,
-        add_bias_linear=not args.disable_bias_linear,
-        gated_linear_unit=args.swiglu,
-        activation_func=torch.nn.functional.silu if args.swiglu else torch.nn.functional.gelu,
-        normalization=args.normalization,
-        mtp_num_layers=args.mtp_num_layers,
-        mtp_loss_scaling_factor=args.mtp_loss_scaling_factor,
-        recompute_granularity=args.recompute_granularity,
-        recompute_method=args.recompute_method,
-        recompute_num_layers=args.recompute_num_layers,
-        **_moe_fields(args),
-        **_schedule_fields(args),
+    return core_config.transformer_config(
+        args, add_bias_linear=not args.disable_bias_linear, **_moe_fields(args), **_schedule_fields(args)
     )
-    config_class = TransformerConfig
-    if args.multi_latent_attention:
-        config_class = MLATransformerConfig
-        fields.update(_mla_fields(args))
-    try:
-        return config_class(**fields)
-    except (AssertionError, ValueError) as exc:
-        raise ValueError(f"megatron-core refuses these flags: {exc}") from exc
 
 
 def _moe_fields(args: argparse.Namespace) -> dict:
-    """MoE settings. `--moe-grouped-gemm` is built as megatron-core's SequentialMLP: one fc1 and one fc2
-    weight per expert, the shapes of Transformer Engine's grouped experts, and the same per-expert
-    GEMMs (TE's grouped kernel and the legacy GroupedMLP need packages a CPU machine has not)."""
-    return dict(
-        num_moe_experts=args.num_experts,
-        moe_layer_freq=args.moe_layer_freq,
-        moe_ffn_hidden_size=args.moe_ffn_hidden_size,
-        moe_shared_expert_intermediate_size=args.moe_shared_expert_intermediate_size,
-        moe_grouped_gemm=False,
-        moe_token_dispatcher_type=args.moe_token_dispatcher_type,
-        moe_router_topk=args.moe_router_topk,
-        moe_router_score_function=args.moe_router_score_function,
-        moe_router_dtype=args.moe_router_dtype,
-        moe_router_enable_expert_bias=args.moe_router_enable_expert_bias,
-        moe_router_topk_scaling_factor=args.moe_router_topk_scaling_factor,
-        moe_router_num_groups=args.moe_router_num_groups,
-        moe_router_group_topk=args.moe_router_group_topk,
-        moe_router_load_balancing_type=args.moe_router_load_balancing_type,
-        moe_aux_loss_coeff=args.moe_aux_loss_coeff,
-    )
-
-
-def _mla_fields(args: argparse.Namespace) -> dict:
-    """MLATransformerConfig's own fields (its RoPE lives in the attention, with --rotary-base)."""
-    return dict(
-        multi_latent_attention=True,
-        q_lora_rank=args.q_lora_rank,
-        kv_lora_rank=args.kv_lora_rank,
-        qk_head_dim=args.qk_head_dim,
-        qk_pos_emb_head_dim=args.qk_pos_emb_head_dim,
-        v_head_dim=args.v_head_dim,
-        rotary_base=args.rotary_base,
-        rotary_scaling_factor=args.rotary_scaling_factor,
-        mscale=args.mscale,
-        mscale_all_dim=args.mscale_all_dim,
-    )
+    """`--moe-grouped-gemm` is built as megatron-core's SequentialMLP: one fc1 and one fc2 weight per
+    expert, the shapes of Transformer Engine's grouped experts, and the same per-expert GEMMs (TE's
+    grouped kernel and the legacy GroupedMLP need packages a CPU machine has not)."""
+    return dict(moe_grouped_gemm=False)
 
 
 def _schedule_fields(args: argparse.Namespace) -> dict:
-    """Kernel fusions off (no TE or apex) and the pipeline schedule's settings."""
+    """Kernel fusions off: no TE or apex."""
     return dict(
         gradient_accumulation_fusion=False,
         masked_softmax_fusion=False,
@@ -158,11 +69,6 @@ def _schedule_fields(args: argparse.Namespace) -> dict:
         bias_dropout_fusion=False,
         persist_layer_norm=False,
         apply_rope_fusion=False,
-        deallocate_pipeline_outputs=True,
-        batch_p2p_comm=not args.overlap_p2p_comm,
-        overlap_p2p_comm=args.overlap_p2p_comm,
-        microbatch_group_size_per_vp_stage=args.microbatch_group_size_per_vp_stage,
-        variable_seq_lengths=args.variable_seq_lengths,
     )
 
 
@@ -225,7 +131,7 @@ def build_chunks(args: argparse.Namespace, config: TransformerConfig) -> list[GP
         if torch.cuda.is_available():  # as Megatron-LM's get_model: modules built on the host move over
             chunk.cuda(torch.cuda.current_device())
         if args.bf16 or args.fp16:
-            chunk = _to_dtype(chunk, params_dtype(args))
+            chunk = _to_dtype(chunk, core_config.params_dtype(args))
         chunks.append(chunk)
     return chunks
 
@@ -275,20 +181,9 @@ def _gpt_model(
 
 
 def ddp_config(args: argparse.Namespace) -> DistributedDataParallelConfig:
-    """Megatron-LM's DDP config rule: default bucket size grows with DP; no buckets without overlap."""
-    bucket_size = args.ddp_bucket_size
-    if bucket_size is None:
-        dp_cp = parallel_state.get_data_parallel_world_size(with_context_parallel=True)
-        bucket_size = max(_MIN_BUCKET_SIZE_PARAMS, _BUCKET_SIZE_PER_DP_RANK_PARAMS * dp_cp)
-    if not args.overlap_grad_reduce:
-        bucket_size = None
-    return DistributedDataParallelConfig(
-        grad_reduce_in_fp32=args.accumulate_allreduce_grads_in_fp32,
-        overlap_grad_reduce=args.overlap_grad_reduce,
-        overlap_param_gather=args.overlap_param_gather,
-        use_distributed_optimizer=args.use_distributed_optimizer,
-        bucket_size=bucket_size,
-    )
+    """Megatron-LM's DDP config (`job.core_config`) for this rank's data-parallel group."""
+    dp_cp = parallel_state.get_data_parallel_world_size(with_context_parallel=True)
+    return core_config.ddp_config(args, dp_cp)
 
 
 def wrap_ddp(
@@ -313,7 +208,7 @@ def optimizer_config(args: argparse.Namespace) -> OptimizerConfig:
         clip_grad=args.clip_grad,
         bf16=args.bf16,
         fp16=args.fp16,
-        params_dtype=params_dtype(args),
+        params_dtype=core_config.params_dtype(args),
         use_distributed_optimizer=args.use_distributed_optimizer,
         overlap_param_gather=args.overlap_param_gather,
     )

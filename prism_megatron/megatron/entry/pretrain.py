@@ -30,12 +30,13 @@ from prism_megatron.config import PrismConfig
 from prism_megatron.megatron.entry import arguments as pretrain_args
 from prism_megatron.megatron.entry import data, model, training_log
 from prism_megatron.megatron.job import target
-from prism_megatron.megatron.run import collectives, memory, modelled_device, results, runtime, world
+from prism_megatron.megatron.run import collectives, modelled_device, results, runtime
+from prism_megatron.passes import world
 from prism_megatron.patches import catalog
 from prism_megatron.replay import timeline
 
 
-def initialize_model_parallel(args: argparse.Namespace, sizes: runtime.ParallelSizes) -> None:
+def initialize_model_parallel(args: argparse.Namespace, sizes: target.ParallelSizes) -> None:
     """Megatron's own topology builder, then Megatron-LM's seeding rule (seed + 100 * PP rank)."""
     world.initialize_groups(
         sizes, hierarchical_context_parallel_sizes=args.hierarchical_context_parallel_sizes
@@ -159,32 +160,23 @@ def _train(
         modelled_device.fuse_norms(device, ddp_model)
     iterators = _data_iterators(args, len(ddp_model))
     forward_backward = get_forward_backward_func()
-    tracker = memory.LiveStorageTracker(fake_storage=device is not None) if rt.device == "cpu" else None
-    if tracker:
-        tracker.label_model(ddp_model)
-    iterations = []
+    record = runtime.TrainingRecord(rt)
     logger = _logger(args, rt)
-    with tracker or memory.cuda_peak_scope():
-        for iteration in range(args.train_iters):
-            runtime.iteration_begins(rt)
-            if device:
-                device.iteration_begins()
-            start = timeline.mark()  # device time, as every time of the passes
-            step = train_step(args, ddp_model, optimizer, iterators, forward_backward)
-            end = timeline.mark()
-            if device:
-                device.iteration_ends()
-            runtime.iteration_ends(rt)
-            start_ns, end_ns = timeline.resolve([start, end])
-            step["time_s"] = (end_ns - start_ns) / 1e9
-            iterations.append(step)
-            if tracker:
-                tracker.label_optimizer(optimizer)
-            logger.step(iteration + 1, step, loss_scale=_loss_scale(optimizer))
+    for iteration in range(args.train_iters):
+        record.before_step(ddp_model, optimizer)
+        if device:
+            device.iteration_begins()
+        start = timeline.mark()  # device time, as every time of the passes
+        step = train_step(args, ddp_model, optimizer, iterators, forward_backward)
+        end = timeline.mark()
+        if device:
+            device.iteration_ends()
+        step = record.after_step(step, marks=(start, end))
+        logger.step(iteration + 1, step, loss_scale=_loss_scale(optimizer))
+    mem = record.finish()
     logger.close()
-    mem = tracker.report() if tracker else memory.cuda_report(ddp_model, optimizer)
     return results.collect(
-        rt=rt, ddp_model=ddp_model, optimizer=optimizer, iterations=iterations, memory_report=mem
+        rt=rt, ddp_model=ddp_model, optimizer=optimizer, iterations=record.iterations, memory_report=mem
     )
 
 
@@ -192,16 +184,16 @@ def _logger(args: argparse.Namespace, rt: runtime.Runtime) -> training_log.Train
     """Megatron's iteration line on every real rank; the writers on the last real rank (Megatron's
     rank W-1, usually virtual under emulation), and not in the capture pass: its iterations are the
     slice's recording, not the run a user reads in TensorBoard."""
-    from prism_megatron.report.flops import ModelShape, model_flops_per_iteration
+    from prism_megatron.report.flops import model_flops_per_iteration
 
     world_size = dist.get_world_size()
     last_real = max(rt.world.real_ranks) if rt.world else world_size - 1
-    shape = ModelShape.from_args(args)  # args.padded_vocab_size: derived by target.derive
+    job = target.target_job(args, world_size=world_size)  # the job the report counts FLOPs of
     return training_log.TrainingLogger(
         args,
         world_size=world_size,
         writes_scalars=rt.virtual_rank == last_real and getattr(rt.phase, "name", "") != "capture",
-        flops=model_flops_per_iteration(shape, args.global_batch_size),
+        flops=model_flops_per_iteration(job.model, job.global_batch_size),
     )
 
 
@@ -220,18 +212,18 @@ def run(argv: list[str]) -> dict[str, Any]:
     if config.patches.list_patches:
         print(catalog.table())
         return {}
-    rt = runtime.start(config)
+    rt = runtime.Runtime.start(config)
     rt.sizes = target.parallel_sizes(args)
     try:
-        runtime.bring_up(rt)
+        rt.bring_up()
         pretrain_args.derive_world(args, dist.get_world_size())
         initialize_model_parallel(args, rt.sizes)
-        runtime.before_model(rt)
+        rt.before_model()
         results.check_writable(rt.config, rt.virtual_rank)
         with collectives.CollectiveRecorder() as recorder:
             out = train(args, transformer_config, rt)
         out["collectives"] = recorder.as_dict()
-        runtime.finish_phase(rt, out)
+        rt.finish_phase(out)
         results.write(rt.config, rt.virtual_rank, out)
         return out
     finally:

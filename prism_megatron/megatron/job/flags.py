@@ -31,6 +31,7 @@ from typing import Any
 
 from megatron.core.transformer import TransformerConfig
 
+from prism_megatron.config import RaisingParser
 from prism_megatron.megatron.job import target
 
 _EXCLUDED_FIELDS = frozenset(
@@ -156,13 +157,6 @@ NO_MEMORY_EFFECT_FLAGS = frozenset(
 state or activations; the plan accepts them silently."""
 
 
-class _RaisingParser(argparse.ArgumentParser):
-    """argparse reports user errors by exiting; the plan reports them as ValueError naming the flag."""
-
-    def error(self, message: str) -> typing.NoReturn:
-        raise ValueError(f"Megatron-LM flags: {message}")
-
-
 def _scalar_kwargs(tp: Any) -> dict[str, Any] | None:
     """argparse `type`/`choices` for one annotation, or None when argparse cannot express it."""
     origin, targs = typing.get_origin(tp), typing.get_args(tp)
@@ -200,51 +194,74 @@ def _field_argument(field: dataclasses.Field) -> tuple[list[str], dict[str, Any]
     return names, kwargs
 
 
+_SWITCH = {"action": "store_true"}
+MEGATRON_LM_FLAGS: dict[str, dict[str, Any]] = {
+    # model and data
+    "--position-embedding-type": {"default": "learned_absolute",
+                                  "choices": ("learned_absolute", "rope", "mrope", "relative", "none")},
+    "--rotary-base": {"type": int, "default": 10000},
+    "--rotary-percent": {"type": float, "default": 1.0},
+    "--use-rope-scaling": _SWITCH,
+    "--no-position-embedding": {"action": "store_false", "dest": "add_position_embedding"},
+    "--squared-relu": _SWITCH,
+    "--quick-geglu": _SWITCH,
+    "--moe-router-load-balancing-type": {"nargs": "+", "default": "aux_loss",
+                                         "choices": ("aux_loss", "seq_aux_loss", "global_aux_loss", "sinkhorn", "none")},
+    "--moe-aux-loss-coeff": {"type": float, "nargs": "+", "default": 0.0},
+    # multi-latent attention
+    "--q-lora-rank": {"type": int, "default": None},
+    "--kv-lora-rank": {"type": int, "default": 32},
+    "--qk-head-dim": {"type": int, "default": 128},
+    "--qk-pos-emb-head-dim": {"type": int, "default": 64},
+    "--v-head-dim": {"type": int, "default": 128},
+    "--rotary-scaling-factor": {"type": float, "default": 1.0},
+    "--mscale": {"type": float, "default": 1.0},
+    "--mscale-all-dim": {"type": float, "default": 0.0},
+    # parallelism, gradients and optimizer
+    "--cp-comm-type": {"nargs": "+", "default": ["p2p"]},
+    "--recompute-activations": _SWITCH,
+    "--use-distributed-optimizer": _SWITCH,
+    "--overlap-grad-reduce": _SWITCH,
+    "--overlap-param-gather": _SWITCH,
+    "--overlap-param-gather-with-optimizer-step": _SWITCH,
+    "--ddp-pad-buckets-for-high-nccl-busbw": _SWITCH,
+    "--ddp-average-in-collective": _SWITCH,
+    "--accumulate-allreduce-grads-in-fp32": _SWITCH,
+    "--grad-reduce-in-bf16": _SWITCH,
+    "--use-precision-aware-optimizer": _SWITCH,
+    "--no-persist-layer-norm": _SWITCH,
+    "--fp8-param-gather": _SWITCH,
+    "--ddp-bucket-size": {"type": int, "default": None},
+    "--ddp-num-buckets": {"type": int, "default": None},
+    "--num-distributed-optimizer-instances": {"type": int, "default": 1},
+    "--optimizer": {"default": "adam", "choices": ("adam", "sgd", "muon", "dist_muon")},
+}  # fmt: skip
+"""Megatron-LM's flags that are not TransformerConfig fields, as `megatron/training/arguments.py`
+(tag core_v0.16.1) declares them: the one declaration of each, for the plan's parser and the built-in
+entry's (`add_megatron_lm_flags`)."""
+
+
+def add_megatron_lm_flags(add: Any, names: Any = None) -> None:
+    """Declare Megatron-LM's hand-written flags with `add` (a parser's or group's `add_argument`):
+    those of `names`, or all of `MEGATRON_LM_FLAGS`."""
+    for name in MEGATRON_LM_FLAGS if names is None else names:
+        add(name, **MEGATRON_LM_FLAGS[name])
+
+
 def _add_hand_written_flags(parser: argparse.ArgumentParser) -> None:
-    """Megatron-LM flags that are not TransformerConfig fields (defaults from arguments.py)."""
-    _add_model_and_data_flags(parser.add_argument_group("Megatron-LM model and data flags").add_argument)
-    _add_training_flags(parser.add_argument_group("Megatron-LM parallelism and optimizer flags").add_argument)
-
-
-def _add_model_and_data_flags(add) -> None:
-    add("--q-lora-rank", type=int, default=None)
-    add("--position-embedding-type", default="learned_absolute",
-        choices=["learned_absolute", "rope", "mrope", "relative", "none"])  # fmt: skip
-    add("--rotary-base", type=int, default=10000)
-    add("--rotary-percent", type=float, default=1.0)
-    add("--use-rope-scaling", action="store_true")
-    add("--no-position-embedding", action="store_false", dest="add_position_embedding")
-    for switch in ("--squared-relu", "--quick-geglu"):
-        add(switch, action="store_true")
-    add("--moe-router-load-balancing-type", nargs="+", default="aux_loss")
-    add("--moe-aux-loss-coeff", type=float, nargs="+", default=0.0)
-    for name, default in (("--kv-lora-rank", 32), ("--qk-head-dim", 128), ("--qk-pos-emb-head-dim", 64),
-                          ("--v-head-dim", 128)):  # fmt: skip
-        add(name, type=int, default=default)
-    for name, default in (("--rotary-scaling-factor", 1.0), ("--mscale", 1.0), ("--mscale-all-dim", 0.0)):
-        add(name, type=float, default=default)
-
-
-def _add_training_flags(add) -> None:
-    for switch in ("--recompute-activations", "--use-distributed-optimizer", "--overlap-grad-reduce",
-                   "--overlap-param-gather", "--overlap-param-gather-with-optimizer-step",
-                   "--ddp-pad-buckets-for-high-nccl-busbw", "--ddp-average-in-collective",
-                   "--accumulate-allreduce-grads-in-fp32", "--grad-reduce-in-bf16",
-                   "--use-precision-aware-optimizer", "--no-persist-layer-norm", "--fp8-param-gather"):  # fmt: skip
-        add(switch, action="store_true")
-    add("--cp-comm-type", nargs="+", default=["p2p"])
-    for name in ("--ddp-bucket-size", "--ddp-num-buckets"):
-        add(name, type=int, default=None)
-    add("--num-distributed-optimizer-instances", type=int, default=1)
-    add("--optimizer", default="adam", choices=["adam", "sgd", "muon", "dist_muon"])
-    add("--prism-world-size", type=int, default=None, dest="world_size")
-    add("--prism-allow-untested-megatron", action="store_true", dest="allow_untested_megatron")
+    """Megatron-LM flags that are not TransformerConfig fields, and the plan's --prism-* flags."""
+    add_megatron_lm_flags(
+        parser.add_argument_group("Megatron-LM flags beyond the transformer's").add_argument
+    )
+    group = parser.add_argument_group("prism")
+    group.add_argument("--prism-world-size", type=int, default=None, dest="world_size")
+    group.add_argument("--prism-allow-untested-megatron", action="store_true", dest="allow_untested_megatron")
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The parser of memory-relevant Megatron-LM flags (plus `--prism-world-size`): the target job's
     flags, then the TransformerConfig fields they do not already name, then the hand-written rest."""
-    parser = _RaisingParser(prog="megatron-flags", add_help=False, allow_abbrev=False)
+    parser = RaisingParser(prog="megatron-flags", add_help=False, error_prefix="Megatron-LM flags: ")
     target.add_job_arguments(parser)
     declared_dests = {action.dest for action in parser._actions}
     group = parser.add_argument_group("transformer configuration")

@@ -5,8 +5,8 @@ setup do (`megatron/training/arguments.py`, `megatron/training/tokenizer/tokeniz
 core_v0.16.1): the target job's derivations every command shares (`megatron.job.target`: data-parallel
 size, virtual-pipeline size, global batch, FFN size, KV channels, expert TP, padded vocabulary), then
 the plan's own (recompute, the gradient dtype of bf16 training, MoE settings). `transformer_config`
-and `ddp_config` then build megatron-core's own config objects the way Megatron-LM's
-`core_transformer_config_from_args` and `get_model` do, so megatron-core's checks
+and `ddp_config` then build megatron-core's own config objects (in `core_config`, where the built-in
+entry builds its own too) the way Megatron-LM's `core_transformer_config_from_args` and `get_model` do, so megatron-core's checks
 (`TransformerConfig.__post_init__`) run on the production configuration; `job_from_flags` runs them
 before anything is planned.
 
@@ -19,12 +19,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-import torch
-import torch.nn.functional as F
 from megatron.core.distributed import DistributedDataParallelConfig
-from megatron.core.transformer import MLATransformerConfig, TransformerConfig
+from megatron.core.transformer import TransformerConfig
 
-from prism_megatron.megatron.job import target
+from prism_megatron.megatron.job import core_config, target
 from prism_megatron.megatron.job.flags import ParsedFlags, parse_flags
 
 
@@ -79,7 +77,7 @@ def _derive_precision(a: argparse.Namespace) -> None:
         "--num-distributed-optimizer-instances > 1 is not modelled by the plan",
     )
     _require(a.optimizer in ("adam", "sgd"), f"--optimizer {a.optimizer} is not modelled; use adam or sgd")
-    a.params_dtype = torch.bfloat16 if a.bf16 else torch.float16 if a.fp16 else torch.float32
+    a.params_dtype = core_config.params_dtype(a)
     if a.bf16 and not a.grad_reduce_in_bf16:
         a.accumulate_allreduce_grads_in_fp32 = True  # arguments.py: "bfloat16 requires fp32 accumulation"
     if a.grad_reduce_in_bf16:
@@ -93,10 +91,6 @@ def _derive_model(a: argparse.Namespace) -> None:
     """The plan's own model settings (the shape is the target job's)."""
     if a.recompute_activations:
         a.recompute_granularity = "selective"
-    for name in ("moe_router_load_balancing_type", "moe_aux_loss_coeff"):
-        value = getattr(a, name)
-        if isinstance(value, list) and len(value) == 1:
-            setattr(a, name, value[0])
     if a.add_bias_linear:
         a.add_qkv_bias = True  # arguments.py keeps the two bias switches in sync
 
@@ -123,79 +117,17 @@ def job_from_flags(argv: list[str], world_size: int | None = None) -> Job:
 
 
 def transformer_config(job: Job) -> TransformerConfig:
-    """megatron-core's TransformerConfig for the job, built as Megatron-LM builds it.
-
-    Runs megatron-core's own validation (`__post_init__`); its AssertionError or ValueError is
-    re-raised as ValueError so the command line reports it as a configuration mistake.
-    """
-    a = job.args
-    config_class = MLATransformerConfig if a.multi_latent_attention else TransformerConfig
-    kwargs = {f.name: getattr(a, f.name) for f in dataclasses.fields(config_class) if hasattr(a, f.name)}
-    kwargs.update(
-        persist_layer_norm=not a.no_persist_layer_norm,
-        deallocate_pipeline_outputs=True,
-        params_dtype=a.params_dtype,
-        pipeline_dtype=a.params_dtype,
-        batch_p2p_comm=not a.overlap_p2p_comm,
-        num_moe_experts=a.num_experts,
-        num_layers_in_first_pipeline_stage=a.decoder_first_pipeline_num_layers,
-        num_layers_in_last_pipeline_stage=a.decoder_last_pipeline_num_layers,
-        num_query_groups=a.num_query_groups if a.group_query_attention else None,
-        moe_layer_freq=a.moe_layer_freq,
-        moe_router_load_balancing_type=a.moe_router_load_balancing_type,
-        moe_aux_loss_coeff=a.moe_aux_loss_coeff,
-    )
-    if len(a.cp_comm_type) == 1:
-        kwargs["cp_comm_type"] = a.cp_comm_type[0]
-    if a.swiglu:
-        kwargs.update(activation_func=F.silu, gated_linear_unit=True)
-    elif a.squared_relu:
-        kwargs["activation_func"] = lambda x: torch.pow(F.relu(x), 2)
-    if config_class is MLATransformerConfig:
-        for name in (
-            "q_lora_rank",
-            "kv_lora_rank",
-            "qk_head_dim",
-            "qk_pos_emb_head_dim",
-            "v_head_dim",
-            "rotary_scaling_factor",
-            "mscale",
-            "mscale_all_dim",
-        ):
-            kwargs[name] = getattr(a, name)
-        kwargs["rotary_base"] = a.rotary_base
-    else:
-        kwargs.pop("rope_type", None)
-    try:
-        return config_class(**kwargs)
-    except (AssertionError, ValueError) as exc:
-        raise ValueError(f"megatron-core rejects the configuration: {exc}") from exc
+    """megatron-core's TransformerConfig for the job, built as Megatron-LM builds it (`core_config`);
+    ValueError when megatron-core's own checks refuse it."""
+    return core_config.transformer_config(job.args)
 
 
 def ddp_config(job: Job, data_parallel_size_with_cp: int) -> DistributedDataParallelConfig:
-    """The DistributedDataParallelConfig Megatron-LM's `get_model` builds (training.py, core_v0.16.1).
+    """The DistributedDataParallelConfig Megatron-LM's `get_model` builds (`core_config`).
 
     Args:
         data_parallel_size_with_cp: DP x CP, which sets the default bucket size.
     """
-    a = job.args
-    kwargs = {
-        f.name: getattr(a, f.name)
-        for f in dataclasses.fields(DistributedDataParallelConfig)
-        if hasattr(a, f.name)
-    }
-    kwargs.update(
-        grad_reduce_in_fp32=a.accumulate_allreduce_grads_in_fp32,
-        check_for_nan_in_grad=False,
-        pad_buckets_for_high_nccl_busbw=a.ddp_pad_buckets_for_high_nccl_busbw,
-        average_in_collective=a.ddp_average_in_collective,
-        bucket_size=a.ddp_bucket_size,
-    )
-    config = DistributedDataParallelConfig(**kwargs)
-    if a.ddp_num_buckets is not None:
+    if job.args.ddp_num_buckets is not None:
         raise ValueError("--ddp-num-buckets is not modelled by the plan; use --ddp-bucket-size")
-    if config.bucket_size is None:
-        config.bucket_size = max(40000000, 1000000 * data_parallel_size_with_cp)
-    if not config.overlap_grad_reduce:
-        config.bucket_size = None
-    return config
+    return core_config.ddp_config(job.args, data_parallel_size_with_cp)

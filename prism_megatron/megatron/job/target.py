@@ -18,25 +18,33 @@ same everywhere:
   groups (heads divisible by them, as megatron-core's attention requires), position embeddings and
   padded vocabulary of the model.
 
-`layout_of` is the one place a `Layout` is built from the job's sizes and `select_real_ranks` the one
-place `--prism-ranks` is read against it. Pure: imports neither torch nor Megatron, so `topology`
-answers at once for any world size.
+The job is plain data of `prism_megatron.target` (`TargetJob`, `ParallelSizes`, `Schedule`,
+`ModelShape`), which the report and the plans read without this parser; `layout_of` there is the one
+place a `Layout` is built from the job's sizes and `select_real_ranks` here the one place
+`--prism-ranks` is read against it. Pure: imports neither torch nor Megatron, so `topology` answers
+at once for any world size.
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
-import dataclasses
-import math
 from collections.abc import Collection
 from typing import Any
 
+from prism_megatron import target as pure
 from prism_megatron.megatron.job import stages
+from prism_megatron.target import (
+    ORDER_DEFAULT,
+    ORDER_TP_PP_DP,
+    ModelShape,
+    ParallelSizes,
+    Schedule,
+    TargetJob,
+    layout_of,
+)
 from prism_megatron.topology import Layout, select_ranks
 
-ORDER_TP_PP_DP = "tp-cp-ep-pp-dp"
-ORDER_DEFAULT = "tp-cp-ep-dp-pp"
 _NULL_TOKENIZER = "NullTokenizer"
 
 
@@ -88,6 +96,7 @@ def add_job_arguments(parser: argparse.ArgumentParser, *, required: Collection[s
     add("--swiglu", action="store_true")
     add("--untie-embeddings-and-output-weights", action="store_true")
     add("--moe-router-topk", type=int, default=2)
+    add("--moe-shared-expert-intermediate-size", type=int, default=None)
     add(
         "--moe-layer-freq",
         type=layer_frequency,
@@ -132,40 +141,6 @@ def copy_of_job_flags(args: argparse.Namespace) -> argparse.Namespace:
     return argparse.Namespace(**{dest: getattr(args, dest, default) for dest, default in defaults.items()})
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class ParallelSizes:
-    """The target job's parallel sizes as Megatron's flags give them (the world size apart)."""
-
-    tp: int = 1
-    pp: int = 1
-    vpp: int | None = None
-    """Model chunks per pipeline rank; None when not interleaved."""
-    cp: int = 1
-    ep: int = 1
-    etp: int | None = None
-    """None: the same as tp."""
-    order: str = ORDER_DEFAULT
-    untie_embeddings: bool = False
-    mtp: bool = False
-    """`--mtp-num-layers` given: the last stage holds MTP layers (and so the embedding)."""
-
-
-def layout_of(sizes: ParallelSizes, world_size: int) -> Layout:
-    """The target job's topology (raises ValueError naming the flag for a job Megatron would refuse)."""
-    return Layout(
-        world_size=world_size,
-        tp=sizes.tp,
-        pp=sizes.pp,
-        cp=sizes.cp,
-        ep=sizes.ep,
-        etp=sizes.etp or sizes.tp,
-        vpp=sizes.vpp,
-        order=sizes.order,
-        untie_embeddings=sizes.untie_embeddings,
-        mtp=sizes.mtp,
-    )
-
-
 def select_real_ranks(layout: Layout, spec: str | None) -> tuple[int, ...]:
     """The virtual ranks real processes run, sorted: `--prism-ranks` (default: one rank per role)."""
     try:
@@ -173,58 +148,6 @@ def select_real_ranks(layout: Layout, spec: str | None) -> tuple[int, ...]:
     except ValueError as exc:
         raise ValueError(f"--prism-ranks {spec}: {exc}") from None
     return tuple(sorted(ranks))
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Schedule:
-    """How the pipeline schedule cuts the model: chunks per rank, layers per stage, microbatches."""
-
-    vpp: int | None
-    """Model chunks per pipeline rank (interleaved schedule); None when not interleaved."""
-    layers_per_stage: tuple[int, ...] | None
-    """Transformer layers of each pipeline stage, first to last (None without --num-layers)."""
-    overlap_p2p_comm: bool
-    """Whether the interleaved schedule overlaps its p2p communication (always False without it)."""
-    num_microbatches: int | None
-    """Microbatches per iteration and data-parallel rank (None without --micro-batch-size or a world)."""
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class ModelShape:
-    """What the model's size is made of, after Megatron-LM's defaults (None where not given)."""
-
-    num_layers: int | None
-    hidden_size: int | None
-    ffn_hidden_size: int | None
-    num_attention_heads: int | None
-    num_query_groups: int | None
-    """Key/value heads: --num-query-groups with --group-query-attention, else the attention heads."""
-    kv_channels: int | None
-    seq_length: int | None
-    max_position_embeddings: int | None
-    padded_vocab_size: int | None
-    swiglu: bool
-    num_experts: int | None
-    moe_ffn_hidden_size: int | None
-    moe_router_topk: int
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class TargetJob:
-    """The job a flag list describes, as Megatron-LM would configure it."""
-
-    world_size: int | None
-    sizes: ParallelSizes
-    schedule: Schedule
-    micro_batch_size: int | None
-    global_batch_size: int | None
-    data_parallel_size: int | None
-    model: ModelShape
-
-    def layout(self) -> Layout:
-        if self.world_size is None:
-            raise ValueError("the target job's world size is not known (--prism-world-size)")
-        return layout_of(self.sizes, self.world_size)
 
 
 def derive(args: argparse.Namespace, *, world_size: int | None = None) -> TargetJob:
@@ -300,6 +223,10 @@ def target_job(args: argparse.Namespace, *, world_size: int | None) -> TargetJob
             layers_per_stage=stages.layers_per_stage(args),
             overlap_p2p_comm=args.overlap_p2p_comm,
             num_microbatches=getattr(args, "num_microbatches", None),
+            first_stage_layers=args.decoder_first_pipeline_num_layers,
+            last_stage_layers=args.decoder_last_pipeline_num_layers,
+            embedding_in_split=args.account_for_embedding_in_pipeline_split,
+            loss_in_split=args.account_for_loss_in_pipeline_split,
         ),
         micro_batch_size=args.micro_batch_size,
         global_batch_size=args.global_batch_size,
@@ -318,21 +245,22 @@ def target_job(args: argparse.Namespace, *, world_size: int | None) -> TargetJob
             num_experts=args.num_experts,
             moe_ffn_hidden_size=args.moe_ffn_hidden_size,
             moe_router_topk=args.moe_router_topk,
+            moe_layer_freq=tuple(freq) if isinstance(freq := args.moe_layer_freq, list) else freq,
+            moe_shared_expert_intermediate_size=args.moe_shared_expert_intermediate_size,
+            mtp_num_layers=args.mtp_num_layers,
         ),
     )
 
 
 def padded_vocab_size(args: argparse.Namespace) -> int | None:
-    """The embedding rows Megatron-LM builds (tokenizer.py `_vocab_size_with_padding`): --padded-vocab-size
-    when given, else the tokenizer's size (the NullTokenizer counts one EOD token beyond --vocab-size)
-    padded up to a multiple of --make-vocab-size-divisible-by x TP; None without either flag."""
-    if args.padded_vocab_size is not None:
-        return args.padded_vocab_size
-    if args.vocab_size is None:
-        return None
-    tokenizer_size = args.vocab_size + 1 if args.tokenizer_type == _NULL_TOKENIZER else args.vocab_size
-    multiple = args.make_vocab_size_divisible_by * args.tensor_model_parallel_size
-    return math.ceil(tokenizer_size / multiple) * multiple
+    """The embedding rows Megatron-LM builds for these flags (`prism_megatron.target.padded_vocab_size`)."""
+    return pure.padded_vocab_size(
+        args.vocab_size,
+        tp=args.tensor_model_parallel_size,
+        divisible_by=args.make_vocab_size_divisible_by,
+        null_tokenizer=args.tokenizer_type == _NULL_TOKENIZER,
+        padded=args.padded_vocab_size,
+    )
 
 
 def _derive_model(args: argparse.Namespace) -> None:

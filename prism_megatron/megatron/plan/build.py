@@ -40,7 +40,7 @@ from megatron.core.transformer.dot_product_attention import DotProductAttention
 from megatron.core.transformer.module import Float16Module, MegatronModule
 
 from prism_megatron.megatron.job.job import Job, ddp_config
-from prism_megatron.megatron.run import world
+from prism_megatron.passes import world
 from prism_megatron.patches import model_build, registry
 
 

@@ -43,12 +43,13 @@ class MegatronEstimate:
 
 
 def _parameter_counts(job: Job) -> tuple[float, float, float, float]:
-    """(transformer block, MTP block, one embedding, expert parameters in the block), whole model."""
+    """(transformer block, MTP block, one embedding, expert parameters in the block), whole model:
+    the target job's count (`ModelShape.parameter_counts`, the one every report and plan uses), with
+    multi-latent attention's low-rank projections where the job has them."""
     a = job.args
     heads, h = a.num_attention_heads, a.hidden_size
-    groups = a.num_query_groups if a.group_query_attention else heads
     norm = 1 if a.normalization == "RMSNorm" else 2
-    gated = 3 / 2 if a.swiglu else 1
+    attention = None
     if a.multi_latent_attention:
         qk = a.qk_head_dim + a.qk_pos_emb_head_dim
         q_term = h * heads * qk if a.q_lora_rank is None else a.q_lora_rank * (h + heads * qk + norm)
@@ -58,27 +59,7 @@ def _parameter_counts(job: Job) -> tuple[float, float, float, float]:
             + h * a.qk_pos_emb_head_dim
             + heads * a.v_head_dim * h
         )
-    else:
-        attention = 2 * h * h * (1 + groups / heads) * (a.kv_channels * heads / h)
-    pattern = _moe_pattern(job)
-    num_moe = sum(pattern)
-    experts = 0.0 if a.num_experts is None else 2 * h * a.moe_ffn_hidden_size * a.num_experts * gated
-    shared = 2 * h * (a.moe_shared_expert_intermediate_size or 0) * gated
-    dense_layer = 2 * h * (a.ffn_hidden_size * gated + norm) + attention
-    moe_layer = 2 * h * norm + experts + shared + attention
-    block = dense_layer * (a.num_layers - num_moe) + moe_layer * num_moe + norm * h
-    mtp_is_moe = bool(pattern[-1]) if pattern else False
-    mtp = (a.mtp_num_layers or 0) * (moe_layer if mtp_is_moe else dense_layer)
-    return block, mtp, h * a.padded_vocab_size, experts * num_moe
-
-
-def _moe_pattern(job: Job) -> list[int]:
-    a = job.args
-    if a.num_experts is None:
-        return [0] * a.num_layers
-    if isinstance(a.moe_layer_freq, int):
-        return [1 if i % a.moe_layer_freq == 0 else 0 for i in range(a.num_layers)]
-    return list(a.moe_layer_freq)
+    return job.target.model.parameter_counts(norms_per_layer=2 * norm, attention=attention)
 
 
 def _interleaving_factor(job: Job) -> float:

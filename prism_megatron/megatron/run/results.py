@@ -19,7 +19,7 @@ from megatron.core import parallel_state
 import prism_megatron
 from prism_megatron import files
 from prism_megatron.config import PrismConfig
-from prism_megatron.megatron.run import memory
+from prism_megatron.passes import memory
 
 RESULTS_SCHEMA_VERSION = 1
 

@@ -12,9 +12,9 @@ import os
 import runpy
 import sys
 
-from prism_megatron.megatron.run import runtime
+from prism_megatron.megatron.run.runtime import Runtime, TrainingRecord
 from prism_megatron.patches import local_layers
-from prism_megatron.patches.training import TrainingRecord, cpu_records, emulation_records
+from prism_megatron.patches.training import cpu_records, emulation_records
 
 
 def make_importable(script: str) -> None:
@@ -31,7 +31,7 @@ def make_importable(script: str) -> None:
         sys.path.append(checkout)
 
 
-def run_script(script: str, script_args: list[str], rt: runtime.Runtime) -> TrainingRecord:
+def run_script(script: str, script_args: list[str], rt: Runtime) -> TrainingRecord:
     """Apply the hooks and run `script` as `__main__` with `script_args`; returns what training did."""
     make_importable(script)
     record = TrainingRecord(rt)

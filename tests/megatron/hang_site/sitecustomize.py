@@ -15,7 +15,7 @@ if _spec and "LOCAL_RANK" in os.environ:
 
         from prism_megatron.megatron.run import runtime
 
-        _begins = runtime.iteration_begins
+        _begins = runtime.Runtime.iteration_begins
         _count = [0]
 
         def _hanging_begins(rt):
@@ -25,4 +25,4 @@ if _spec and "LOCAL_RANK" in os.environ:
                     time.sleep(1000)  # hung here, where the watchdog must find it
             _begins(rt)
 
-        runtime.iteration_begins = _hanging_begins
+        runtime.Runtime.iteration_begins = _hanging_begins

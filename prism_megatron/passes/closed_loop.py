@@ -32,7 +32,6 @@ import statistics
 from collections.abc import Collection, Mapping, Sequence
 
 from prism_megatron import files
-from prism_megatron.emulation.schedule_index import ScheduleIndex
 from prism_megatron.graph import COMPUTE_STREAM, Dep, ExecutionGraph, LayoutWorld, NodeType, Op, load_graph
 from prism_megatron.graph.capture import (
     CapturedIteration,
@@ -42,6 +41,7 @@ from prism_megatron.graph.capture import (
     first_difference,
 )
 from prism_megatron.graph.classes import ClassProgram, class_programs, load_classes, spread
+from prism_megatron.passes.schedule_index import ScheduleIndex
 from prism_megatron.replay.events import OpEvent
 from prism_megatron.replay.schedule import ReplaySchedule
 from prism_megatron.sim import CostFn, NetworkCost, WhatIf

@@ -24,7 +24,6 @@ an iteration nothing measurable); `last_samples()` gives those of the tracker th
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import time
 import weakref
@@ -215,14 +214,6 @@ def static_bytes(tensors: Iterable[torch.Tensor | None]) -> int:
             storage = tensor.untyped_storage()
             seen[storage.data_ptr()] = storage.nbytes()
     return sum(seen.values())
-
-
-@contextlib.contextmanager
-def cuda_peak_scope():
-    """Reset the CUDA allocator's peaks (allocated and reserved) so `cuda_report` sees the training
-    steps only."""
-    torch.cuda.reset_peak_memory_stats()
-    yield
 
 
 def cuda_report(model_chunks: Iterable[torch.nn.Module], optimizer: Any) -> MemoryReport:

@@ -38,8 +38,6 @@ from typing import Any
 import prism_megatron.replay as replay
 from prism_megatron import files
 from prism_megatron.config import PrismConfig
-from prism_megatron.emulation import watchdog
-from prism_megatron.emulation.closed_loop import ClosedLoop, blocked_waits, load_or_build_graph, network_cost
 from prism_megatron.graph import LayoutWorld
 from prism_megatron.graph.capture import (
     CapturedIteration,
@@ -48,6 +46,8 @@ from prism_megatron.graph.capture import (
     compute_intervals,
     iteration_streams,
 )
+from prism_megatron.passes import watchdog
+from prism_megatron.passes.closed_loop import ClosedLoop, blocked_waits, load_or_build_graph, network_cost
 from prism_megatron.replay import timeline
 from prism_megatron.replay.timeline import Mark
 from prism_megatron.sim import WhatIf
@@ -277,7 +277,7 @@ class EmulatePhase(_RecordingPhase):
         }
 
     def finish(self) -> None:
-        from prism_megatron.megatron.run.memory import CATEGORIES, last_samples
+        from prism_megatron.passes.memory import CATEGORIES, last_samples
         from prism_megatron.report.oplog import ComputeSpan, MemorySample, OpLog, save_op_log
 
         self.read_marks(wait=True)

@@ -22,9 +22,9 @@ from megatron.core.transformer.transformer_block import (
     get_num_layers_to_build,
 )
 
-from prism_megatron.megatron.entry.local_mla import MLACoreAttention
 from prism_megatron.megatron.layers.context_parallel import ContextParallelAttention
 from prism_megatron.megatron.layers.flash_attention import FlashAttention
+from prism_megatron.megatron.layers.local_mla import MLACoreAttention
 from prism_megatron.megatron.layers.norm import SequenceParallelNorm
 
 VERIFIED_ON = ("0.16.1",)
