@@ -81,6 +81,8 @@ class ModelledDevice:
         self.gpu_name = gpu_name
         self.clock = gpu_model.ModelledClock(self.gpu)
         self.fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+        self.by_op_ns: dict[str, int] = {}
+        """Charged time by aten op name (for where a modelled iteration's time goes)."""
         self.num_fused_scopes = 0
         """Open `fused_kernel` scopes: their ops are not charged, the fused kernel is."""
         self.num_collectives = 0
@@ -144,6 +146,7 @@ class ModelledDevice:
             "modelled_ns_by_kind": self.by_kind_ns(),
             "modelled_ns": int(self.clock.now_ns),
             "iterations_by_kind_ns": self.iterations_by_kind_ns,
+            "top_ops_ns": dict(sorted(self.by_op_ns.items(), key=lambda item: -item[1])[:12]),
             "num_collectives": self.num_collectives,
             "num_scalar_reads": self.num_scalar_reads,
         }
@@ -175,7 +178,10 @@ class _Timed(TorchDispatchMode):
         out = func(*args, **kwargs)
         device = self.device
         if not device.num_fused_scopes:
-            device.clock.charge(func, args, kwargs, out)
+            timed = device.clock.charge(func, args, kwargs, out)
+            if timed.time_ns:
+                name = func.__name__
+                device.by_op_ns[name] = device.by_op_ns.get(name, 0) + timed.time_ns
             device.log_time()
         return out
 
