@@ -101,7 +101,19 @@ def emulate(out: Path, *extra: str) -> dict:
 
 
 def compare(a: Path, b: Path) -> tuple[int, dict]:
-    command = [sys.executable, "-m", "prism_megatron.cli", "compare", str(a), str(b), "--json"]
+    # A 1 % gate: without overlap the DP reduce-scatter of this 4-layer model adds about 3 % (its
+    # exposed part grows from 3.4 to 4.9 ms of 43 ms), under the default 5 % threshold.
+    command = [
+        sys.executable,
+        "-m",
+        "prism_megatron.cli",
+        "compare",
+        str(a),
+        str(b),
+        "--json",
+        "--max-regression",
+        "1",
+    ]
     done = subprocess.run(command, env=quiet_env(), capture_output=True, text=True, timeout=300)
     return done.returncode, json.loads(done.stdout)
 
