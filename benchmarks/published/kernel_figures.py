@@ -25,6 +25,8 @@ FA3_FWD = (
     "FlashAttention-3 (arXiv:2407.08608) Fig. 5, forward, head dim 128, H100 80GB SXM5, FlashAttention-3 bars"
 )
 FA3_BWD = "FlashAttention-3 (arXiv:2407.08608) Fig. 6, backward, H100 80GB SXM5, FlashAttention-3 bars"
+CUDNN_FWD = "FlashAttention-3 (arXiv:2407.08608) Fig. 5, forward, head dim 128, H100 80GB SXM5, cuDNN bars"
+CUDNN_BWD = "FlashAttention-3 (arXiv:2407.08608) Fig. 6, backward, head dim 128, H100 80GB SXM5, cuDNN bars"
 FA2_TEXT = "FlashAttention-2 (arXiv:2307.08691) Sec. 4.1: up to 73 % (fwd) / 63 % (bwd) of A100's 312 TFLOP/s"
 
 
@@ -51,6 +53,9 @@ class AttentionFigure:
     tflops: float
     source: str
     anchor: bool = False
+    kernel: str = "FlashAttention-3"
+    """The kernel measured: the model is FlashAttention-3's; cuDNN's (what Transformer Engine's fused
+    attention calls on Hopper) is listed beside it to show how far another kernel lies."""
 
     @property
     def batch(self) -> int:
@@ -148,7 +153,7 @@ GEMM_FIGURES: list[GemmFigure] = [
 SEQS = (512, 1024, 2048, 4096, 8192, 16384)
 
 
-def _curve(direction, causal, head_dim, values, source, anchors=()):
+def _curve(direction, causal, head_dim, values, source, anchors=(), kernel="FlashAttention-3"):
     return [
         AttentionFigure(
             gpu="h100",
@@ -159,6 +164,7 @@ def _curve(direction, causal, head_dim, values, source, anchors=()):
             tflops=float(v),
             source=source,
             anchor=seq in anchors,
+            kernel=kernel,
         )
         for seq, v in zip(SEQS, values, strict=True)
     ]
@@ -166,9 +172,14 @@ def _curve(direction, causal, head_dim, values, source, anchors=()):
 
 ATTENTION_FIGURES: list[AttentionFigure] = [
     *_curve("fwd", False, 128, (467, 565, 625, 638, 646, 648), FA3_FWD, anchors=(512, 16384)),
-    *_curve("fwd", True, 128, (292, 423, 521, 579, 602, 616), FA3_FWD),
+    *_curve("fwd", True, 128, (292, 423, 521, 579, 602, 616), FA3_FWD, anchors=(16384,)),
+    *_curve("fwd", False, 64, (333, 392, 460, 476, 496, 497), FA3_FWD, anchors=(16384,)),
+    *_curve("fwd", True, 64, (197, 265, 371, 420, 460, 473), FA3_FWD),
     *_curve("bwd", False, 128, (316, 424, 501, 542, 559, 561), FA3_BWD, anchors=(512, 16384)),
     *_curve("bwd", False, 64, (272, 363, 422, 453, 472, 474), FA3_BWD, anchors=(16384,)),
+    *_curve("fwd", False, 128, (497, 574, 617, 609, 600, 595), CUDNN_FWD, kernel="cuDNN"),
+    *_curve("fwd", True, 128, (315, 410, 484, 518, 529, 539), CUDNN_FWD, kernel="cuDNN"),
+    *_curve("bwd", False, 128, (305, 408, 465, 499, 518, 516), CUDNN_BWD, kernel="cuDNN"),
     AttentionFigure(
         gpu="a100",
         direction="fwd",
@@ -190,6 +201,8 @@ ATTENTION_FIGURES: list[AttentionFigure] = [
         anchor=True,
     ),
 ]
-"""FA3 Fig. 5's panels carry no causal label in the text extraction used here; the panel with the
-standard-attention bars at 26-35 TFLOP/s (masked work wasted) is read as the causal one. The
-non-causal 512 value is 467 for FlashAttention-3 (cuDNN 497), read from the panel's bar labels."""
+"""FA3 Fig. 5's panels carry no causal label in the text extraction used here; of the two panels per
+head dim, the one whose standard-attention bars are the lower (masked work wasted: 26-35 against
+74-139 TFLOP/s at head dim 128, 16-18 against 52-73 at 64) is read as the causal one. The
+non-causal 512 value is 467 for FlashAttention-3 and 497 for cuDNN (two extractions of the panel
+disagree on which bar is which; cuDNN leads at 1k too, so the larger is read as cuDNN's)."""

@@ -1,12 +1,14 @@
 """The GPU model at kernel level: its GEMM and attention times against published kernel figures.
 
-    python -m benchmarks.published.kernels [--out-dir DIR]
+    python -m benchmarks.published.kernels [--out DIR]
 
 For every figure in kernel_figures.py (OpenXLA's measured H100/B200 GEMM table, the MAMF table,
 FlashAttention-2/-3's forward and backward curves) the model's throughput at the same shape, in the
 source's own FLOP convention (2 m n k per GEMM; 4 b h s^2 d per attention forward, halved when
 causal, x 2.5 backward), and the error. Anchors (figures the formulas were solved from) are listed
-but kept out of the summary, which counts only the figures the model never saw. Writes
+but kept out of the summary, which counts only the figures the model never saw. cuDNN's attention
+figures (what Transformer Engine calls on Hopper) are compared too, apart: the model is
+FlashAttention-3's, so they show how far another production kernel lies from it. Writes
 benchmarks/results/<date>-kernels.md and .json. Pure arithmetic: seconds, no GPU.
 """
 
@@ -59,7 +61,7 @@ def attention_row(fig: AttentionFigure) -> dict:
     model = flops / ns / 1e3
     mask = "causal" if fig.causal else "non-causal"
     return {
-        "kind": "attention",
+        "kind": "attention" if fig.kernel == "FlashAttention-3" else f"attention vs {fig.kernel}",
         "gpu": fig.gpu,
         "shape": f"{fig.direction} d{fig.head_dim} {mask} seq {fig.seq} (b{fig.batch} h{fig.heads})",
         "published_tflops": fig.tflops,
@@ -121,22 +123,22 @@ def groups(rows: list[dict]) -> dict[str, list[dict]]:
     out: dict[str, list[dict]] = {}
     for r in rows:
         key = f"{r['gpu']} {r['kind']}"
-        if r["kind"] == "attention":
+        if r["kind"].startswith("attention"):
             key += " " + r["shape"].split(" seq")[0].split(" ", 1)[0]
         out.setdefault(key, []).append(r)
-    out["all"] = rows
+    out["all (model's own kernels)"] = [r for r in rows if "vs" not in r["kind"]]
     return out
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out-dir", default=common.RESULTS_DIR, help="where <date>-kernels.md/.json go")
+    parser.add_argument("--out", default=common.RESULTS_DIR, help="folder for <date>-kernels.md and .json")
     args = parser.parse_args(argv)
     rows = [gemm_row(f) for f in GEMM_FIGURES] + [attention_row(f) for f in ATTENTION_FIGURES]
     summaries = {name: summary(members) for name, members in groups(rows).items()}
     env = common.environment()
     record = {"date": common.today(), "environment": env, "summaries": summaries, "rows": rows}
-    paths = common.write_results("kernels", record, markdown(rows, summaries, env), out_dir=args.out_dir)
+    paths = common.write_results("kernels", record, markdown(rows, summaries, env), out_dir=args.out)
     for name, s in summaries.items():
         if s["held_out"]:
             print(

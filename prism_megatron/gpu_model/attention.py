@@ -17,9 +17,10 @@ SM. GQA changes neither: the kernels run one block per query head and read share
 
 tau and o are not chosen: they are solved, per direction, so that the formula reproduces the
 published FlashAttention-3 throughput at sequence 16k and at 512 (constants.py; the paper's shapes:
-batch * seq = 16k, 16 heads of 128, non-causal). Head dims other than 128 scale tau by the published
-head-dim-64 / head-dim-128 backward ratio, interpolated in log2(head dim) and held constant above
-128; the forward pass is assumed to scale like the backward one. FP8 attention is charged at the BF16
+batch * seq = 16k, 16 heads of 128, non-causal). A causal step costs a factor more (masking,
+imbalance), solved from the causal forward at 16k and assumed for the backward. Head dims other than 128 scale tau by the published
+head-dim-64 / head-dim-128 throughput ratio (forward and backward each its own), interpolated in
+log2(head dim) and held constant above 128. FP8 attention is charged at the BF16
 rate (an assumption on the slow side). Everything else about the causal mask, short sequences and
 wave quantisation follows from the block count, and benchmarks/published/kernels.py checks it
 against the paper's causal and other-sequence figures that were not used here.
@@ -130,11 +131,32 @@ def calibration(gpu: GpuSpec, *, backward: bool) -> AttentionCalibration:
     return AttentionCalibration(step_ns=step_ns, block_overhead_steps=overhead)
 
 
-def head_dim_scale(gpu: GpuSpec, head_dim: int) -> float:
+@functools.cache
+def causal_scale(gpu: GpuSpec) -> float:
+    """Step time with the causal mask over step time without it.
+
+    Block counting alone gives causal attention the non-causal efficiency (slightly more, as the
+    unequal blocks schedule without whole waves), but the kernels lose some to masking the diagonal
+    blocks and to their imbalance. The factor is solved so that the causal forward at the paper's
+    16k shape reproduces its published throughput; the backward is assumed to lose the same.
+    """
+    cal = calibration(gpu, backward=False)
+    batch = PAPER_TOKENS // LONG_SEQ
+    steps = _steps(LONG_SEQ, LONG_SEQ, True, backward=False)
+    busiest = _schedule_steps(steps, batch * PAPER_HEADS, cal.block_overhead_steps, gpu.num_sms)
+    flops = 4 * PAPER_TOKENS * LONG_SEQ * PAPER_HEADS * PAPER_HEAD_DIM / 2
+    published_ns = flops / gpu.attention_fwd_causal_flops_per_s * 1e9
+    return (published_ns - gpu.launch_ns) / (busiest * cal.step_ns)
+
+
+def head_dim_scale(gpu: GpuSpec, head_dim: int, *, backward: bool) -> float:
     """Time of one inner step at `head_dim` relative to head dim 128 (the FLOPs and the efficiency)."""
     d = max(1, head_dim)
     flop_ratio = d / PAPER_HEAD_DIM
-    efficiency_64 = gpu.attention_bwd_d64_flops_per_s / gpu.attention_bwd_flops_per_s
+    if backward:
+        efficiency_64 = gpu.attention_bwd_d64_flops_per_s / gpu.attention_bwd_flops_per_s
+    else:
+        efficiency_64 = gpu.attention_fwd_d64_flops_per_s / gpu.attention_fwd_flops_per_s
     position = min(1.0, max(0.0, math.log2(d / 64)))  # 0 at d <= 64, 1 at d >= 128
     efficiency = efficiency_64 + (1.0 - efficiency_64) * position
     if d < 64:
@@ -173,4 +195,15 @@ def attention_time(
     else:
         steps = _steps(seq_kv, seq_q, causal, backward=True)
     busiest = _schedule_steps(steps, batch * num_heads, cal.block_overhead_steps, gpu.num_sms)
-    return round(gpu.launch_ns + busiest * cal.step_ns * head_dim_scale(gpu, head_dim))
+    scale = head_dim_scale(gpu, head_dim, backward=backward)
+    if causal:
+        # The mask's cost, but never more than computing the whole score matrix: with fewer blocks
+        # than SMs the diagonal-to-end block is as long as a non-causal one and sets the time.
+        unmasked = (
+            _steps(seq_q, seq_kv, False, backward=False)
+            if not backward
+            else _steps(seq_kv, seq_q, False, backward=True)
+        )
+        full = _schedule_steps(unmasked, batch * num_heads, cal.block_overhead_steps, gpu.num_sms)
+        busiest = min(busiest * causal_scale(gpu), full)
+    return round(gpu.launch_ns + busiest * cal.step_ns * scale)

@@ -13,6 +13,8 @@ GPU (communication on its own stream) is the caller's to model with `advance`.
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -29,9 +31,9 @@ _CACHE: dict[tuple, OpTime] = {}
 def _key(value):
     """A hashable stand-in for an argument: tensors by shape, stride and dtype; the rest by value."""
     if isinstance(value, torch.Tensor):
-        return (tuple(value.shape), tuple(value.stride()), value.dtype)
+        return (value.shape, value.stride(), value.dtype)  # torch.Size and the stride tuple hash as is
     if isinstance(value, (list, tuple)):
-        return tuple(_key(v) for v in value)
+        return tuple([_key(v) for v in value])
     if value is None or isinstance(value, (bool, int, float, str, torch.dtype, torch.device, torch.layout)):
         return value
     if isinstance(value, dict):
@@ -57,9 +59,22 @@ class ModelledClock:
         self.by_kind_ns: dict[str, int] = dict.fromkeys(KINDS, 0)
         self.num_ops = 0
         self.flops = 0
+        self._uncharged_depth = 0
+
+    @contextlib.contextmanager
+    def uncharged(self):
+        """Ops charged inside this block cost nothing and are not counted: for unfused CPU ops that
+        stand for a fused GPU kernel the caller charges itself with `advance` (see fused.py)."""
+        self._uncharged_depth += 1
+        try:
+            yield self
+        finally:
+            self._uncharged_depth -= 1
 
     def charge(self, func, args, kwargs, out) -> OpTime:
         """Time `func(*args, **kwargs) -> out` on the GPU and advance the clock by it."""
+        if self._uncharged_depth:
+            return NONE
         self.num_ops += 1
         kind = _KIND_OF_FUNC.get(func)
         if kind is None:
@@ -67,7 +82,11 @@ class ModelledClock:
         if kind == "none":
             return NONE
         key = (self.gpu.name, func, _key(args), _key(kwargs) if kwargs else None)
-        timed = _CACHE.get(key)
+        try:
+            timed = _CACHE.get(key)
+        except TypeError:  # a symbolic size (SymInt) does not hash: key by its printed form
+            key = repr(key)
+            timed = _CACHE.get(key)
         if timed is None:
             timed = _CACHE[key] = op_time(self.gpu, func, args, kwargs or {}, out)
         self.now_ns += timed.time_ns

@@ -3,8 +3,8 @@
 Transformer Engine and Megatron fuse the memory-bound parts of a layer into single kernels. Each
 function here prices one such kernel as one launch plus the bytes it reads and writes over the
 achievable HBM bandwidth: the fused kernel reads its inputs and writes its outputs once, which is
-the whole point of fusing it. The modelled capture charges these with `ModelledClock.advance(t,
-"memory")` in place of the unfused ops (it must then not charge those ops as well).
+the whole point of fusing it. The modelled capture runs the unfused ops inside `ModelledClock.uncharged()`
+and charges the fused kernel with `ModelledClock.advance(t, "memory")` instead.
 
 Byte counts per call (e = element size of `dtype`, t = tokens):
 

@@ -37,8 +37,6 @@ from prism_megatron.gpu_model.specs import GpuSpec
 
 LARGE_TILES = ((128, 256), (256, 128))
 SMALL_TILE = (128, 128)
-MIN_SPLIT_K = 256
-"""Split-k never leaves a slice shorter than this (a few pipeline stages of 64)."""
 
 FP8_DTYPES = frozenset(
     getattr(torch, name)
@@ -199,10 +197,11 @@ def gemm_time(gpu: GpuSpec, m: int, n: int, k: int, dtype: torch.dtype, *, batch
 
 def _splits(gpu: GpuSpec, m: int, n: int, k: int, batch: int, tiles: int, waves: int):
     """(split, waves, extra ns) for split-k choices: a GEMM whose tiles leave SMs idle may split k
-    over several SMs and add the FP32 partial sums after (written and read once through HBM)."""
+    over up to num_sms // tiles SMs per tile and add the FP32 partial sums after (written and read
+    once through HBM, one more launch). Every split is offered whatever k is, so that the best
+    time never drops as k grows; each slice still pays the per-tile cost k0, which keeps short-k
+    splits unattractive."""
     yield 1, waves, 0.0
-    split = 2
-    while tiles * split <= gpu.num_sms and k // split >= MIN_SPLIT_K:
+    for split in range(2, gpu.num_sms // tiles + 1):
         reduce_ns = 2 * split * m * n * batch * 4 / gpu.achievable_hbm_bytes_per_s * 1e9 + gpu.launch_ns
         yield split, 1, reduce_ns
-        split *= 2

@@ -8,8 +8,8 @@ The kinds:
   backward, on any backend (CUDA flash, memory-efficient, cuDNN, and the CPU flash op the program runs
   on a CPU), all charged as flash attention (attention.py); causal is read from the op's `is_causal`
   argument, GQA from the key's head count.
-- "memory": every other op that writes a tensor: bytes read and written over the achievable HBM
-  bandwidth plus the launch cost (norms, activations, softmax, rotary, dropout, casts, copies, the
+- "memory": every other op that writes a tensor (as its result or in place through an argument):
+  bytes read and written over the achievable HBM bandwidth plus the launch cost (norms, activations, softmax, rotary, dropout, casts, copies, the
   optimizer's foreach ops ...). Accessed bytes count a broadcast (stride-0) dimension once.
 - "launch": a memory op so small that the launch cost is more than its traffic: its time is the
   launch cost and it is reported apart, as launch overhead.
@@ -135,13 +135,20 @@ def classify(func) -> str:
 
 
 def accessed_bytes(t: torch.Tensor) -> int:
-    """Bytes a kernel touches reading or writing `t` once: broadcast (stride-0) dims count once."""
-    if t.layout != torch.strided:  # sparse or nested: no strides to read, count every element
-        return int(t.numel()) * t.element_size()
-    elements = 1
-    for size, stride in zip(t.shape, t.stride(), strict=True):
-        if stride != 0:
-            elements *= int(size)
+    """Bytes a kernel touches reading or writing `t` once: broadcast (stride-0) dims count once.
+
+    A data-dependent size (an unbacked symbol of a fake tensor: nonzero, unique ...) is unknown
+    before the program runs; such a tensor counts 0 bytes rather than failing the run.
+    """
+    try:
+        if t.layout != torch.strided:  # sparse or nested: no strides to read, count every element
+            return int(t.numel()) * t.element_size()
+        elements = 1
+        for size, stride in zip(t.shape, t.stride(), strict=True):
+            if stride != 0:
+                elements *= int(size)
+    except Exception:  # torch raises its own data-dependent error types for unbacked sizes
+        return 0
     return elements * t.element_size()
 
 
@@ -163,8 +170,19 @@ def _torch_flops(func, args, kwargs, out) -> int:
     return int(formula(*args, **kwargs, out_val=out))
 
 
+def _mutated(func, args, kwargs) -> list[torch.Tensor]:
+    """Tensors an op writes in place through its arguments (schema `Tensor(a!)`), for ops such as
+    the in-place foreach ops whose result is empty."""
+    written = []
+    for i, argument in enumerate(func._schema.arguments):
+        if argument.alias_info is not None and argument.alias_info.is_write:
+            value = kwargs.get(argument.name) if argument.kwarg_only or i >= len(args) else args[i]
+            written += _tensors(value)
+    return written
+
+
 def _memory_op(gpu: GpuSpec, func, args, kwargs, out) -> OpTime:
-    outs = list(_tensors(out))
+    outs = list(_tensors(out)) or _mutated(func, args, kwargs)
     if not outs:
         return NONE
     inputs = list(_tensors(args)) + list(_tensors(kwargs))
@@ -181,21 +199,7 @@ def _gemm_op(gpu: GpuSpec, func, args, kwargs, out) -> OpTime:
     a, b = (args[1], args[2]) if packet in (aten.addmm, aten.baddbmm) else (args[0], args[1])
     dtype = a.dtype
     if packet is getattr(aten, "_grouped_mm", None):
-        # (total_m, k) x (groups, k, n) with offsets, or batched 3-D x 3-D: charged as `groups`
-        # equal GEMMs of the average size (routing balanced).
-        groups = b.shape[0] if b.dim() == 3 else 1
-        k, n = b.shape[-2], b.shape[-1]
-        m_total = a.shape[0] * (a.shape[1] if a.dim() == 3 else 1)
-        m = math.ceil(m_total / groups)
-        flops = 2 * m_total * n * k
-        time_ns = gemm_time(gpu, m, n, k, dtype, batch=groups)
-        size = a.element_size()
-        return OpTime(
-            kind="gemm",
-            time_ns=time_ns,
-            flops=flops,
-            bytes=(m_total * k + groups * k * n + m_total * n) * size,
-        )
+        return _grouped_gemm_op(gpu, a, b, args)
     batch = a.shape[0] if a.dim() == 3 else 1
     m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
     time_ns = gemm_time(gpu, int(m), int(n), int(k), dtype, batch=int(batch))
@@ -205,6 +209,32 @@ def _gemm_op(gpu: GpuSpec, func, args, kwargs, out) -> OpTime:
         time_ns=time_ns,
         flops=_torch_flops(func, args, kwargs, out),
         bytes=(m * k + k * n + m * n) * batch * size,
+    )
+
+
+def _grouped_gemm_op(gpu: GpuSpec, a: torch.Tensor, b: torch.Tensor, args) -> OpTime:
+    """torch._grouped_mm, charged as `groups` equal GEMMs of the average size (routing balanced):
+
+    (M_total, K) x (G, K, N) with offsets over M (MoE forward, data gradient); (G, M, K) x (G, K, N)
+    (batched); (M, K_total) x (K_total, N) with offsets over K (MoE weight gradient: G outputs).
+    """
+    offsets = args[2] if len(args) > 2 else None
+    if a.dim() == 2 and b.dim() == 3:
+        groups, (m_total, k), n = b.shape[0], a.shape, b.shape[-1]
+    elif a.dim() == 3:
+        groups, m_total, k, n = a.shape[0], a.shape[0] * a.shape[1], a.shape[2], b.shape[-1]
+    else:
+        groups = offsets.shape[0] if offsets is not None else 1
+        m_total, n = a.shape[0] * groups, b.shape[1]
+        k = math.ceil(a.shape[1] / groups)
+    groups, m_total, k, n = int(groups), int(m_total), int(k), int(n)
+    m = math.ceil(m_total / groups)
+    size = a.element_size()
+    return OpTime(
+        kind="gemm",
+        time_ns=gemm_time(gpu, m, n, k, a.dtype, batch=groups),
+        flops=2 * m * n * k * groups,
+        bytes=(m_total * k + groups * k * n + m_total * n) * size,
     )
 
 
@@ -257,8 +287,21 @@ def op_time(gpu: GpuSpec, func, args, kwargs, out) -> OpTime:
     Args:
         func: an aten OpOverload, as a TorchDispatchMode receives it.
         args, kwargs, out: its arguments and result; tensors may be fake or meta.
+
+    Raises:
+        RuntimeError: the op's arguments do not fit its kind's formula; names the op and the shapes.
     """
     kwargs = kwargs or {}
+    try:
+        return _op_time(gpu, func, args, kwargs, out)
+    except (IndexError, ValueError, TypeError, AttributeError) as error:
+        shapes = [tuple(t.shape) for t in _tensors(args)]
+        raise RuntimeError(
+            f"GPU model: cannot time {func} with tensor arguments of shapes {shapes}: {error}"
+        ) from error
+
+
+def _op_time(gpu: GpuSpec, func, args, kwargs, out) -> OpTime:
     kind = classify(func)
     if kind == "none":
         return NONE

@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 
+import torch
+
 from prism_megatron.gpu_model.constants import GPU_QUANTITIES, value
 
 GPU_NAMES: tuple[str, ...] = ("a100", "b200", "h100", "h200")
@@ -61,10 +63,14 @@ class GpuSpec:
     """Flash-attention forward throughput, head dim 128, non-causal, long sequence (16k)."""
     attention_fwd_short_flops_per_s: float
     """The same at sequence 512 (batch 32): fixes the per-block overhead."""
+    attention_fwd_causal_flops_per_s: float
+    """The forward at sequence 16k with the causal mask (FLOPs halved): the mask's own cost."""
     attention_bwd_flops_per_s: float
     """Flash-attention backward throughput, head dim 128, sequence 16k."""
     attention_bwd_short_flops_per_s: float
     """The same at sequence 512."""
+    attention_fwd_d64_flops_per_s: float
+    """Forward throughput at head dim 64, sequence 16k, non-causal: the head-dimension dependence."""
     attention_bwd_d64_flops_per_s: float
     """Backward throughput at head dim 64, sequence 16k: the head-dimension dependence."""
     hbm_efficiency: float
@@ -83,6 +89,16 @@ class GpuSpec:
     @property
     def achievable_hbm_bytes_per_s(self) -> float:
         return self.hbm_bytes_per_s * self.hbm_efficiency
+
+    def peak_flops_per_s(self, dtype: torch.dtype = torch.bfloat16) -> float:
+        """Dense tensor-core peak for `dtype` (the MFU denominator): FP32 counts at TF32, FP8 at FP8."""
+        if dtype in (torch.float32, torch.float64):
+            return self.tf32_flops_per_s
+        if dtype == torch.float16:
+            return self.fp16_flops_per_s
+        if "float8" in str(dtype):
+            return self.fp8_flops_per_s
+        return self.bf16_flops_per_s
 
 
 _INTEGER_FIELDS = (

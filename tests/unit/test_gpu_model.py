@@ -92,6 +92,43 @@ def test_attention_flops_equal_torchs_counter(causal):
     assert backward.time_ns > forward.time_ns
 
 
+@pytest.mark.parametrize(
+    ("shapes", "mnk"),
+    [
+        (((1024, 512), (8, 512, 256), (8,)), (128, 256, 512)),
+        (((8, 128, 512), (8, 512, 256), None), (128, 256, 512)),
+        (((512, 1024), (1024, 256), (8,)), (512, 256, 128)),
+    ],
+    ids=["2d-3d", "3d-3d", "2d-2d"],
+)
+def test_grouped_gemm_is_eight_equal_gemms(shapes, mnk):
+    """torch's counter has no formula for _grouped_mm: 8 equal GEMMs (tokens split evenly over the
+    groups; in the weight-gradient layout 2d-2d the offsets split k)."""
+    a, b, offsets = shapes
+    args = (meta(*a), meta(*b)) + ((meta(*offsets, dtype=torch.int32),) if offsets else ())
+    out = aten._grouped_mm.default(*args)
+    timed = op_time(H100, aten._grouped_mm.default, args, {}, out)
+    assert timed.kind == "gemm" and timed.flops == 8 * 2 * 128 * 512 * 256
+    assert timed.time_ns == gemm_time(H100, *mnk, BF16, batch=8)
+
+
+@pytest.mark.parametrize(
+    ("name", "tail"),
+    [
+        ("_scaled_dot_product_flash_attention", (0.0, True)),
+        ("_scaled_dot_product_cudnn_attention", (None, True, 0.0, True)),
+    ],
+)
+def test_the_cuda_backends_forward_flops_equal_torchs_counter_and_read_causal(name, tail):
+    q = meta(4, 16, 2048, 64)
+    func = getattr(aten, name).default
+    expected, out = torch_count(func, (q, q, q, *tail))
+    causal = op_time(H100, func, (q, q, q, *tail), {}, out)
+    assert causal.kind == "attention" and causal.flops == expected > 0
+    not_causal_tail = tuple(False if (i == len(tail) - 1) else v for i, v in enumerate(tail))
+    assert op_time(H100, func, (q, q, q, *not_causal_tail), {}, out).time_ns > causal.time_ns
+
+
 def test_the_cpu_flash_op_is_attention_with_gqa_and_causal_read_from_its_arguments():
     """The ops a CPU run dispatches: torch's registry lacks them, so their FLOPs are torch's SDPA
     formula; causal about halves the time (with enough blocks to fill the SMs many times over: with
@@ -136,6 +173,21 @@ def test_views_metadata_and_collectives_cost_nothing_tiny_ops_are_launch():
     )
 
 
+def test_in_place_foreach_ops_are_charged_for_what_they_write():
+    """_foreach_add_ returns nothing: its written list (self) still counts, read and written."""
+    params = [meta(1024, 1024, dtype=torch.float32) for _ in range(3)]
+    grads = [meta(1024, 1024, dtype=torch.float32) for _ in range(3)]
+    timed = op_time(H100, aten._foreach_add_.List, (params, grads), {}, None)
+    assert timed.kind == "memory" and timed.bytes == 3 * 3 * 1024 * 1024 * 4
+
+
+def test_an_op_that_does_not_fit_its_formula_is_named():
+    with pytest.raises(
+        RuntimeError, match=r"cannot time aten.mm.default with tensor arguments of shapes \[\(8,\)"
+    ):
+        op_time(H100, aten.mm.default, (meta(8),), {}, None)
+
+
 @pytest.mark.parametrize("gpu", GPU_NAMES)
 def test_gemm_time_grows_with_every_dimension(gpu):
     spec = gpu_spec(gpu)
@@ -148,6 +200,24 @@ def test_gemm_time_grows_with_every_dimension(gpu):
             times.append(gemm_time(spec, *shape, BF16))
         assert times == sorted(times), f"{gpu}: not monotone in {'mnk'[dim]}: {times}"
         assert times[-1] > times[0]
+
+
+@pytest.mark.parametrize("gpu", GPU_NAMES)
+def test_gemm_time_never_drops_as_a_dimension_grows(gpu):
+    """Over a fine grid (every 48 in each dimension, through tile, wave, split-k and small-tile
+    switches), a larger GEMM never takes less time."""
+    spec = gpu_spec(gpu)
+    for fixed in ((256, 1024), (1000, 4096), (4096, 256)):
+        for dim in range(3):
+            previous = 0
+            for size in range(16, 9000, 48):
+                shape = list(fixed)
+                shape.insert(dim, size)
+                now = gemm_time(spec, *shape, BF16)
+                assert now >= previous, (
+                    f"{gpu}: {shape} takes {now} ns, less than one step smaller ({previous})"
+                )
+                previous = now
 
 
 @pytest.mark.parametrize("gpu", GPU_NAMES)
@@ -168,6 +238,28 @@ def test_small_m_is_inefficient_and_short_k_too():
 
     assert tflops(16, 8192, 8192) < 0.15 * tflops(8192, 8192, 8192)
     assert tflops(8192, 8192, 128) < 0.6 * tflops(8192, 8192, 8192)
+
+
+@pytest.mark.parametrize("gpu", GPU_NAMES)
+def test_causal_is_never_slower_than_the_full_score_matrix(gpu):
+    spec = gpu_spec(gpu)
+    for batch, heads, seq in ((1, 8, 512), (2, 8, 512), (1, 16, 4096), (4, 32, 8192)):
+        for backward in (False, True):
+            times = [
+                attention_time(
+                    spec,
+                    batch=batch,
+                    num_heads=heads,
+                    num_kv_heads=heads,
+                    seq_q=seq,
+                    seq_kv=seq,
+                    head_dim=128,
+                    causal=c,
+                    backward=backward,
+                )
+                for c in (True, False)
+            ]
+            assert times[0] <= times[1]
 
 
 @pytest.mark.parametrize("gpu", GPU_NAMES)
@@ -232,6 +324,21 @@ def test_the_calibration_reproduces_its_anchors():
             )
             flops = 4 * 16384 * 16384 * 16 * 128 * (2.5 if backward else 1)
             assert flops / ns * 1e9 == pytest.approx(long_rate, rel=1e-3)
+        ns = attention_time(
+            spec, batch=1, num_heads=16, num_kv_heads=16, seq_q=16384, seq_kv=16384, head_dim=128, causal=True
+        )
+        assert 4 * 16384 * 16384 * 16 * 128 / 2 / ns * 1e9 == pytest.approx(
+            spec.attention_fwd_causal_flops_per_s, rel=1e-3
+        )
+    for gpu in ("h100", "b200"):  # the smallest measured GEMMs (split-k must not undo the anchors)
+        spec = gpu_spec(gpu)
+        assert gemm_time(spec, spec.gemm_anchor_m, spec.gemm_anchor_n, spec.gemm_anchor_k, BF16) == round(
+            spec.gemm_anchor_ns
+        )
+    short_k = (H100.gemm_short_k_m, H100.gemm_short_k_n, H100.gemm_short_k_k)
+    assert 2 * math.prod(short_k) / gemm_time(H100, *short_k, BF16) * 1e9 == pytest.approx(
+        H100.gemm_short_k_flops_per_s, rel=1e-3
+    )
     assert gemm_module.calibration(H100).k_overhead > 0
     assert attention_module.calibration(H100, backward=True).block_overhead_steps > 0
 
@@ -284,6 +391,41 @@ def test_modelled_timing_charges_a_forward_and_backward():
         clock.advance(-1, "memory")
 
 
+def test_ops_inside_uncharged_cost_nothing_and_a_fused_kernel_is_charged_instead():
+    from prism_megatron.gpu_model import fused
+
+    clock = ModelledClock("h100")
+    with FakeTensorMode():
+        x = torch.randn(4096, 8192, dtype=BF16)
+        norm = torch.nn.RMSNorm(8192, dtype=BF16)
+        with ModelledTiming(clock):
+            with clock.uncharged():
+                y = norm(x)
+            assert (clock.now_ns, clock.num_ops) == (0, 0)
+            clock.advance(
+                fused.norm_time(clock.gpu, tokens=4096, hidden=8192, dtype=BF16, backward=False), "memory"
+            )
+            y * 2
+    norm_bytes = 2 * 4096 * 8192 * 2 + 8192 * 2 + 4096 * 4
+    mul_bytes = 2 * 4096 * 8192 * 2
+    expected = 2 * H100.launch_ns + (norm_bytes + mul_bytes) / H100.achievable_hbm_bytes_per_s * 1e9
+    assert clock.now_ns == pytest.approx(expected, abs=2) == clock.by_kind_ns["memory"]
+
+
+def test_data_dependent_sizes_do_not_stop_a_run():
+    """nonzero's result has an unbacked symbolic size under a fake mode with a shape environment: the
+    op that makes it and the ops that use it are charged (their unknown tensors count 0 bytes)."""
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    clock = ModelledClock("h100")
+    with FakeTensorMode(shape_env=ShapeEnv()):
+        x = torch.randn(1024, 1024)
+        with ModelledTiming(clock):
+            index = torch.nonzero(x > 0)
+            index * 2
+    assert clock.now_ns == sum(clock.by_kind_ns.values()) > 3 * H100.launch_ns
+
+
 def test_a_runs_flops_are_torchs_count():
     """Over a whole forward, backward and optimizer step (no attention: torch's counter has no
     formula for the CPU flash op), the clock's FLOPs equal FlopCounterMode's."""
@@ -311,6 +453,9 @@ def test_two_runs_are_identical():
     assert charge_a_training_step("b200").now_ns < first.now_ns
 
 
+STANDARD_AND_TORCH = {"torch", "__future__", "contextlib", "dataclasses", "functools", "math"}
+
+
 def test_the_package_imports_only_torch_and_itself():
     package = pathlib.Path(__file__).resolve().parents[2] / "prism_megatron" / "gpu_model"
     outside = []
@@ -323,13 +468,7 @@ def test_the_package_imports_only_torch_and_itself():
                 names = [node.module]
             for name in names:
                 root = name.split(".")[0]
-                if root not in {
-                    "torch",
-                    "__future__",
-                    "dataclasses",
-                    "functools",
-                    "math",
-                } and not name.startswith("prism_megatron.gpu_model"):
+                if root not in STANDARD_AND_TORCH and not name.startswith("prism_megatron.gpu_model"):
                     outside.append(f"{path.name}: {name}")
     assert outside == []
 
@@ -350,10 +489,9 @@ def test_held_out_kernel_figures_stay_close():
     from benchmarks.published.kernel_figures import ATTENTION_FIGURES, GEMM_FIGURES
 
     gemm = kernels.summary([kernels.gemm_row(f) for f in GEMM_FIGURES if f.gpu == "h100"])
-    attention = kernels.summary([kernels.attention_row(f) for f in ATTENTION_FIGURES])
+    flash = [f for f in ATTENTION_FIGURES if f.kernel == "FlashAttention-3"]
+    attention = kernels.summary([kernels.attention_row(f) for f in flash])
+    head_dim_128 = kernels.summary([kernels.attention_row(f) for f in flash if f.head_dim == 128])
     assert gemm["held_out"] > 100 and gemm["median_abs_error_pct"] <= 10
-    assert (
-        attention["held_out"] >= 15
-        and attention["median_abs_error_pct"] <= 5
-        and attention["max_abs_error_pct"] <= 15
-    )
+    assert attention["held_out"] >= 25 and attention["median_abs_error_pct"] <= 5
+    assert head_dim_128["held_out"] >= 13 and head_dim_128["max_abs_error_pct"] <= 10

@@ -6,6 +6,7 @@ import ast
 import pathlib
 
 import pytest
+import torch
 
 from prism_megatron.gpu_model import GPU_NAMES, gpu_spec
 from prism_megatron.gpu_model.constants import CONSTANTS, GPU_QUANTITIES, Constant
@@ -52,6 +53,8 @@ def test_the_datasheet_figures():
     assert (h100.hbm_bytes_per_s, h200.hbm_bytes_per_s, a100.hbm_bytes_per_s) == (3.35e12, 4.8e12, 2039e9)
     assert b200.bf16_flops_per_s == 2250e12 and b200.fp8_flops_per_s == 4500e12
     assert a100.fp8_flops_per_s == 0
+    assert h100.peak_flops_per_s() == 989.4e12 and b200.peak_flops_per_s(torch.float8_e4m3fn) == 4500e12
+    assert a100.peak_flops_per_s(torch.float32) == 156e12
 
 
 def test_no_number_outside_the_table_in_the_model():
