@@ -10,14 +10,14 @@ The phases, each a small pass over the `RunPlan` (`driver.py`):
 1. plan (`plan.py`): the target job's layout, the real ranks (--prism-ranks), the slice (one rank
    per role) and the run folder; every user mistake is a ValueError here, before any process.
 2. capture: the slice in passes of `nproc` real processes (torch's launcher, `launches.py`), each
-   rank in the virtual world with instant virtual peers, recording its ops (`rank.CapturePhase`);
+   rank in the virtual world with instant virtual peers, recording its ops (`passes.rank.CapturePhase`);
    skipped with --prism-graph.
 3. graph: the recordings become one role graph per role (`graph.capture`), saved in graph/.
 4. simulate: one iteration of the whole job over the network model (--prism-cluster); the real
    ranks' replay schedules in simulation/.
-5. emulate: the real ranks run the program (`rank.EmulatePhase`): each simulates the graph itself,
+5. emulate: the real ranks run the program (`passes.rank.EmulatePhase`): each simulates the graph itself,
    loads its replay schedule, and after each iteration folds what it measured into the next
-   (`closed_loop.py`).
+   (`passes/closed_loop.py`).
 6. report: report.json, report.md, timeline.json and plots (`outputs.py` over `prism_megatron.report`).
 
 Several machines: run the passes by hand with your own torchrun or srun (`python -m
@@ -29,7 +29,8 @@ graph by every rank alike) or `--prism-graph <a graph folder>`, `--prism-out RUN
 the report. RUN must be on a filesystem every node sees.
 
 Knows no Megatron internals: the real processes run `prism_megatron.launch`, and the per-process
-passes (`rank.py`) are called by the training entries through `prism_megatron.megatron.run.runtime`.
+passes (`prism_megatron.passes`) are called by the training entries through the lifecycle of
+`prism_megatron.megatron.run.runtime.Runtime`.
 """
 
 from __future__ import annotations

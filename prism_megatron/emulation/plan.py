@@ -29,7 +29,7 @@ def megatron_flags(megatron_args: Sequence[str], script: str = BUILTIN) -> argpa
     target.add_job_arguments(parser)
     parser.add_argument("--train-iters", type=int, default=None)
     if script == BUILTIN:
-        from prism_megatron.megatron.entry.arguments import MOCK_VOCAB_SIZE
+        from prism_megatron.megatron.entry import MOCK_VOCAB_SIZE  # not its parser: no megatron-core
 
         parser.set_defaults(vocab_size=MOCK_VOCAB_SIZE)
     return parser.parse_known_args(list(megatron_args))[0]

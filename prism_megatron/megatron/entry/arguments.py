@@ -21,7 +21,7 @@ import importlib.util
 import math
 
 from prism_megatron.config import RaisingParser, add_prism_arguments
-from prism_megatron.megatron.entry import training_log
+from prism_megatron.megatron.entry import MOCK_VOCAB_SIZE, training_log
 from prism_megatron.megatron.job import flags, target
 
 LOCAL_POSITION_EMBEDDINGS = ("learned_absolute", "rope")
@@ -37,9 +37,6 @@ REQUIRED = (
     "micro_batch_size",
     "train_iters",
 )
-MOCK_VOCAB_SIZE = 32000
-"""The mock data's vocabulary before padding when --vocab-size is not given (Megatron-LM needs a
-tokenizer there; the entry has only mock data)."""
 
 # Accepted for command-line compatibility; they do not change what the emulated step computes.
 IGNORED_SWITCHES = (

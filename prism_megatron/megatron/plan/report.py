@@ -24,24 +24,26 @@ def gib(num_bytes: float) -> str:
 
 
 def job_summary(job: Job) -> dict[str, Any]:
-    """The derived sizes of the job that a reader needs to check a plan."""
-    a = job.args
+    """The derived sizes of the job that a reader needs to check a plan (the target job's, then the
+    plan's own settings)."""
+    a, target = job.args, job.target
+    sizes = target.sizes
     return {
-        "world_size": job.world_size,
-        "tp": a.tensor_model_parallel_size,
-        "pp": a.pipeline_model_parallel_size,
-        "vpp": a.virtual_pipeline_model_parallel_size,
-        "cp": a.context_parallel_size,
-        "ep": a.expert_model_parallel_size,
-        "etp": a.expert_tensor_parallel_size,
-        "dp": a.data_parallel_size,
-        "order": job.order,
-        "num_microbatches": a.num_microbatches,
-        "padded_vocab_size": a.padded_vocab_size,
+        "world_size": target.world_size,
+        "tp": sizes.tp,
+        "pp": sizes.pp,
+        "vpp": sizes.vpp,
+        "cp": sizes.cp,
+        "ep": sizes.ep,
+        "etp": sizes.etp,
+        "dp": target.data_parallel_size,
+        "order": sizes.order,
+        "num_microbatches": target.schedule.num_microbatches,
+        "padded_vocab_size": target.model.padded_vocab_size,
         "params_dtype": str(a.params_dtype).removeprefix("torch."),
         "distributed_optimizer": a.use_distributed_optimizer,
         "recompute": a.recompute_granularity or "none",
-        "layers_per_stage": list(job.target.schedule.layers_per_stage or ()),
+        "layers_per_stage": list(target.schedule.layers_per_stage or ()),
         "ignored_flags": list(job.flags.ignored),
     }
 
