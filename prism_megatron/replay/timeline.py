@@ -37,6 +37,8 @@ DEFAULT_TIMEOUT_S = 300.0
 _timeout_s = DEFAULT_TIMEOUT_S
 _time_map: Callable[[int], int] | None = None
 """Host time -> modelled device time while a modelled GPU is in use (see set_time_map)."""
+_on_mark: Callable[[], None] | None = None
+"""Called before each mark this module records while a modelled GPU is in use (see set_time_map)."""
 
 
 @functools.cache
@@ -57,6 +59,8 @@ class Mark:
 
 def mark() -> Mark:
     """A mark on the active device's current stream (the host clock on the host)."""
+    if _on_mark is not None:
+        _on_mark()
     return Mark(_native().mark())
 
 
@@ -76,15 +80,18 @@ def resolve(marks: Sequence[Mark], timeout_s: float | None = None) -> list[int]:
     return values if _time_map is None else [_time_map(v) for v in values]
 
 
-def set_time_map(time_map: Callable[[int], int] | None) -> None:
-    """Read every host mark as ``time_map(host_ns)`` from now on (None: as it is).
+def set_time_map(time_map: Callable[[int], int] | None, on_mark: Callable[[], None] | None = None) -> None:
+    """Read every host mark as ``time_map(host_ns)`` from now on (None: as it is), calling
+    ``on_mark()`` before each mark :func:`mark` records.
 
     A modelled GPU installs its clock's history here: the host time at which each op's modelled
-    kernel time was charged, so a mark recorded between two ops reads the modelled time in between.
-    Only host marks are mapped: a modelled device records no CUDA or test-device marks.
+    kernel time was charged, so a mark recorded between two ops reads the modelled time in between;
+    its ``on_mark`` advances the clock by a nanosecond, so marks with no op between them (two
+    pipeline calls in a row) keep their order in time, as on a device. Only host marks are mapped:
+    a modelled device records no CUDA or test-device marks.
     """
-    global _time_map
-    _time_map = time_map
+    global _time_map, _on_mark
+    _time_map, _on_mark = time_map, on_mark
 
 
 def map_time(t_ns: int) -> int:

@@ -95,3 +95,22 @@ def test_a_modelled_run_refuses_what_it_cannot_model_in_one_line():
         _check_modelled(config, "pretrain_gpt.py", dense)
     with pytest.raises(ValueError, match="--num-experts 8 on --prism-device model:h100: MoE routing"):
         _check_modelled(config, "builtin", argparse.Namespace(num_experts=8))
+
+
+def test_on_a_modelled_gpu_marks_read_modelled_time_in_order_even_with_no_op_between():
+    import torch
+
+    from prism_megatron.megatron.run.modelled_device import CLOCK_ORIGIN_NS, ModelledDevice
+
+    device = ModelledDevice("h100")
+    with device.active():
+        first, second = timeline.mark(), timeline.mark()  # two pipeline calls in a row: no op between
+        x = torch.ones(4096, 4096, dtype=torch.bfloat16)
+        y = x @ x  # a GEMM: modelled time passes
+        third = timeline.mark()
+        times = timeline.resolve([first, second, third])
+    assert CLOCK_ORIGIN_NS < times[0] < times[1] < times[2]
+    assert times[1] - times[0] == 1  # one nanosecond per mark
+    gemm_ns = device.by_kind_ns()["gemm"]
+    assert gemm_ns > 10_000 and times[2] - times[1] >= gemm_ns  # 2 x 4096^3 FLOP on an H100: tens of us
+    assert y.shape == (4096, 4096) and timeline._time_map is None  # the map is gone after the device

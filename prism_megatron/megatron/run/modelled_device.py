@@ -110,6 +110,14 @@ class ModelledDevice:
             self._host_ns.append(time.monotonic_ns())
             self._model_ns.append(now)
 
+    def tick(self) -> None:
+        """One nanosecond of modelled time: before every mark and every collective, so that two
+        marks with no op between them (consecutive pipeline calls, a collective's issue after the
+        previous one's completion) are ordered in time as on a device, where nothing takes no time.
+        The graph assigns each pipeline transfer to the call whose span holds its issue time."""
+        self.clock.advance(1, "launch")
+        self.log_time()
+
     def modelled_at(self, host_ns: int) -> int:
         """The modelled device's time at a host time (the clock after the last op before it)."""
         return self._model_ns[max(0, bisect.bisect_right(self._host_ns, host_ns) - 1)]
@@ -119,7 +127,7 @@ class ModelledDevice:
         """Fake tensors, the GPU model's timing, this layer on top, and the timeline reading
         modelled time."""
         self._host_ns, self._model_ns = [0], [self.now_ns()]
-        timeline.set_time_map(self.modelled_at)
+        timeline.set_time_map(self.modelled_at, on_mark=self.tick)
         try:
             with self.fake_mode, _Timed(self):
                 yield self
@@ -187,6 +195,7 @@ class _Timed(TorchDispatchMode):
 
     def _collective(self, func, args, kwargs):
         self.device.num_collectives += 1
+        self.device.tick()
         originals: dict[int, Any] = {}
         with _disable_current_modes():
             meta_args = tree_map(lambda v: _as_meta(v, originals), args)
