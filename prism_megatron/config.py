@@ -25,7 +25,12 @@ from typing import Any
 
 from prism_megatron.topology.grid import MAX_WORLD_SIZE
 
-DEVICES = ("auto", "cpu", "cuda")
+MODELLED_GPUS = ("a100", "b200", "h100", "h200")
+"""The GPUs the GPU model knows (`prism_megatron.gpu_model.GPU_NAMES`; a unit test keeps the two equal)."""
+MODELLED_PREFIX = "model:"
+PRESET_OF_GPU = {gpu: f"dgx-{gpu}" for gpu in MODELLED_GPUS}
+"""The cluster preset (`network/presets.py`) a modelled GPU runs in unless --prism-cluster says otherwise."""
+DEVICES = ("auto", "cpu", "cuda", *(MODELLED_PREFIX + name for name in MODELLED_GPUS))
 DATA_POLICIES = ("mirror",)  # what prism_megatron.backend offers
 PHASES = ("auto", "capture", "emulate")
 DEFAULT_OUT_ROOT = "prism-out"
@@ -68,7 +73,7 @@ class EmulationConfig:
     ranks: str | None = None
     """Which virtual ranks are real, one process each: '5,1029', 'pp=0,7;tp=0;dp=0', 'slice' (default: one rank per role)."""
     device: str = dataclasses.field(default="auto", metadata={"choices": DEVICES})
-    """Device of the real ranks; auto picks cuda when available, else cpu (with the CPU device shim)."""
+    """Device of the real ranks; auto picks cuda when available, else cpu (with the CPU device shim); model:<gpu> runs the program at full size on fake tensors on the CPU, every op timed by prism's GPU model of that GPU."""
     cpu_threads_per_rank: int | None = None
     """On the cpu device: intra-op threads of each real rank, and as many cores of its own when the process may use more; the same share in every pass (default: the machine's cores / 8, at least 1; at most 1024)."""
     data_policy: str = dataclasses.field(default="mirror", metadata={"choices": DATA_POLICIES})
@@ -81,6 +86,8 @@ class EmulationConfig:
     """Pass this process runs: capture (record ops for the graph), emulate (replay --prism-graph), auto (emulate with --prism-graph, else peers answer at once); prism-megatron emulate sets it."""
 
     def __post_init__(self) -> None:
+        if self.device not in DEVICES:
+            raise ValueError(f"--prism-device {self.device}: valid devices are {', '.join(DEVICES)}")
         if self.phase != "auto" and not self.emulate:
             raise ValueError(f"--prism-phase {self.phase} needs --prism-emulate")
         if self.emulate and self.world_size is None:
@@ -138,7 +145,15 @@ class EmulationConfig:
         return max(1, num_cores // CPU_SHARES_PER_MACHINE)
 
     def resolved_device(self, cuda_available: bool) -> str:
+        """Where the process computes: cuda or cpu (a modelled GPU's fake tensors live on the CPU)."""
+        if self.modelled_gpu is not None:
+            return "cpu"
         return ("cuda" if cuda_available else "cpu") if self.device == "auto" else self.device
+
+    @property
+    def modelled_gpu(self) -> str | None:
+        """The GPU of --prism-device model:<gpu>, else None."""
+        return self.device.removeprefix(MODELLED_PREFIX) if self.device.startswith(MODELLED_PREFIX) else None
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -227,6 +242,10 @@ class PrismConfig:
     patches: PatchConfig = dataclasses.field(default_factory=PatchConfig)
 
     def __post_init__(self) -> None:
+        gpu = self.emulation.modelled_gpu
+        if gpu is not None and self.cluster.cluster == "default":
+            # A modelled GPU runs in the system built of it, unless --prism-cluster names another.
+            object.__setattr__(self, "cluster", ClusterConfig(cluster=PRESET_OF_GPU[gpu]))
         if self.emulation.phase == "emulate" and self.capture.graph is None:
             raise ValueError(
                 "--prism-phase emulate needs --prism-graph (a graph folder, or a folder of capture files)"

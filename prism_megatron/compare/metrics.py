@@ -138,7 +138,10 @@ def _iteration(report: RunReport) -> Iterable[Metric]:
             higher_is_better=True,
         )
     if report.simulated_iteration_time_s is not None:
-        yield Metric("simulated", "simulated iteration time", TIME, report.simulated_iteration_time_s)
+        label = "simulated iteration time"
+        if report.modelled is not None:  # a modelled run's iteration is its simulation
+            label = f"modelled iteration time ({report.modelled.method})"
+        yield Metric("simulated", label, TIME, report.simulated_iteration_time_s)
 
 
 def _ranks_measured(report: RunReport, logs: dict[int, OpLog]) -> list[Metric]:

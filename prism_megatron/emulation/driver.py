@@ -22,6 +22,10 @@ from prism_megatron.graph.classes import save_classes
 from prism_megatron.passes.closed_loop import load_or_build_graph, network_cost
 from prism_megatron.report import Failure, RunReport
 
+MODELLED_CAPTURE_ITERS = 2
+"""Iterations a capture pass runs on a modelled GPU: its times are deterministic (the GPU model's), so
+one warm-up iteration (`rank.NUM_WARMUP`) and one recorded iteration give every span."""
+
 
 @dataclasses.dataclass(frozen=True)
 class RunOutcome:
@@ -65,13 +69,17 @@ def run(plan: RunPlan, progress: Progress | None = None) -> RunOutcome:
                     plan, graph, done.walls, made_here=not plan.reuses_graph
                 )
                 done.sim_result = simulate(plan, graph, progress, done.walls)
-                emulate(plan, progress, done.walls)
+                if not plan.modelled:  # a modelled device's iteration is the simulation's (see modelled_run)
+                    emulate(plan, progress, done.walls)
             except RunFailed as exc:
                 progress.end("failed")
                 failure = Failure(message=str(exc), dead_rank=exc.dead_rank, last_op=exc.last_op)
             else:
                 failure = None
-            results = outputs.measured_results(plan) if failure else outputs.rank_results(plan.out_dir)
+            if plan.modelled:
+                results = outputs.rank_results(plan.path(files.CAPTURE_DIR))
+            else:
+                results = outputs.measured_results(plan) if failure else outputs.rank_results(plan.out_dir)
             return _reported(plan, progress, done.walls, done.sim_result, results, failure, done.capture)
         except KeyboardInterrupt as exc:  # the launch stopped its processes; the run folder says so
             stop = processes.as_stop(exc)
@@ -198,7 +206,7 @@ def _load(path: str, plan: RunPlan) -> ExecutionGraph:
 
 def capture_launches(plan: RunPlan) -> list[Launch]:
     """The capture passes: the slice in batches of `plan.nproc` processes, each rank recording its ops."""
-    iterations = plan.config.capture.capture_iters
+    iterations = MODELLED_CAPTURE_ITERS if plan.modelled else plan.config.capture.capture_iters
     return [
         Launch(
             name=f"capture-{number}",

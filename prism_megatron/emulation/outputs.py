@@ -14,6 +14,7 @@ import os
 from typing import Any
 
 from prism_megatron import files
+from prism_megatron.emulation import modelled_run
 from prism_megatron.emulation.plan import RunPlan
 from prism_megatron.passes.rank import NUM_WARMUP, read_progress
 from prism_megatron.report import (
@@ -104,7 +105,10 @@ def build_report(
     from prism_megatron.sim import breakdown, rank_breakdown
 
     results = results or {}
-    iterations = iterations_from_times(iteration_times(results), num_warmup=NUM_WARMUP)
+    # A modelled run measured no iteration: its captured iterations are modelled compute alone, and
+    # its iteration is the simulation's (`modelled`).
+    times = [] if plan.modelled else iteration_times(results)
+    iterations = iterations_from_times(times, num_warmup=NUM_WARMUP)
     iteration_time_s = median_iteration_time_s(iterations)
     flops = model_flops(plan)
     ranks = {
@@ -116,15 +120,25 @@ def build_report(
             cpu_share=data.get("cpu_share"),
         )
         for v, data in results.items()
-        if v in plan.real_ranks
+        if v in _real_ranks(plan)
     }
+    modelled = None
+    if plan.modelled:
+        job = plan.job
+        modelled = modelled_run.modelled_report(
+            plan,
+            sim_result,
+            results,
+            model_flops=flops,
+            tokens_per_iteration=(job.global_batch_size or 0) * (job.model.seq_length or 0) or None,
+        )
     patches: dict[str, int] = {}
     for data in results.values():
         for name, calls in (data.get("patches_used") or {}).items():
             patches[name] = patches.get(name, 0) + int(calls)
     return RunReport(
         target=plan.job,
-        real_ranks=plan.real_ranks,
+        real_ranks=_real_ranks(plan),
         status=status,
         iterations=iterations,
         iteration_time_s=iteration_time_s,
@@ -152,7 +166,13 @@ def build_report(
         patches=patches or None,
         capture=capture,
         agreement=agreements({v: data for v, data in results.items() if v in plan.real_ranks}),
+        modelled=modelled,
     )
+
+
+def _real_ranks(plan: RunPlan) -> tuple[int, ...]:
+    """The ranks that ran the real program: on a modelled GPU the captured ones (no emulation pass)."""
+    return tuple(sorted(plan.slice_ranks)) if plan.modelled else plan.real_ranks
 
 
 def write_running(plan: RunPlan) -> None:

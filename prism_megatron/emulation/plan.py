@@ -71,6 +71,12 @@ class RunPlan:
         return [ranks[i : i + self.nproc] for i in range(0, len(ranks), self.nproc)]
 
     @property
+    def modelled(self) -> bool:
+        """The device is a modelled GPU (--prism-device model:<gpu>): capture, simulate and report,
+        no emulation pass (the simulated iteration is the modelled one)."""
+        return self.config.emulation.modelled_gpu is not None
+
+    @property
     def reuses_graph(self) -> bool:
         return self.config.capture.graph is not None
 
@@ -126,8 +132,13 @@ def plan_run(
     job = target.derive(flags, world_size=config.emulation.world_size)
     layout = job.layout()
     real = target.select_real_ranks(layout, config.emulation.ranks)
+    if config.emulation.modelled_gpu is not None:
+        _check_modelled(config, script, flags)
+        # On a modelled GPU every capture process is alone (its peers, all virtual, answer from the
+        # replay engine): fake tensors hold no data for a real peer to exchange.
+        nproc = 1
     nproc = len(real) if nproc is None else nproc
-    if nproc < len(real):
+    if nproc < len(real) and config.emulation.modelled_gpu is None:
         raise ValueError(
             f"--nproc-per-node {nproc} is fewer than the {len(real)} real ranks --prism-ranks selects "
             f"({', '.join(map(str, real[:8]))}); the emulation runs one process per real rank"
@@ -161,6 +172,24 @@ def plan_run(
         facts=plan.graph_facts(),
     )
     return dataclasses.replace(plan, reused_graph=graph) if graph is not None else plan
+
+
+def _check_modelled(config: PrismConfig, script: str, flags: argparse.Namespace) -> None:
+    if script != BUILTIN:
+        raise ValueError(
+            f"--prism-device {config.emulation.device} runs the built-in entry; --script {script} on a "
+            "modelled GPU is not supported yet (use --prism-device cpu or cuda for a Megatron-LM script)"
+        )
+    if getattr(flags, "num_experts", None):
+        raise ValueError(
+            f"--num-experts {flags.num_experts} on --prism-device {config.emulation.device}: MoE routing reads "
+            "token counts out of tensors, which a modelled GPU has no stand-in for yet; use a dense model"
+        )
+    if config.capture.graph is not None:
+        raise ValueError(
+            f"--prism-device {config.emulation.device} captures its own graph; drop --prism-graph (a "
+            "modelled run has no emulation pass to replay one in)"
+        )
 
 
 def _check_counts(flags: argparse.Namespace) -> None:

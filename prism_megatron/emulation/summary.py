@@ -23,6 +23,8 @@ def format_summary(outcome: RunOutcome) -> str:
             f"emulated iteration time:  {report.iteration_time_s * 1e3:9.2f} ms  (median of {len(measured)} "
             f"iterations after {len(report.iterations) - len(measured)} warm-up, slowest real rank)"
         )
+    if report.modelled is not None:
+        lines.append(report.modelled.summary_line())
     if report.simulated_iteration_time_s is not None:
         lines.append(
             f"simulated iteration time: {report.simulated_iteration_time_s * 1e3:9.2f} ms  (graph as captured)"

@@ -90,6 +90,35 @@ DGX_H200 = DGX_H100.replace(
     description="NVIDIA DGX H200: 8x H200 SXM, NVSwitch gen 3 with NVLink SHARP, 8x ConnectX-7 NDR 400 Gb/s",
 )
 
+DGX_B200 = ClusterSpec(
+    name="dgx-b200",
+    description="NVIDIA DGX B200: 8x B200 SXM, fifth-generation NVLink / NVSwitch, 8x ConnectX-7 400 Gb/s",
+    gpus_per_node=8,
+    base_latency_us=_BASE_LATENCY_US,
+    intra_node=IntraNodeFabric(
+        # DGX B200 datasheet: 8x B200, 1.8 TB/s NVLink per GPU (fifth generation) = 900 GB/s per
+        # direction, 14.4 TB/s aggregate NVLink bandwidth through 2x NVLink switch chips.
+        nvlink_bandwidth_gb_per_s=900.0,
+        nvlink_efficiency=40.1 / 50.0,  # [NCCL-topo] SM100
+        step_latency_us=_NVLINK_STEP_US,
+        nvswitch=True,
+        nvls=True,  # fifth-generation NVLink switches carry SHARP in-network reduction
+        nvls_efficiency=40.1 / 50.0 * 0.74,  # [NCCL-topo] SM100 x [NCCL-tuning] Blackwell NVLS factor
+        nvls_latency_us=_NVLS_LATENCY_US,
+    ),
+    network=NetworkFabric(
+        # DGX B200 datasheet: 4x OSFP ports serving 8x single-port ConnectX-7 VPI, up to 400 Gb/s
+        # InfiniBand/Ethernet each, for the compute fabric.
+        nics_per_node=8,
+        nic_bandwidth_gb_per_s=50.0,
+        nic_efficiency=_IB_EFFICIENCY,
+        step_latency_us=_NET_STEP_US,
+    ),
+    # DGX SuperPOD (B200) reference architecture: scalable units of 32 nodes, rail-optimised,
+    # non-blocking fat tree (as the H100 SuperPOD).
+    topology=Topology(nodes_per_leaf=32, oversubscription=1.0, spine_latency_us=_SPINE_LATENCY_US),
+)
+
 GB200_NVL72 = ClusterSpec(
     name="gb200-nvl72",
     description="NVIDIA GB200 NVL72: 72 Blackwell GPUs in one NVLink domain, one 400 Gb/s NIC per GPU",
@@ -120,5 +149,7 @@ GB200_NVL72 = ClusterSpec(
     ),
 )
 
-PRESETS: dict[str, ClusterSpec] = {spec.name: spec for spec in (DGX_A100, DGX_H100, DGX_H200, GB200_NVL72)}
+PRESETS: dict[str, ClusterSpec] = {
+    spec.name: spec for spec in (DGX_A100, DGX_H100, DGX_H200, DGX_B200, GB200_NVL72)
+}
 """Built-in clusters by name; ``load_cluster(name)`` returns one."""

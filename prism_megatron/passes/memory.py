@@ -65,9 +65,12 @@ class MemoryReport:
 
 
 class _StorageAccount:
-    """Live storages keyed by data pointer, with their size and category."""
+    """Live storages keyed by data pointer, with their size and category. With `fake_storage` (a
+    modelled GPU: every tensor is a fake tensor, its storage a meta storage without an address) they
+    are keyed by the storage object itself and counted, as the GPU would allocate them."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, fake_storage: bool = False) -> None:
+        self.fake_storage = fake_storage
         self.entries: dict[int, tuple[int, str]] = {}
         self.current = dict.fromkeys(CATEGORIES, 0)
         self.category_peak = dict.fromkeys(CATEGORIES, 0)
@@ -84,9 +87,11 @@ class _StorageAccount:
             self.samples.append((now_ns, *(self.current[c] for c in CATEGORIES)))
 
     def add(self, storage: torch.UntypedStorage, category: str) -> None:
-        ptr, size_bytes = storage.data_ptr(), storage.nbytes()
-        if size_bytes == 0 or storage.device.type == "meta":
+        size_bytes = storage.nbytes()
+        meta = storage.device.type == "meta"
+        if size_bytes == 0 or (meta and not self.fake_storage):
             return
+        ptr = storage._cdata if meta else storage.data_ptr()  # the storage's own address when it has no data
         if ptr in self.entries:
             if category != ACTIVATIONS:  # a label outranks "allocated during the step"
                 self.relabel(ptr, category)
@@ -131,9 +136,9 @@ class LiveStorageTracker(TorchDispatchMode):
     report while it is active.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, fake_storage: bool = False) -> None:
         super().__init__()
-        self.account = _StorageAccount()
+        self.account = _StorageAccount(fake_storage=fake_storage)
 
     def label(self, category: str, tensors: Iterable[torch.Tensor | None]) -> None:
         assert category in CATEGORIES, category
@@ -155,9 +160,9 @@ class LiveStorageTracker(TorchDispatchMode):
         for inner in _inner_optimizers(optimizer):
             for state in inner.state.values():
                 self.label(OPTIMIZER_STATE, (v for v in state.values() if isinstance(v, torch.Tensor)))
-            if not hasattr(optimizer, "shard_fp32_from_float16_groups"):
-                continue
-            for group in optimizer.shard_fp32_from_float16_groups:
+        # The fp32 main parameters live on each Megatron optimizer (a chained one holds several).
+        for child in getattr(optimizer, "chained_optimizers", None) or [optimizer]:
+            for group in getattr(child, "shard_fp32_from_float16_groups", None) or ():
                 self.label(OPTIMIZER_STATE, group)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):

@@ -24,7 +24,7 @@ from prism_megatron.patches import (
 def all_patches() -> tuple[registry.AnyRecord, ...]:
     """Records in the order a CPU emulation applies them (Megatron-LM's after: only its script uses
     them), then the records of model builds (the plan, the built-in entry's MLA)."""
-    from prism_megatron.patches import training
+    from prism_megatron.patches import modelled_device, training
 
     return (
         *cpu_shim.MEGATRON_CORE_SHIMS,
@@ -33,6 +33,7 @@ def all_patches() -> tuple[registry.AnyRecord, ...]:
         *control_flow.CORE_FIXES,
         *training.all_records(),
         *model_build.RECORDS,
+        *modelled_device.ALL_RECORDS,
     )
 
 

@@ -207,7 +207,8 @@ def stop_recording(timeout_s: float | None = None) -> list[OpEvent]:
     from prism_megatron.replay import timeline
 
     seconds = timeline._timeout_s if timeout_s is None else timeout_s
-    return [OpEvent.from_native(raw) for raw in _native().stop_recording(round(seconds * 1e9))]
+    events = [OpEvent.from_native(raw) for raw in _native().stop_recording(round(seconds * 1e9))]
+    return [e.on_timeline() for e in events]
 
 
 def record_p2p(

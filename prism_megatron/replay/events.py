@@ -56,6 +56,17 @@ class OpEvent:
     has_virtual: bool
     real_done_ns: int = -1
 
+    def on_timeline(self) -> OpEvent:
+        """The event with its times read on the device timeline (a modelled GPU's time, where one is
+        in use: `timeline.set_time_map`); -1 (not completed) stays."""
+        from prism_megatron.replay import timeline
+
+        if timeline._time_map is None:
+            return self
+        issue, start = timeline.map_time(self.issue_ns), timeline.map_time(self.start_ns)
+        complete = self.complete_ns if self.complete_ns < 0 else timeline.map_time(self.complete_ns)
+        return dataclasses.replace(self, issue_ns=issue, start_ns=start, complete_ns=complete)
+
     @classmethod
     def from_native(cls, raw: tuple) -> OpEvent:
         """Build from the tuple the C++ op log exports (same field order)."""

@@ -16,6 +16,11 @@ iteration (:func:`resolve`). Where a mark lands depends on the device in use:
 So a compute span (the time between two consecutive ops on the compute stream) is device time on
 every device, and an iteration's time is the span between its start and end marks.
 
+On a modelled GPU (``--prism-device model:<gpu>``) the program runs on fake tensors on the host and
+the GPU model charges each op's kernel time to a clock of its own; marks are recorded on the host
+(the backend's included) and :func:`resolve` reads each as the modelled device's time at that moment
+(:func:`set_time_map`, installed by the modelled device), so compute spans are modelled device time.
+
 Reading a mark blocks until the device has passed it (at most the timeout: --prism-timeout).
 Marks live in a ring of 2^18 slots (``csrc/replay/timeline.h``): read an iteration's marks before
 it records that many more.
@@ -26,10 +31,14 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 DEFAULT_TIMEOUT_S = 300.0
 _timeout_s = DEFAULT_TIMEOUT_S
+_time_map: Callable[[int], int] | None = None
+"""Host time -> modelled device time while a modelled GPU is in use (see set_time_map)."""
+_on_mark: Callable[[], None] | None = None
+"""Called before each mark this module records while a modelled GPU is in use (see set_time_map)."""
 
 
 @functools.cache
@@ -50,6 +59,8 @@ class Mark:
 
 def mark() -> Mark:
     """A mark on the active device's current stream (the host clock on the host)."""
+    if _on_mark is not None:
+        _on_mark()
     return Mark(_native().mark())
 
 
@@ -65,7 +76,27 @@ def resolve(marks: Sequence[Mark], timeout_s: float | None = None) -> list[int]:
         RuntimeError: a mark was not reached within the timeout (a stream is stuck), or it expired.
     """
     timeout_ns = round((_timeout_s if timeout_s is None else timeout_s) * 1e9)
-    return _native().resolve([m.id for m in marks], timeout_ns)
+    values = _native().resolve([m.id for m in marks], timeout_ns)
+    return values if _time_map is None else [_time_map(v) for v in values]
+
+
+def set_time_map(time_map: Callable[[int], int] | None, on_mark: Callable[[], None] | None = None) -> None:
+    """Read every host mark as ``time_map(host_ns)`` from now on (None: as it is), calling
+    ``on_mark()`` before each mark :func:`mark` records.
+
+    A modelled GPU installs its clock's history here: the host time at which each op's modelled
+    kernel time was charged, so a mark recorded between two ops reads the modelled time in between;
+    its ``on_mark`` advances the clock by a nanosecond, so marks with no op between them (two
+    pipeline calls in a row) keep their order in time, as on a device. Only host marks are mapped:
+    a modelled device records no CUDA or test-device marks.
+    """
+    global _time_map, _on_mark
+    _time_map, _on_mark = time_map, on_mark
+
+
+def map_time(t_ns: int) -> int:
+    """A host time read on the device timeline: itself, or on a modelled GPU its modelled time."""
+    return t_ns if _time_map is None else _time_map(t_ns)
 
 
 def resolve_one(m: Mark, timeout_s: float | None = None) -> int:

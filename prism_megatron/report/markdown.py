@@ -76,6 +76,7 @@ def render_markdown(report: RunReport, outputs: Mapping[str, str], skipped: Mapp
         _status(report),
         _summary(report),
         _agreement(report),
+        report.modelled.markdown() if report.modelled is not None else [],
         _target(report),
         _capture(report),
         _ranks(report),

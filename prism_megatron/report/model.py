@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import prism_megatron
 from prism_megatron.report import schema
 from prism_megatron.report.agreement import RankAgreement
+from prism_megatron.report.modelled import ModelledReport
 from prism_megatron.target import TargetJob
 from prism_megatron.topology import Layout
 
@@ -308,6 +309,8 @@ class RunReport:
     """How the graph was captured (None while the run has not obtained it)."""
     agreement: tuple[RankAgreement, ...] = ()
     """Per real rank, each emulated iteration against the simulation of the schedule it ran."""
+    modelled: ModelledReport | None = None
+    """On a modelled GPU (--prism-device model:<gpu>): the modelled iteration; None on a real device."""
     versions: Mapping[str, str | None] = dataclasses.field(default_factory=current_versions)
     created: str = dataclasses.field(default_factory=_now)
     """When the report was made (ISO 8601, UTC)."""
@@ -337,6 +340,7 @@ class RunReport:
             "patches": dict(self.patches) if self.patches is not None else None,
             "capture": self.capture.to_json() if self.capture is not None else None,
             "agreement": {str(a.virtual_rank): a.to_json() for a in self.agreement},
+            "modelled": self.modelled.to_json() if self.modelled is not None else None,
             "versions": dict(self.versions),
             "created": self.created,
         }
@@ -366,6 +370,7 @@ class RunReport:
             agreement=tuple(
                 RankAgreement.from_json(int(k), v) for k, v in (doc.get("agreement") or {}).items()
             ),
+            modelled=ModelledReport.from_json(doc["modelled"]) if doc.get("modelled") else None,
             versions=doc["versions"],
             created=doc.get("created", ""),
         )

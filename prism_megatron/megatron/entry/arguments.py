@@ -192,6 +192,8 @@ def derive(args: argparse.Namespace) -> None:
     if args.bf16 and args.fp16:
         raise ValueError("--bf16 and --fp16 are exclusive; pass one")
     target.derive(args)
+    if args.bf16:  # arguments.py: "bfloat16 requires gradient accumulation and all-reduce in fp32"
+        args.accumulate_allreduce_grads_in_fp32 = True
     if args.position_embedding_type not in LOCAL_POSITION_EMBEDDINGS:
         raise ValueError(
             f"--position-embedding-type {args.position_embedding_type}: the built-in entry builds "

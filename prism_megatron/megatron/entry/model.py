@@ -32,7 +32,9 @@ from megatron.core.models.gpt.gpt_layer_specs import (
 from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 from megatron.core.tensor_parallel import set_defaults_if_not_set_tensor_model_parallel_attributes
 from megatron.core.transformer import TransformerConfig
+from torch._subclasses.fake_tensor import FakeTensor
 
+from prism_megatron.config import MODELLED_PREFIX
 from prism_megatron.megatron.job import core_config, target
 from prism_megatron.megatron.layers import local_mla, parallel_spec
 from prism_megatron.patches import model_build
@@ -129,9 +131,21 @@ def build_chunks(args: argparse.Namespace, config: TransformerConfig) -> list[GP
         if torch.cuda.is_available():  # as Megatron-LM's get_model: modules built on the host move over
             chunk.cuda(torch.cuda.current_device())
         if args.bf16 or args.fp16:
-            chunk = chunk.to(core_config.params_dtype(args))
+            chunk = _to_dtype(chunk, core_config.params_dtype(args))
         chunks.append(chunk)
     return chunks
+
+
+def _to_dtype(chunk: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
+    """`chunk.to(dtype)`; on fake tensors (a modelled GPU) tensor by tensor, as torch's `Module.to`
+    would swap each parameter with its converted copy, which fake tensors refuse."""
+    tensors = [*chunk.parameters(), *chunk.buffers()]
+    if not any(isinstance(t, FakeTensor) for t in tensors):
+        return chunk.to(dtype)
+    for tensor in tensors:
+        if tensor.is_floating_point() and tensor.dtype != dtype:
+            tensor.data = tensor.data.to(dtype)
+    return chunk
 
 
 def _gpt_model(
@@ -144,8 +158,11 @@ def _gpt_model(
 ) -> GPTModel:
     """One model chunk, as Megatron-LM's `gpt_builder` makes it."""
     layer_spec = _layer_spec(args, config, vp_stage)
-    mtp_spec = parallel_spec.mtp_spec(_mtp_spec(args, config, layer_spec, vp_stage), config)
-    layer_spec = parallel_spec.decoder_spec(layer_spec, config, vp_stage)
+    modelled = str(getattr(args, "prism_device", "")).startswith(MODELLED_PREFIX)
+    mtp_spec = parallel_spec.mtp_spec(
+        _mtp_spec(args, config, layer_spec, vp_stage), config, modelled=modelled
+    )
+    layer_spec = parallel_spec.decoder_spec(layer_spec, config, vp_stage, modelled=modelled)
     with model_build.mla_constructible(allow_untested=args.prism_allow_untested_megatron):
         return GPTModel(
             config=config,

@@ -30,7 +30,7 @@ from prism_megatron.config import PrismConfig
 from prism_megatron.megatron.entry import arguments as pretrain_args
 from prism_megatron.megatron.entry import data, model, training_log
 from prism_megatron.megatron.job import target
-from prism_megatron.megatron.run import collectives, results, runtime
+from prism_megatron.megatron.run import collectives, modelled_device, results, runtime
 from prism_megatron.passes import world
 from prism_megatron.patches import catalog
 from prism_megatron.replay import timeline
@@ -134,20 +134,43 @@ def train_step(args, ddp_model, optimizer, iterators, forward_backward) -> dict[
 
 
 def train(args: argparse.Namespace, config: TransformerConfig, rt: runtime.Runtime) -> dict[str, Any]:
-    """Build model, DDP and optimizer, run --train-iters iterations, and return the results."""
+    """Build model, DDP and optimizer, run --train-iters iterations, and return the results; on a
+    modelled GPU (--prism-device model:<gpu>) all of it on fake tensors, timed by the GPU model."""
+    gpu = rt.config.emulation.modelled_gpu
+    if gpu is None:
+        return _train(args, config, rt)
+    device = modelled_device.ModelledDevice(gpu)
+    with device.active():
+        out = _train(args, config, rt, device)
+    out["modelled_device"] = device.summary()
+    return out
+
+
+def _train(
+    args: argparse.Namespace,
+    config: TransformerConfig,
+    rt: runtime.Runtime,
+    device: modelled_device.ModelledDevice | None = None,
+) -> dict[str, Any]:
     chunks = model.build_chunks(args, config)
     ddp_model = model.wrap_ddp(args, config, chunks)
     optimizer = model.build_optimizer(args, ddp_model)
     model.configure_schedule(args, config, ddp_model, optimizer)
+    if device:
+        modelled_device.fuse_norms(device, ddp_model)
     iterators = _data_iterators(args, len(ddp_model))
     forward_backward = get_forward_backward_func()
     record = runtime.TrainingRecord(rt)
     logger = _logger(args, rt)
     for iteration in range(args.train_iters):
         record.before_step(ddp_model, optimizer)
+        if device:
+            device.iteration_begins()
         start = timeline.mark()  # device time, as every time of the passes
         step = train_step(args, ddp_model, optimizer, iterators, forward_backward)
         end = timeline.mark()
+        if device:
+            device.iteration_ends()
         step = record.after_step(step, marks=(start, end))
         logger.step(iteration + 1, step, loss_scale=_loss_scale(optimizer))
     mem = record.finish()

@@ -23,6 +23,7 @@ from megatron.core.transformer.transformer_block import (
 )
 
 from prism_megatron.megatron.layers.context_parallel import ContextParallelAttention
+from prism_megatron.megatron.layers.flash_attention import FlashAttention
 from prism_megatron.megatron.layers.local_mla import MLACoreAttention
 from prism_megatron.megatron.layers.norm import SequenceParallelNorm
 
@@ -43,9 +44,11 @@ class SpecSubstitution:
     verified_on: tuple[str, ...]
     reason: str
 
-    def applies(self, config: TransformerConfig) -> bool:
+    def applies(self, config: TransformerConfig, *, modelled: bool = False) -> bool:
         if self.needed == "sequence_parallel":
             return bool(config.sequence_parallel)
+        if self.needed == "modelled_device":
+            return modelled and config.context_parallel_size == 1
         return config.context_parallel_size > 1
 
 
@@ -69,6 +72,17 @@ SUBSTITUTIONS = (
         verified_on=VERIFIED_ON,
         reason="--context-parallel-size > 1: the local attention asserts CP 1; the layers' attention "
         "exchanges keys and values over the CP group as Transformer Engine does (--cp-comm-type)",
+    ),
+    SpecSubstitution(
+        name="entry.flash_attention",
+        target="megatron.core.transformer.dot_product_attention:DotProductAttention",
+        replaces=(DotProductAttention,),
+        replacement=FlashAttention,
+        needed="modelled_device",
+        verified_on=VERIFIED_ON,
+        reason="--prism-device model:<gpu> (CP 1): the GPU runs attention as one fused kernel (Transformer "
+        "Engine's flash or cuDNN attention); the local kernel's unfused score matrix would be timed as "
+        "GEMMs and a memory-bound softmax",
     ),
 )
 
@@ -94,17 +108,23 @@ def _as_block_spec(spec, config: TransformerConfig, vp_stage: int | None):
     return TransformerBlockSubmodules(layer_specs=[spec] * num_layers, layer_norm=LayerNormImpl)
 
 
-def _table(config: TransformerConfig) -> dict[type, type]:
-    return {original: s.replacement for s in SUBSTITUTIONS if s.applies(config) for original in s.replaces}
+def _table(config: TransformerConfig, modelled: bool) -> dict[type, type]:
+    return {
+        original: s.replacement
+        for s in SUBSTITUTIONS
+        if s.applies(config, modelled=modelled)
+        for original in s.replaces
+    }
 
 
-def decoder_spec(spec, config: TransformerConfig, vp_stage: int | None):
-    """The decoder's spec (a layer or block spec) with the substitutions the job needs, if any."""
-    table = _table(config)
+def decoder_spec(spec, config: TransformerConfig, vp_stage: int | None, *, modelled: bool = False):
+    """The decoder's spec (a layer or block spec) with the substitutions the job needs, if any
+    (`modelled`: the run's device is a modelled GPU)."""
+    table = _table(config, modelled)
     return _substitute(_as_block_spec(spec, config, vp_stage), table) if table else spec
 
 
-def mtp_spec(spec, config: TransformerConfig):
+def mtp_spec(spec, config: TransformerConfig, *, modelled: bool = False):
     """The multi-token-prediction block's spec (or None) with the substitutions the job needs."""
-    table = _table(config)
+    table = _table(config, modelled)
     return _substitute(spec, table) if table and spec is not None else spec

@@ -35,6 +35,7 @@ from prism_megatron.megatron.run import cpu_share
 from prism_megatron.passes import memory, watchdog, world
 from prism_megatron.passes import rank as rank_phase
 from prism_megatron.patches import control_flow, cpu_shim, parallel_state, pipeline, pipeline_ops, registry
+from prism_megatron.patches import modelled_device as modelled_patches
 from prism_megatron.replay import timeline
 from prism_megatron.replay.timeline import Mark
 
@@ -83,6 +84,8 @@ class Runtime:
         if device == "cpu":
             rt.cpu = cpu_share.take(config.emulation)
             rt.apply(cpu_shim.MEGATRON_CORE_SHIMS)
+        if config.emulation.modelled_gpu is not None:
+            rt.apply(modelled_patches.ALL_RECORDS)
         return rt
 
     @property
@@ -235,7 +238,9 @@ class TrainingRecord:
             return
         self.model, self.optimizer = model, optimizer
         if self.rt.device == "cpu":
-            self.tracker = memory.LiveStorageTracker().__enter__()
+            # On a modelled GPU every tensor is fake: its storage is counted as the GPU would allocate it.
+            fake = self.rt.config.emulation.modelled_gpu is not None
+            self.tracker = memory.LiveStorageTracker(fake_storage=fake).__enter__()
             self.tracker.label_model(model)
         elif torch.cuda.is_available():
             torch.cuda.reset_peak_memory_stats()

@@ -1,0 +1,55 @@
+"""The attention kernel of a modelled GPU: one fused scaled-dot-product attention, as on a GPU.
+
+On a GPU, Megatron's Transformer Engine layers run attention as one fused kernel (flash attention or
+cuDNN's fused attention): the [s, s] score matrix never reaches memory. megatron-core's local
+`DotProductAttention` computes it unfused (a batched GEMM, a masked softmax over [b, h, s, s], a
+second GEMM), which a GPU model would time as two GEMMs and a memory-bound softmax over the whole
+score matrix: at sequence 8192 that is several times the fused kernel's time. On a modelled device
+(`--prism-device model:<gpu>`) the built-in entry's spec puts `FlashAttention` in its place:
+`torch.nn.functional.scaled_dot_product_attention`, the same maths (causal mask, grouped query
+attention, softmax scale, attention dropout) as one op the GPU model times as flash attention.
+It holds no parameters. Packed sequences, attention bias and sliding windows are refused.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from megatron.core.transformer.dot_product_attention import DotProductAttention
+from megatron.core.transformer.enums import AttnMaskType
+
+
+class FlashAttention(DotProductAttention):
+    """megatron-core's local attention kernel as one fused scaled-dot-product attention."""
+
+    def forward(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        attn_mask_type: AttnMaskType | None = None,
+        attention_bias: torch.Tensor | None = None,
+        packed_seq_params=None,
+    ) -> torch.Tensor:
+        if packed_seq_params is not None or attention_bias is not None:
+            raise ValueError("a modelled device's attention takes no packed sequences or attention bias")
+        if self.config.window_size is not None:
+            raise ValueError("--window-size: sliding-window attention is not modelled on a modelled device")
+        mask_type = self.attn_mask_type if attn_mask_type is None else attn_mask_type
+        causal = mask_type == AttnMaskType.causal
+        sq, b, num_heads, head_dim = query.shape
+        # [s, b, h, d] -> [b, h, s, d], the layout SDPA takes.
+        q, k, v = (x.permute(1, 2, 0, 3) for x in (query, key, value))
+        mask = None if causal or attention_mask is None else ~attention_mask  # Megatron: True = masked
+        out = F.scaled_dot_product_attention(
+            q,
+            k,
+            v,
+            attn_mask=mask,
+            dropout_p=self.attention_dropout.p if self.training else 0.0,
+            is_causal=causal,
+            scale=self.softmax_scale,
+            enable_gqa=k.shape[1] != num_heads,
+        )
+        return out.permute(2, 0, 1, 3).reshape(sq, b, num_heads * head_dim)

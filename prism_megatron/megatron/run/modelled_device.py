@@ -1,0 +1,276 @@
+"""A modelled GPU as the device of a real rank: the real program on fake tensors, timed by the GPU model.
+
+With `--prism-device model:<gpu>` a rank runs the training program exactly as configured (full
+sizes) on torch's fake tensors on the CPU: every op computes its output's shape, dtype and strides
+and no data, so a 405B model's rank needs no memory. Two dispatch layers see every op:
+
+1. `_Timed` (here): collectives and values read out of tensors (below); every other op goes down,
+   then is charged to the GPU model's `ModelledClock` (`charge`: GEMM, attention, memory-bound,
+   launch), as the GPU model's own `ModelledTiming` does, unless a fused kernel stands for it
+   (`fused_kernel`); then the host time and the clock's new time are logged, so the device
+   timeline reads every host mark (the backend's issue and completion times included) as the
+   modelled time at that moment (`prism_megatron.replay.timeline.set_time_map`). One layer, not
+   ModelledTiming under this one: a layer costs every op a Python call, and a 405B rank runs
+   hundreds of thousands.
+2. torch's `FakeTensorMode`: runs the op's shape rules.
+
+Collectives (`c10d` ops) do not go down: fake tensors carry no storage, and on fake tensors torch
+answers them without calling the backend. They go to the CPU kernel of the same op with meta
+tensors of the same shapes, so the `prism` backend serves them as on the CPU (its op log records
+the full-size bytes; its data steps are torch ops, no-ops on meta tensors). A collective takes no
+modelled device time on the rank: the capture pass times compute, and the simulation gives every
+collective its network cost.
+
+Values read out of a tensor (`.item()`, `bool(t)`: `aten._local_scalar_dense`): where torch's fake
+tensors keep the value (a small tensor made from Python numbers and what is computed from such alone,
+like the optimizer's step counter), it is read as it is. Every other value has no data to read; the
+stand-in is zero of the tensor's dtype, and why that is what a healthy step reads:
+
+| read | stand-in | effect |
+|---|---|---|
+| loss (`.item()` of the reduced loss) | 0.0 | logged only |
+| grad norm (`get_grad_norm_fp32`) | 0.0 | below --clip-grad: no clipping kernel, as in most steps |
+| found-inf (fp16 loss scaler) | 0.0 | no overflow: the step is taken |
+| update_successful, skipped-iteration flags | 0 | reduced and logged only |
+| MoE token counts | refused | routing needs a what-if of its own (not supported on a modelled device yet) |
+
+The modelled clock starts at `CLOCK_ORIGIN_NS`. Why a log and not a clock in C++: the marks of the
+timeline and of the backend are host times recorded in C++; one op runs at a time in this process, so
+the modelled time at any host time is the clock's value after the last op that ended before it, and
+reading the marks through that step function gives the same times without a second clock in C++.
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+from torch.utils._pytree import tree_map
+
+from prism_megatron import gpu_model
+from prism_megatron.gpu_model import fused
+from prism_megatron.replay import timeline
+
+CLOCK_ORIGIN_NS = 1_000_000_000
+"""Where the modelled device's clock starts (any positive time: marks of 0 read "not written")."""
+
+_CPU_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
+
+
+def _as_meta(value: Any, originals: dict[int, Any]) -> Any:
+    if (
+        isinstance(value, torch.Tensor) and value.device.type != "meta"
+    ):  # fake (or a real one the program made before)
+        meta = torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device="meta")
+        originals[id(meta)] = value
+        return meta
+    return value
+
+
+class ModelledDevice:
+    """The modelled GPU of this process: enter it around everything the program computes."""
+
+    def __init__(self, gpu_name: str) -> None:
+        self.gpu = gpu_model.gpu_spec(gpu_name)
+        self.gpu_name = gpu_name
+        self.clock = gpu_model.ModelledClock(self.gpu)
+        self.fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+        self.by_op_ns: dict[str, int] = {}
+        """Charged time by aten op name (for where a modelled iteration's time goes)."""
+        self.num_fused_scopes = 0
+        """Open `fused_kernel` scopes: their ops are not charged, the fused kernel is."""
+        self.num_collectives = 0
+        self.num_scalar_reads = 0
+        self.iterations_by_kind_ns: list[dict[str, int]] = []
+        """Per finished training iteration, the modelled device time charged in it, by kind."""
+        self._iteration_start: dict[str, int] | None = None
+
+    def iteration_begins(self) -> None:
+        self._iteration_start = self.by_kind_ns()
+
+    def iteration_ends(self) -> None:
+        start, now = self._iteration_start or {}, self.by_kind_ns()
+        self.iterations_by_kind_ns.append({kind: ns - start.get(kind, 0) for kind, ns in now.items()})
+        self._iteration_start = None
+
+    def now_ns(self) -> int:
+        """The modelled device's clock (ns, from CLOCK_ORIGIN_NS)."""
+        return CLOCK_ORIGIN_NS + int(self.clock.now_ns)
+
+    def log_time(self) -> None:
+        """From this host time on, the device timeline reads the clock's present value."""
+        now = self.now_ns()
+        if now != self._model_ns[-1]:
+            self._host_ns.append(time.monotonic_ns())
+            self._model_ns.append(now)
+
+    def tick(self) -> None:
+        """One nanosecond of modelled time: before every mark and every collective, so that two
+        marks with no op between them (consecutive pipeline calls, a collective's issue after the
+        previous one's completion) are ordered in time as on a device, where nothing takes no time.
+        The graph assigns each pipeline transfer to the call whose span holds its issue time."""
+        self.clock.advance(1, "launch")
+        self.log_time()
+
+    def modelled_at(self, host_ns: int) -> int:
+        """The modelled device's time at a host time (the clock after the last op before it)."""
+        return self._model_ns[max(0, bisect.bisect_right(self._host_ns, host_ns) - 1)]
+
+    @contextlib.contextmanager
+    def active(self) -> Iterator[ModelledDevice]:
+        """Fake tensors, the GPU model's timing, this layer on top, and the timeline reading
+        modelled time."""
+        self._host_ns, self._model_ns = [0], [self.now_ns()]
+        timeline.set_time_map(self.modelled_at, on_mark=self.tick)
+        try:
+            with self.fake_mode, _Timed(self):
+                yield self
+        finally:
+            timeline.set_time_map(None)
+
+    @contextlib.contextmanager
+    def fused_kernel(self, time_ns: int, kind: str = "memory") -> Iterator[None]:
+        """The ops inside are one fused GPU kernel of `time_ns` (the GPU model's `fused` prices):
+        they run (their outputs are needed) but only the kernel is charged."""
+        self.num_fused_scopes += 1
+        try:
+            yield
+        finally:
+            self.num_fused_scopes -= 1
+        if self.num_fused_scopes == 0:
+            self.clock.advance(time_ns, kind)
+            self.log_time()
+
+    def summary(self) -> dict[str, Any]:
+        """What the rank's results keep: the GPU, its modelled time by kind, and the counts."""
+        return {
+            "gpu": self.gpu_name,
+            "modelled_ns_by_kind": self.by_kind_ns(),
+            "modelled_ns": int(self.clock.now_ns),
+            "iterations_by_kind_ns": self.iterations_by_kind_ns,
+            "top_ops_ns": dict(sorted(self.by_op_ns.items(), key=lambda item: -item[1])[:12]),
+            "num_collectives": self.num_collectives,
+            "num_scalar_reads": self.num_scalar_reads,
+        }
+
+    def by_kind_ns(self) -> dict[str, int]:
+        """Modelled device time charged so far, by kind (gemm, attention, memory, launch)."""
+        return {kind: int(ns) for kind, ns in self.clock.by_kind_ns.items()}
+
+
+class _Timed(TorchDispatchMode):
+    """Collectives to the backend on meta tensors, stand-ins for scalar reads, the clock kept in C++."""
+
+    def __init__(self, device: ModelledDevice) -> None:
+        super().__init__()
+        self.device = device
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        namespace = func.namespace
+        if namespace == "c10d":
+            return self._collective(func, args, kwargs)
+        if namespace == "_c10d_functional":
+            raise NotImplementedError(
+                f"--prism-device model:<gpu>: functional collective {func} is not served on a modelled "
+                "device (the program's collectives must use torch.distributed's in-place calls)"
+            )
+        if func is torch.ops.aten._local_scalar_dense.default:
+            return self._scalar(args[0])
+        out = func(*args, **kwargs)
+        device = self.device
+        if not device.num_fused_scopes:
+            timed = device.clock.charge(func, args, kwargs, out)
+            if timed.time_ns:
+                name = func.__name__
+                device.by_op_ns[name] = device.by_op_ns.get(name, 0) + timed.time_ns
+            device.log_time()
+        return out
+
+    def _collective(self, func, args, kwargs):
+        self.device.num_collectives += 1
+        self.device.tick()
+        originals: dict[int, Any] = {}
+        with _disable_current_modes():
+            meta_args = tree_map(lambda v: _as_meta(v, originals), args)
+            meta_kwargs = tree_map(lambda v: _as_meta(v, originals), kwargs)
+            out = func.redispatch(_CPU_KEYS, *meta_args, **meta_kwargs)
+        return tree_map(lambda v: originals.get(id(v), v) if isinstance(v, torch.Tensor) else v, out)
+
+    def _scalar(self, tensor: torch.Tensor):
+        constant = getattr(tensor, "constant", None)
+        if constant is not None:  # a value fake tensors keep (Adam's step counter): read as it is
+            with _disable_current_modes():
+                return constant.item()
+        self.device.num_scalar_reads += 1
+        if tensor.dtype.is_floating_point:
+            return 0.0
+        if tensor.dtype == torch.bool:
+            return False
+        return 0
+
+
+NORM_TYPES: tuple[type, ...] = (torch.nn.RMSNorm, torch.nn.LayerNorm)
+"""Norm modules a GPU runs as one fused Transformer Engine kernel (forward and backward)."""
+
+
+def fuse_norms(device: ModelledDevice, model_chunks) -> int:
+    """Charge every norm of the model (torch's RMSNorm and LayerNorm, the classes megatron-core's
+    local spec and prism's sequence-parallel norm build) as Transformer Engine's fused norm kernel,
+    forward and backward (`gpu_model.fused.norm_time`), in place of the unfused ops torch runs.
+
+    The forward is scoped by forward hooks; the backward by full backward hooks, which fire when the
+    gradient of the norm's output arrives and when its input's is made: the ops between are the
+    norm's backward (the autograd engine runs one node at a time on this thread). Returns the number
+    of norms so charged."""
+    count = 0
+    for chunk in model_chunks:
+        for module in chunk.modules():
+            if isinstance(module, NORM_TYPES):
+                _hook_norm(device, module)
+                count += 1
+    return count
+
+
+def _norm_time(device: ModelledDevice, module: torch.nn.Module, x: torch.Tensor, *, backward: bool) -> int:
+    hidden = x.shape[-1]
+    return fused.norm_time(
+        device.gpu,
+        tokens=x.numel() // hidden,
+        hidden=hidden,
+        dtype=x.dtype,
+        backward=backward,
+        layer_norm=isinstance(module, torch.nn.LayerNorm),
+    )
+
+
+def _hook_norm(device: ModelledDevice, module: torch.nn.Module) -> None:
+    open_scopes: list[contextlib.AbstractContextManager] = []
+
+    def forward_pre(mod, args):
+        scope = device.fused_kernel(_norm_time(device, mod, args[0], backward=False))
+        scope.__enter__()
+        open_scopes.append(scope)
+
+    def forward_post(mod, args, output):
+        open_scopes.pop().__exit__(None, None, None)
+
+    def backward_pre(mod, grad_output):
+        scope = device.fused_kernel(_norm_time(device, mod, grad_output[0], backward=True))
+        scope.__enter__()
+        open_scopes.append(scope)
+
+    def backward_post(mod, grad_input, grad_output):
+        if open_scopes:
+            open_scopes.pop().__exit__(None, None, None)
+
+    module.register_forward_pre_hook(forward_pre)
+    module.register_forward_hook(forward_post)
+    module.register_full_backward_pre_hook(backward_pre)
+    module.register_full_backward_hook(backward_post)

@@ -1,0 +1,99 @@
+"""What a run on a modelled GPU reports: its modelled iteration, throughput, MFU and time by kind.
+
+A modelled run (`--prism-device model:<gpu>`) measures nothing: its ranks ran the real program on
+fake tensors and the GPU model gave every op its time, so its iteration time is the simulation's
+of the graph so captured. The report says so wherever a measured run says "measured": "modelled on
+H100 by prism's GPU model". The numbers are made by the run (`emulation/modelled_run.py`); this
+module holds and renders them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+KINDS = ("gemm", "attention", "memory", "launch", "exposed_communication", "pipeline_bubble")
+"""The parts of a modelled iteration, in report order; they sum to the iteration time."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ModelledReport:
+    """The modelled iteration of the whole job."""
+
+    gpu: str
+    """The modelled GPU as --prism-device names it (h100, ...)."""
+    gpu_name: str
+    """Its display name (H100 SXM, ...)."""
+    peak_tflops: float
+    """Dense BF16 peak of one GPU (datasheet), 10^12 FLOP/s: MFU's denominator."""
+    iteration_time_s: float
+    """The simulated iteration of the graph captured on the modelled GPU."""
+    tflops_per_gpu: float | None
+    """Model FLOPs per iteration / (iteration time x world size), 10^12 per second."""
+    mfu: float | None
+    """tflops_per_gpu / peak_tflops."""
+    tokens_per_s_per_gpu: float | None
+    critical_role: str
+    """The role whose time by kind is given: the one with the most compute."""
+    time_by_kind_s: Mapping[str, float]
+    """That role's iteration by kind (KINDS): its compute split as the GPU model charged it on the
+    captured rank of its class, plus its exposed communication and pipeline bubble."""
+
+    @property
+    def method(self) -> str:
+        return f"modelled on {self.gpu.upper()} by prism's GPU model"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            **dataclasses.asdict(self),
+            "time_by_kind_s": dict(self.time_by_kind_s),
+            "method": self.method,
+        }
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> ModelledReport:
+        return cls(**{k: v for k, v in doc.items() if k != "method"})
+
+    def markdown(self) -> list[str]:
+        """The report.md section."""
+        total = self.iteration_time_s
+        rows = [
+            f"| iteration time | {total * 1e3:.2f} ms |",
+            f"| model TFLOP/s per GPU | {_num(self.tflops_per_gpu, '.1f')} |",
+            f"| MFU (of {self.peak_tflops:.0f} TFLOP/s dense BF16) | {_num(self.mfu, '.1%')} |",
+            f"| tokens/s per GPU | {_num(self.tokens_per_s_per_gpu, '.0f')} |",
+        ]
+        kinds = [
+            f"| {kind.replace('_', ' ')} | {self.time_by_kind_s.get(kind, 0.0) * 1e3:.2f} ms | "
+            f"{self.time_by_kind_s.get(kind, 0.0) / total:.1%} |"
+            for kind in KINDS
+        ]
+        return [
+            f"## Modelled GPU: {self.gpu_name}",
+            "",
+            f"Every time in this report is **{self.method}**: nothing was measured. The ranks ran the real "
+            "program at full size on fake tensors; each op's kernel time came from the GPU model, each "
+            "collective's from the cluster's network model, and the iteration from the simulation.",
+            "",
+            "| | |",
+            "|---|---|",
+            *rows,
+            "",
+            f"Time by kind of role `{self.critical_role}` (the most compute):",
+            "",
+            "| kind | time | share |",
+            "|---|---|---|",
+            *kinds,
+        ]
+
+    def summary_line(self) -> str:
+        return (
+            f"modelled iteration time: {self.iteration_time_s * 1e3:9.2f} ms  ({self.method}); "
+            f"{_num(self.tflops_per_gpu, '.1f')} TFLOP/s per GPU, MFU {_num(self.mfu, '.1%')}, "
+            f"{_num(self.tokens_per_s_per_gpu, '.0f')} tokens/s per GPU"
+        )
+
+
+def _num(value: float | None, spec: str) -> str:
+    return "n/a" if value is None else format(value, spec)

@@ -1,0 +1,116 @@
+"""The modelled GPU as a device: its flag, its cluster, its report section, its time on the timeline."""
+
+from __future__ import annotations
+
+import pytest
+
+from prism_megatron import gpu_model
+from prism_megatron.config import (
+    DEVICES,
+    MODELLED_GPUS,
+    PRESET_OF_GPU,
+    ClusterConfig,
+    EmulationConfig,
+    PrismConfig,
+)
+from prism_megatron.network import PRESETS, load_cluster
+from prism_megatron.replay import timeline
+from prism_megatron.report.modelled import KINDS, ModelledReport
+
+
+def test_the_flag_offers_exactly_the_gpus_the_model_knows():
+    assert tuple(sorted(MODELLED_GPUS)) == tuple(sorted(gpu_model.GPU_NAMES))
+    assert {d for d in DEVICES if d.startswith("model:")} == {f"model:{g}" for g in gpu_model.GPU_NAMES}
+
+
+def test_an_unknown_device_is_one_line_naming_the_valid_ones():
+    with pytest.raises(ValueError, match=r"--prism-device model:v100: valid devices are .*model:h100"):
+        EmulationConfig(device="model:v100")
+
+
+@pytest.mark.parametrize("gpu", MODELLED_GPUS)
+def test_a_modelled_gpu_runs_in_its_own_system_unless_told_otherwise(gpu):
+    config = PrismConfig(emulation=EmulationConfig(device=f"model:{gpu}"))
+    assert config.emulation.modelled_gpu == gpu
+    assert config.emulation.resolved_device(cuda_available=True) == "cpu"  # fake tensors live on the CPU
+    assert config.cluster.cluster == PRESET_OF_GPU[gpu] == f"dgx-{gpu}"
+    assert load_cluster(config.cluster.cluster).name == f"dgx-{gpu}"
+    chosen = PrismConfig(
+        emulation=EmulationConfig(device=f"model:{gpu}"), cluster=ClusterConfig(cluster="dgx-a100")
+    )
+    assert chosen.cluster.cluster == "dgx-a100"
+    assert PrismConfig(emulation=EmulationConfig(device="cpu")).cluster.cluster == "default"
+
+
+def test_dgx_b200_is_eight_blackwell_gpus_with_nvlink_5_and_400g_nics():
+    spec = PRESETS["dgx-b200"]
+    assert spec.gpus_per_node == 8
+    assert spec.intra_node.nvlink_bandwidth_gb_per_s == 900.0  # 1.8 TB/s per GPU, both directions
+    assert spec.network.nics_per_node == 8 and spec.network.nic_bandwidth_gb_per_s == 50.0
+
+
+def test_host_marks_read_as_modelled_time_while_a_map_is_installed():
+    first = timeline.mark()
+    host_ns = timeline.resolve_one(first)
+    timeline.set_time_map(lambda t: 7 if t <= host_ns else 9)
+    try:
+        second = timeline.mark()
+        assert timeline.resolve([first, second]) == [7, 9]
+        assert timeline.map_time(host_ns) == 7
+    finally:
+        timeline.set_time_map(None)
+    assert timeline.resolve_one(first) == host_ns
+
+
+def _report(**changes) -> ModelledReport:
+    fields = dict(
+        gpu="h100", gpu_name="H100 SXM", peak_tflops=989.4, iteration_time_s=2.0, tflops_per_gpu=400.0,
+        mfu=400.0 / 989.4, tokens_per_s_per_gpu=1000.0, critical_role="pp1",
+        time_by_kind_s={"gemm": 1.0, "attention": 0.3, "memory": 0.3, "launch": 0.0,
+                        "exposed_communication": 0.1, "pipeline_bubble": 0.3},
+    )  # fmt: skip
+    return ModelledReport(**{**fields, **changes})
+
+
+def test_the_report_says_modelled_where_a_measured_run_says_measured():
+    report = _report()
+    assert report.method == "modelled on H100 by prism's GPU model"
+    assert ModelledReport.from_json(report.to_json()) == report
+    text = "\n".join(report.markdown())
+    assert "modelled on H100 by prism's GPU model" in text and "nothing was measured" in text
+    for kind in KINDS:
+        assert kind.replace("_", " ") in text
+    assert "MFU 40.4%" in report.summary_line()
+
+
+def test_a_modelled_run_refuses_what_it_cannot_model_in_one_line():
+    import argparse
+
+    from prism_megatron.emulation.plan import _check_modelled
+
+    config = PrismConfig(emulation=EmulationConfig(device="model:h100"))
+    dense = argparse.Namespace(num_experts=None)
+    _check_modelled(config, "builtin", dense)
+    with pytest.raises(ValueError, match=r"--script pretrain_gpt\.py on a modelled GPU is not supported yet"):
+        _check_modelled(config, "pretrain_gpt.py", dense)
+    with pytest.raises(ValueError, match="--num-experts 8 on --prism-device model:h100: MoE routing"):
+        _check_modelled(config, "builtin", argparse.Namespace(num_experts=8))
+
+
+def test_on_a_modelled_gpu_marks_read_modelled_time_in_order_even_with_no_op_between():
+    import torch
+
+    from prism_megatron.megatron.run.modelled_device import CLOCK_ORIGIN_NS, ModelledDevice
+
+    device = ModelledDevice("h100")
+    with device.active():
+        first, second = timeline.mark(), timeline.mark()  # two pipeline calls in a row: no op between
+        x = torch.ones(4096, 4096, dtype=torch.bfloat16)
+        y = x @ x  # a GEMM: modelled time passes
+        third = timeline.mark()
+        times = timeline.resolve([first, second, third])
+    assert CLOCK_ORIGIN_NS < times[0] < times[1] < times[2]
+    assert times[1] - times[0] == 1  # one nanosecond per mark
+    gemm_ns = device.by_kind_ns()["gemm"]
+    assert gemm_ns > 10_000 and times[2] - times[1] >= gemm_ns  # 2 x 4096^3 FLOP on an H100: tens of us
+    assert y.shape == (4096, 4096) and timeline._time_map is None  # the map is gone after the device
