@@ -17,7 +17,7 @@ from prism_megatron.megatron.job.job import job_from_flags
 WORLD = 64
 MODEL = ("--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32", "--vocab-size", "1000",
          "--micro-batch-size", "1", "--global-batch-size", "32")  # fmt: skip
-RUN = ("--train-iters", "1")  # not a job flag: topology does not take it
+RUN = ("--train-iters", "2")  # not a job flag: topology does not take it (emulate wants >= 2)
 
 # Per setting, the spellings of one job; every reader must give each the expected layout and schedule:
 # (world, tp, pp, cp, ep, etp, vpp, order, dp) and (vpp, layers per stage, microbatches).

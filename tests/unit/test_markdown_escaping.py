@@ -52,7 +52,8 @@ def test_a_role_name_stays_in_its_cell_of_compare_md():
                     verdict="regression", megatron_name=None, num_samples=(1, 1))  # fmt: skip
     doc = {"run_a": "runs/a`b", "run_b": "runs/b", "verdict": "regression", "max_regression_pct": 5.0,
            "max_memory_regression_pct": 1.0, "test": "Mann-Whitney U", "alpha": 0.05, "same_graph": True,
-           "versions": {"a": {"torch": "2|x"}, "b": {"torch": "2"}}}  # fmt: skip
+           "versions": {"a": {"torch": "2|x"}, "b": {"torch": "2"}}, "gated": "headline",
+           "breakdown_flagged": [{"metric": judged.label, "verdict": "regression"}], "captures": None}  # fmt: skip
     text = to_markdown(doc, [judged])
     row = next(line for line in text.splitlines() if line.startswith("| role pp0"))
     assert (
