@@ -80,7 +80,8 @@ def test_bad_files_are_rejected_with_the_file_and_the_key(tmp_path, content, mes
 
 def test_an_unknown_name_lists_the_presets():
     with pytest.raises(
-        ValueError, match=r"neither a preset \(dgx-a100, dgx-b200, dgx-h100, dgx-h200, gb200-nvl72, or default"
+        ValueError,
+        match=r"neither a preset \(dgx-a100, dgx-b200, dgx-h100, dgx-h200, gb200-nvl72, or default",
     ):
         load_cluster("dgx-h1000")
 
