@@ -14,7 +14,8 @@ peak memory) and each real rank's op log (ops/). From them, per run:
 
 Headline metrics (`Metric.headline`) are what the gate's verdict rests on: the iteration time, the
 throughput (tokens/s per GPU, higher is better; per iteration: the run's tokens per GPU over that
-iteration's time) and each real rank's peak memory (allocated and reserved). The rest is the
+iteration's time), each real rank's peak memory (allocated and reserved) and, on a modelled GPU, the
+modelled iteration time (the run has no measured one). The rest is the
 breakdown, which explains a change and is gated only when asked (`Thresholds.gate_breakdown`): the
 measured and simulated compute / exposed communication / bubble, the simulated iteration time and
 memory by category. A breakdown part moves for reasons that leave the job as fast as before (the
@@ -139,9 +140,11 @@ def _iteration(report: RunReport) -> Iterable[Metric]:
         )
     if report.simulated_iteration_time_s is not None:
         label = "simulated iteration time"
-        if report.modelled is not None:  # a modelled run's iteration is its simulation
+        if report.modelled is not None:  # a modelled run's iteration is its simulation: a headline
             label = f"modelled iteration time ({report.modelled.method})"
-        yield Metric("simulated", label, TIME, report.simulated_iteration_time_s)
+        yield Metric(
+            "simulated", label, TIME, report.simulated_iteration_time_s, headline=report.modelled is not None
+        )
 
 
 def _ranks_measured(report: RunReport, logs: dict[int, OpLog]) -> list[Metric]:
