@@ -86,7 +86,9 @@ def capture(directory, device: str, *, host_clock: bool = False):
     """The job's graph from the product's capture passes (each slice rank alone, one at a time, so
     the two do not share the cores), and per role the median host time of each compute span that
     was not a sleep (host captures)."""
-    run_plan = plan(directory / "run", flat_costs(directory))  # the cost file beside the run folder, not in it
+    run_plan = plan(
+        directory / "run", flat_costs(directory)
+    )  # the cost file beside the run folder, not in it
     graph, results = passes.capture_with_results(
         run_plan, JOB, device=device, host_clock_marks=host_clock, record_sleeps=device == "host"
     )
