@@ -99,6 +99,13 @@ def _parallel_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--variable-seq-lengths", action="store_true", help="pipeline stages exchange shapes first"
     )
+    g.add_argument(
+        "--tp-comm-overlap",
+        action="store_true",
+        help="Transformer Engine's userbuffers overlap of the sequence-parallel all-gathers and "
+        "reduce-scatters with their GEMMs: modelled on --prism-device model:<gpu>; on cpu and cuda the "
+        "local layers have no userbuffers and the flag changes nothing (a note says so)",
+    )
 
 
 def _training_args(parser: argparse.ArgumentParser) -> None:
@@ -202,6 +209,7 @@ def derive(args: argparse.Namespace) -> None:
     if args.virtual_pipeline_model_parallel_size is None:
         args.align_param_gather = False  # arguments.py: not without the interleaved schedule
     _derive_context_parallel(args)
+    _check_tp_comm_overlap(args)
     if args.multi_latent_attention and args.group_query_attention:
         raise ValueError("--multi-latent-attention and --group-query-attention are exclusive; pass one")
     if args.mtp_num_layers and args.position_embedding_type != "rope":
@@ -224,6 +232,18 @@ def _derive_context_parallel(args: argparse.Namespace) -> None:
     if len(args.cp_comm_type) not in (1, args.num_layers):
         raise ValueError(
             f"--cp-comm-type takes one type or one per layer ({args.num_layers}), got {len(args.cp_comm_type)}"
+        )
+
+
+def _check_tp_comm_overlap(args: argparse.Namespace) -> None:
+    """Megatron-LM's rule: TP communication/GEMM overlap needs sequence parallelism, which TP 1 turns
+    off (`validate_args`, after `target.derive` has done so)."""
+    if args.tp_comm_overlap and not args.sequence_parallel:
+        tp = args.tensor_model_parallel_size
+        why = "--tensor-model-parallel-size 1 turns sequence parallelism off" if tp == 1 else "it is not set"
+        raise ValueError(
+            "--tp-comm-overlap needs --sequence-parallel and --tensor-model-parallel-size > 1 (tensor-"
+            f"parallel communication overlaps its GEMMs only with sequence parallelism; {why})"
         )
 
 

@@ -30,7 +30,7 @@ from prism_megatron.config import PrismConfig
 from prism_megatron.megatron.entry import arguments as pretrain_args
 from prism_megatron.megatron.entry import data, model, training_log
 from prism_megatron.megatron.job import target
-from prism_megatron.megatron.run import collectives, modelled_device, results, runtime
+from prism_megatron.megatron.run import collectives, modelled_device, results, runtime, tp_overlap
 from prism_megatron.passes import world
 from prism_megatron.patches import catalog
 from prism_megatron.replay import timeline
@@ -158,6 +158,7 @@ def _train(
     model.configure_schedule(args, config, ddp_model, optimizer)
     if device:
         modelled_device.fuse_norms(device, ddp_model)
+    _tp_comm_overlap(args, rt, ddp_model, device)
     iterators = _data_iterators(args, len(ddp_model))
     forward_backward = get_forward_backward_func()
     record = runtime.TrainingRecord(rt)
@@ -178,6 +179,25 @@ def _train(
     return results.collect(
         rt=rt, ddp_model=ddp_model, optimizer=optimizer, iterations=record.iterations, memory_report=mem
     )
+
+
+TP_COMM_OVERLAP_NOTE = (
+    "note: --tp-comm-overlap is modelled only on --prism-device model:<gpu>; on {device} the built-in "
+    "entry's local layers have no Transformer Engine userbuffers, so the tensor-parallel all-gathers and "
+    "reduce-scatters stay on the compute stream as megatron-core issues them (the flag changes nothing)"
+)
+
+
+def _tp_comm_overlap(args, rt: runtime.Runtime, ddp_model, device) -> None:
+    """--tp-comm-overlap: TE's userbuffers overlap on a modelled GPU (`tp_overlap`); elsewhere a note
+    on the first real rank, since the local layers run the collectives as they are."""
+    if not args.tp_comm_overlap:
+        return
+    if device is not None:
+        device.tp_overlap = tp_overlap.TpCommOverlap(device, args.tensor_model_parallel_size)
+        device.tp_overlap.install(ddp_model)
+    elif rt.virtual_rank == (min(rt.real_ranks()) if rt.config.emulation.emulate else 0):
+        print(TP_COMM_OVERLAP_NOTE.format(device=rt.config.emulation.device), file=sys.stderr, flush=True)
 
 
 def _logger(args: argparse.Namespace, rt: runtime.Runtime) -> training_log.TrainingLogger:

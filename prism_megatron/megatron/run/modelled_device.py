@@ -90,6 +90,8 @@ class ModelledDevice:
         self.iterations_by_kind_ns: list[dict[str, int]] = []
         """Per finished training iteration, the modelled device time charged in it, by kind."""
         self._iteration_start: dict[str, int] | None = None
+        self.tp_overlap = None
+        """`tp_overlap.TpCommOverlap` under --tp-comm-overlap: TE's userbuffers overlap, else None."""
 
     def iteration_begins(self) -> None:
         self._iteration_start = self.by_kind_ns()
@@ -110,11 +112,23 @@ class ModelledDevice:
             self._host_ns.append(time.monotonic_ns())
             self._model_ns.append(now)
 
+    def log_at(self, clock_ns: int) -> None:
+        """From this host time on, the timeline reads `clock_ns` (a time the clock has passed, not
+        before the last one logged): a point inside the op just charged, where an overlapped
+        collective is posted or waited (`tp_overlap`)."""
+        model_ns = CLOCK_ORIGIN_NS + int(clock_ns)
+        assert self._model_ns[-1] <= model_ns <= self.now_ns(), (self._model_ns[-1], model_ns)
+        if model_ns != self._model_ns[-1]:
+            self._host_ns.append(time.monotonic_ns())
+            self._model_ns.append(model_ns)
+
     def tick(self) -> None:
         """One nanosecond of modelled time: before every mark and every collective, so that two
         marks with no op between them (consecutive pipeline calls, a collective's issue after the
         previous one's completion) are ordered in time as on a device, where nothing takes no time.
         The graph assigns each pipeline transfer to the call whose span holds its issue time."""
+        if self.tp_overlap is not None:
+            self.tp_overlap.settle()
         self.clock.advance(1, "launch")
         self.log_time()
 
@@ -157,6 +171,7 @@ class ModelledDevice:
             "top_ops_ns": dict(sorted(self.by_op_ns.items(), key=lambda item: -item[1])[:12]),
             "num_collectives": self.num_collectives,
             "num_scalar_reads": self.num_scalar_reads,
+            **({"tp_comm_overlap": self.tp_overlap.summary()} if self.tp_overlap is not None else {}),
         }
 
     def by_kind_ns(self) -> dict[str, int]:
@@ -190,12 +205,28 @@ class _Timed(TorchDispatchMode):
             if timed.time_ns:
                 name = func.__name__
                 device.by_op_ns[name] = device.by_op_ns.get(name, 0) + timed.time_ns
-            device.log_time()
+            overlap = device.tp_overlap
+            if overlap is None or not overlap.charged(timed.time_ns, timed.kind):
+                device.log_time()
         return out
 
     def _collective(self, func, args, kwargs):
         self.device.num_collectives += 1
+        overlap = self.device.tp_overlap
+        if overlap is not None:
+            served = overlap.collective(func, lambda async_op: self._issue(func, args, kwargs, async_op))
+            if served is not None:
+                return served
         self.device.tick()
+        return self._issue(func, args, kwargs)
+
+    def _issue(self, func, args, kwargs, async_op: bool | None = None):
+        """The c10d op to the backend on meta tensors (`async_op` set: with that flag instead of the
+        program's)."""
+        if async_op is not None:
+            names = [a.name for a in func._schema.arguments]
+            args = tuple(async_op if n == "async_op" else v for n, v in zip(names, args, strict=False))
+            kwargs = {**kwargs, "async_op": async_op} if "async_op" in kwargs else kwargs
         originals: dict[int, Any] = {}
         with _disable_current_modes():
             meta_args = tree_map(lambda v: _as_meta(v, originals), args)
