@@ -200,3 +200,28 @@ def test_the_flag_needs_sequence_parallelism_and_tp_above_one_as_megatron_lm_say
 def test_the_overlap_model_refuses_tp_one():
     with pytest.raises(ValueError, match="--tp-comm-overlap needs --tensor-model-parallel-size > 1"):
         TpCommOverlap(ModelledDevice("h100"), 1)
+
+
+def _entry_state(*, flag: bool, device: ModelledDevice | None, capsys) -> str:
+    from types import SimpleNamespace
+
+    from prism_megatron.megatron.entry import pretrain
+
+    args = SimpleNamespace(tp_comm_overlap=flag, tensor_model_parallel_size=TP)
+    emulation = SimpleNamespace(emulate=False, device="cpu")
+    rt = SimpleNamespace(config=SimpleNamespace(emulation=emulation), virtual_rank=0)
+    capsys.readouterr()  # what importing the entry warned
+    pretrain._tp_comm_overlap(args, rt, [_Layer()], device)
+    return capsys.readouterr().err
+
+
+def test_the_entry_models_the_overlap_only_with_the_flag_and_notes_it_elsewhere(capsys):
+    device = ModelledDevice("h100")
+    with device.fake_mode:
+        assert _entry_state(flag=False, device=device, capsys=capsys) == ""
+        assert device.tp_overlap is None
+        assert _entry_state(flag=True, device=device, capsys=capsys) == ""
+        assert isinstance(device.tp_overlap, TpCommOverlap)
+    note = _entry_state(flag=True, device=None, capsys=capsys)
+    assert "--tp-comm-overlap is modelled only on --prism-device model:<gpu>; on cpu" in note
+    assert _entry_state(flag=False, device=None, capsys=capsys) == ""

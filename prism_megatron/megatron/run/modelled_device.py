@@ -19,7 +19,9 @@ answers them without calling the backend. They go to the CPU kernel of the same 
 tensors of the same shapes, so the `prism` backend serves them as on the CPU (its op log records
 the full-size bytes; its data steps are torch ops, no-ops on meta tensors). A collective takes no
 modelled device time on the rank: the capture pass times compute, and the simulation gives every
-collective its network cost.
+collective its network cost. Under `--tp-comm-overlap`, `tp_overlap` serves the sequence-parallel
+collectives Transformer Engine overlaps with a GEMM: issued async, waited inside that GEMM
+(`log_at` places the wait in modelled time), so the graph overlaps them.
 
 Values read out of a tensor (`.item()`, `bool(t)`: `aten._local_scalar_dense`): where torch's fake
 tensors keep the value (a small tensor made from Python numbers and what is computed from such alone,
