@@ -54,7 +54,12 @@ _RS_BACKWARD = "_ReduceScatterToSequenceParallelRegionBackward"
 
 def _completed_work(result: Any):
     """A Work that is already done: what the program's own `wait()` gets while the real one waits
-    for the GEMM it overlaps."""
+    for the GEMM it overlaps.
+
+    torch's own way to make a Work of a future (`_create_work_from_future`, private but what
+    `torch.distributed`'s functional and fake backends use, present since torch 2.0; verified on
+    2.13), boxed as the c10d op's schema returns it (`Work.boxed`): a dispatch layer must return
+    the scripted class, not the Python binding."""
     future = torch.futures.Future()
     future.set_result([result])
     return _create_work_from_future(future).boxed()
