@@ -107,8 +107,9 @@ def run(args: argparse.Namespace) -> int:
             return stop.exit_status
 
 
-def check_builtin_flags(megatron_args: list[str], world_size: int) -> None:
-    """The built-in entry's own checks, as one ValueError line (its parser would print its usage)."""
+def check_builtin_flags(megatron_args: list[str], world_size: int) -> argparse.Namespace:
+    """The built-in entry's own checks, as one ValueError line (its parser would print its usage);
+    returns the entry's parsed args."""
     from prism_megatron.megatron.entry import arguments as pretrain_args
     from prism_megatron.megatron.entry import model
 
@@ -116,6 +117,7 @@ def check_builtin_flags(megatron_args: list[str], world_size: int) -> None:
     pretrain_args.derive_world(args, world_size)
     pretrain_args.check_local_spec(args)
     model.transformer_config(args)  # megatron-core's own checks of the model's configuration
+    return args
 
 
 def report_only(megatron_args: list[str], *, script: str) -> int:
@@ -143,7 +145,11 @@ def checked_plan(megatron_args: list[str], *, script: str, nproc: int | None):
         catalog.check_installed(allow_untested=config.patches.allow_untested_megatron)
     plan = plan_run(megatron_args, script=script, nproc=nproc)
     if script == "builtin":  # its whole flag set is known here: check it before any process starts
-        check_builtin_flags(megatron_args, plan.layout.world_size)
+        args = check_builtin_flags(megatron_args, plan.layout.world_size)
+        if args.tp_comm_overlap and plan.config.emulation.modelled_gpu is None:
+            from prism_megatron.megatron.entry.arguments import TP_COMM_OVERLAP_NOTE
+
+            print(TP_COMM_OVERLAP_NOTE, file=sys.stderr, flush=True)
     return plan
 
 

@@ -223,5 +223,5 @@ def test_the_entry_models_the_overlap_only_with_the_flag_and_notes_it_elsewhere(
         assert _entry_state(flag=True, device=device, capsys=capsys) == ""
         assert isinstance(device.tp_overlap, TpCommOverlap)
     note = _entry_state(flag=True, device=None, capsys=capsys)
-    assert "--tp-comm-overlap is modelled only on --prism-device model:<gpu>; on cpu" in note
+    assert "--tp-comm-overlap is modelled only on --prism-device model:<gpu>; on a cpu or cuda" in note
     assert _entry_state(flag=False, device=None, capsys=capsys) == ""

@@ -235,6 +235,15 @@ def _derive_context_parallel(args: argparse.Namespace) -> None:
         )
 
 
+TP_COMM_OVERLAP_NOTE = (
+    "note: --tp-comm-overlap is modelled only on --prism-device model:<gpu>; on a cpu or cuda device the "
+    "built-in entry's local layers have no Transformer Engine userbuffers, so the tensor-parallel "
+    "all-gathers and reduce-scatters stay on the compute stream as megatron-core issues them (the flag "
+    "changes nothing there)"
+)
+"""What a run of the flag on a real device says (the entry's first real rank, and `emulate`)."""
+
+
 def _check_tp_comm_overlap(args: argparse.Namespace) -> None:
     """Megatron-LM's rule: TP communication/GEMM overlap needs sequence parallelism, which TP 1 turns
     off (`validate_args`, after `target.derive` has done so)."""

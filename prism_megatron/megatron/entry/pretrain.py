@@ -181,13 +181,6 @@ def _train(
     )
 
 
-TP_COMM_OVERLAP_NOTE = (
-    "note: --tp-comm-overlap is modelled only on --prism-device model:<gpu>; on {device} the built-in "
-    "entry's local layers have no Transformer Engine userbuffers, so the tensor-parallel all-gathers and "
-    "reduce-scatters stay on the compute stream as megatron-core issues them (the flag changes nothing)"
-)
-
-
 def _tp_comm_overlap(args, rt: runtime.Runtime, ddp_model, device) -> None:
     """--tp-comm-overlap: TE's userbuffers overlap on a modelled GPU (`tp_overlap`); elsewhere a note
     on the first real rank, since the local layers run the collectives as they are.
@@ -202,7 +195,7 @@ def _tp_comm_overlap(args, rt: runtime.Runtime, ddp_model, device) -> None:
         device.tp_overlap = tp_overlap.TpCommOverlap(device, args.tensor_model_parallel_size)
         device.tp_overlap.install(ddp_model)
     elif rt.virtual_rank == (min(rt.real_ranks()) if rt.config.emulation.emulate else 0):
-        print(TP_COMM_OVERLAP_NOTE.format(device=rt.config.emulation.device), file=sys.stderr, flush=True)
+        print(pretrain_args.TP_COMM_OVERLAP_NOTE, file=sys.stderr, flush=True)
 
 
 def _logger(args: argparse.Namespace, rt: runtime.Runtime) -> training_log.TrainingLogger:
