@@ -22,8 +22,9 @@ How the published runs ran, beyond the shipped configurations: Megatron-LM's REA
 Configuration") says its table was measured with `--tp-comm-overlap` (Transformer Engine's userbuffers
 overlap of the sequence-parallel collectives with their GEMMs), so the README rows with TP > 1 get it
 (`PublishedRow.tp_comm_overlap`); TP 1 has no TP communication (Megatron-LM refuses the flag there).
-The Llama 3 paper describes its own 4D-parallel framework, not Megatron-LM's flags, and names no
-userbuffers-style TP overlap for the Table 4 runs: those rows run without it.
+The Llama 3 rows ran on Meta's own 4D-parallel framework, not Megatron-LM, and what these rows cite of
+the paper (Table 4 and its parallelism description) states no TP communication overlap: they run
+without it until a source says otherwise.
 """
 
 from __future__ import annotations
@@ -153,7 +154,7 @@ def markdown(rows: list[dict], summary: dict, env: dict, gpu: str) -> str:
         "The published numbers are the test set: nothing was tuned to them. As Megatron-LM's README "
         "benchmark configuration says its runs did, its rows with TP > 1 run with `--tp-comm-overlap` "
         "(Transformer Engine's userbuffers, modelled as `prism_megatron/megatron/run/tp_overlap.py` "
-        "says); the Llama 3 rows, whose paper names no such overlap, and TP 1 run without it.",
+        "says); the Llama 3 rows (no source at hand states such an overlap) and TP 1 run without it.",
         "",
         "| row | published TFLOP/s/GPU | predicted | error | iteration | time by kind (critical role) | seconds |",
         "|---|---|---|---|---|---|---|",
