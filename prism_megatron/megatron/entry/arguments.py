@@ -40,13 +40,8 @@ REQUIRED = (
 
 # Accepted for command-line compatibility; they do not change what the emulated step computes.
 IGNORED_SWITCHES = (
-    "--no-gradient-accumulation-fusion",
     "--no-masked-softmax-fusion",
-    "--no-bias-gelu-fusion",
-    "--no-bias-swiglu-fusion",
-    "--no-bias-dropout-fusion",
     "--no-persist-layer-norm",
-    "--no-rope-fusion",
     "--disable-gloo-process-groups",
     "--no-load-optim",
     "--no-load-rng",
@@ -132,6 +127,25 @@ def _training_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--log-interval", type=int, default=1)
 
 
+FUSION_SWITCHES = (
+    ("--no-gradient-accumulation-fusion", "gradient_accumulation_fusion"),
+    ("--no-bias-gelu-fusion", "bias_gelu_fusion"),
+    ("--no-bias-swiglu-fusion", "bias_swiglu_fusion"),
+    ("--no-bias-dropout-fusion", "bias_dropout_fusion"),
+    ("--no-rope-fusion", "apply_rope_fusion"),
+)
+"""Megatron-LM's kernel-fusion switches (on by default) and their dests. The entry's CPU program runs
+unfused either way (no Transformer Engine or apex); on a modelled GPU each fusion that is on is
+charged as the fused kernel (`megatron.run.modelled_fusions`)."""
+
+
+def _fusion_args(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("kernel fusions (charged as fused kernels on --prism-device model:<gpu>)")
+    for flag, dest in FUSION_SWITCHES:
+        g.add_argument(flag, action="store_false", dest=dest)
+    g.add_argument("--cross-entropy-loss-fusion", action="store_true")
+
+
 def _moe_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("mixture of experts")
     g.add_argument("--moe-grouped-gemm", action="store_true", help="built as per-expert GEMMs (see model.py)")
@@ -158,6 +172,7 @@ def build_parser() -> argparse.ArgumentParser:
     _parallel_args(parser)
     _training_args(parser)
     _moe_args(parser)
+    _fusion_args(parser)
     training_log.add_arguments(parser)
     ignored = parser.add_argument_group("accepted and ignored (bookkeeping of a real run)")
     # Under a name of their own, so that no config built from the args copies them (`core_config`).
