@@ -194,6 +194,25 @@ def test_rope_is_one_kernel_each_way(unfused):
     _same_compute(step, unfused)
 
 
+@pytest.mark.parametrize("granularity", ["selective", "full"])
+def test_recomputed_layers_are_charged_fused_again(granularity):
+    recompute = ("--recompute-granularity", granularity)
+    if granularity == "full":
+        recompute += ("--recompute-method", "uniform", "--recompute-num-layers", "1")
+    everything = dataclasses.replace(OFF, bias_activation=True, bias_dropout=True, rope=True)
+    step, off = one_step(everything, *recompute), one_step(OFF, *recompute)
+    gpu = step_gpu()
+    rope = fused.rope_time(gpu, tokens=SEQUENCE, heads=HEADS, kv_heads=HEADS, head_dim=HIDDEN // HEADS,
+                           dtype=torch.bfloat16)  # fmt: skip
+    concat = fused.memory_kernel_time(gpu, 2 * SEQUENCE * 3 * HIDDEN * 2)
+    num_forwards = 2 if granularity == "full" else 1  # full: the layer's forward runs again
+    assert step.fused_prices.count(rope) == num_forwards and step.fused_prices.count(rope + concat) == 1
+    # per forward: rope, bda, activation, bda; the backward: the same four once
+    assert len(step.fused_prices) == num_forwards * 4 + 4
+    assert step.unfused_kinds_ns < off.unfused_kinds_ns
+    _same_compute(step, off)
+
+
 def test_gradient_accumulation_fusion_makes_the_main_grad_add_part_of_the_wgrad_gemm(unfused):
     step = one_step(_only(gradient_accumulation=True))
     assert step.counts["gradient_accumulation"] == len(step.weights) == 4

@@ -158,13 +158,7 @@ def _train(
     model.configure_schedule(args, config, ddp_model, optimizer)
     if device:
         modelled_device.fuse_norms(device, ddp_model)
-        modelled_fusions.install(
-            device,
-            ddp_model,
-            optimizer,
-            modelled_fusions.Fusions.from_args(args),
-            selective_recompute=args.recompute_granularity == "selective",
-        )
+        modelled_fusions.install(device, ddp_model, optimizer, modelled_fusions.Fusions.from_args(args))
     iterators = _data_iterators(args, len(ddp_model))
     forward_backward = get_forward_backward_func()
     record = runtime.TrainingRecord(rt)

@@ -77,12 +77,9 @@ class Fusions:
         )
 
 
-def install(
-    device: ModelledDevice, model_chunks, optimizer, fusions: Fusions, *, selective_recompute: bool = False
-) -> dict[str, int]:
+def install(device: ModelledDevice, model_chunks, optimizer, fusions: Fusions) -> dict[str, int]:
     """Hook every fusion `fusions` turns on into the model and optimizer; returns how many modules
-    (weights, optimizers) each one covers. With selective recompute the core attention runs twice,
-    which the RoPE scope cannot tell apart: RoPE is then charged unfused."""
+    (weights, optimizers) each one covers (also kept in `device.fused_modules`)."""
     modules = [m for chunk in model_chunks for m in chunk.modules()]
     counts = dict.fromkeys(
         ("gradient_accumulation", "bias_activation", "bias_dropout", "rope", "cross_entropy", "adam"), 0
@@ -99,7 +96,7 @@ def install(
             if isinstance(module, TransformerLayer):
                 _hook_bias_dropout_add(device, module)
                 counts["bias_dropout"] += 1
-    if fusions.rope and not selective_recompute:
+    if fusions.rope:
         for module in modules:
             if isinstance(module, Attention) and hasattr(module, "linear_qkv"):
                 _hook_rope(device, module)
@@ -147,8 +144,13 @@ def _first(value: Any) -> torch.Tensor | None:
 
 
 def _on_grad(tensor: torch.Tensor | None, action) -> None:
-    """Run `action()` when the gradient of `tensor` is ready (before its producer's backward)."""
-    if tensor is not None and tensor.requires_grad and torch.is_grad_enabled():
+    """Run `action()` when the gradient of `tensor` is ready (before its producer's backward).
+
+    A tensor made inside a recomputed (checkpointed) forward's first run does not require grad: no
+    hook there; the recomputation in the backward registers its own. A checkpoint's input (core
+    attention's q, k, v under selective recompute) does: its hook fires when the checkpoint's
+    backward has made its gradient, where the fused kernel's backward starts."""
+    if tensor is not None and tensor.requires_grad:
         tensor.register_hook(lambda grad: action())
 
 
