@@ -18,17 +18,27 @@ Byte counts per call (e = element size of `dtype`, t = tokens):
   statistics; backward: read logits and statistics, write the logit gradients.
 - Adam step (multi-tensor apply, distributed optimizer's shard): per parameter read the FP32 main
   weight, FP32 gradient and the two FP32 moments, write the weight and moments and the BF16 copy:
-  16 + 12 + 2 = 30 bytes.
+  16 + 12 + 2 = 30 bytes; 28 without the copy (`with_model_copy=False`: Megatron's optimizer
+  copies the main weights to the BF16 model weights in kernels of its own after the step).
+- bias + dropout + residual add, forward: read x, the bias and the residual, write the output and,
+  with dropout, its one-byte mask; backward: read dy (and the mask), write dx (none at all without
+  dropout and bias: the gradient passes through the additions unchanged).
+- gradient accumulation fusion: the weight-gradient GEMM accumulates into the FP32 main gradient
+  (`wgrad_accumulate_time`): the GEMM's memory roof reads and writes C in FP32; no other kernel.
 """
 
 from __future__ import annotations
 
 import torch
 
+from prism_megatron.gpu_model.gemm import gemm_time
 from prism_megatron.gpu_model.specs import GpuSpec
 
 FP32_BYTES = 4
 ADAM_BYTES_PER_PARAM = 4 * FP32_BYTES + 3 * FP32_BYTES + 2
+MODEL_COPY_BYTES = 2
+"""The BF16 copy of a weight that ADAM_BYTES_PER_PARAM counts as written by the step."""
+DROPOUT_MASK_BYTES = 1
 
 
 def _size(dtype: torch.dtype) -> int:
@@ -96,6 +106,28 @@ def cross_entropy_time(gpu: GpuSpec, *, tokens: int, vocab: int, dtype: torch.dt
     return memory_kernel_time(gpu, moved)
 
 
-def adam_step_time(gpu: GpuSpec, *, num_params: int) -> int:
-    """Fused Adam over `num_params` parameters (this rank's optimizer shard), in ns."""
-    return memory_kernel_time(gpu, num_params * ADAM_BYTES_PER_PARAM)
+def adam_step_time(gpu: GpuSpec, *, num_params: int, with_model_copy: bool = True) -> int:
+    """Fused Adam over `num_params` parameters (this rank's optimizer shard), in ns; without
+    `with_model_copy` the step does not write the BF16 copy of the weights."""
+    per_param = ADAM_BYTES_PER_PARAM - (0 if with_model_copy else MODEL_COPY_BYTES)
+    return memory_kernel_time(gpu, num_params * per_param)
+
+
+def bias_dropout_add_time(
+    gpu: GpuSpec, *, tokens: int, hidden: int, dtype: torch.dtype, bias: bool, dropout: bool, backward: bool
+) -> int:
+    """Fused bias + dropout + residual add (Megatron's jit-fused `bias_dropout_add`), in ns."""
+    e = _size(dtype)
+    activations = tokens * hidden
+    mask = activations * DROPOUT_MASK_BYTES if dropout else 0
+    if not backward:
+        return memory_kernel_time(gpu, 3 * activations * e + (hidden * e if bias else 0) + mask)
+    if not (dropout or bias):
+        return 0
+    return memory_kernel_time(gpu, 2 * activations * e + mask)
+
+
+def wgrad_accumulate_time(gpu: GpuSpec, *, m: int, n: int, k: int, dtype: torch.dtype) -> int:
+    """The weight-gradient GEMM (m x k) @ (k x n) accumulating into an FP32 main gradient, in ns
+    (Megatron's gradient accumulation fusion: C = A B + C with C in FP32)."""
+    return gemm_time(gpu, m, n, k, dtype, accumulate_fp32=True)

@@ -37,6 +37,7 @@ from prism_megatron.gpu_model.specs import GpuSpec
 
 LARGE_TILES = ((128, 256), (256, 128))
 SMALL_TILE = (128, 128)
+FP32_BYTES = 4
 
 FP8_DTYPES = frozenset(
     getattr(torch, name)
@@ -178,8 +179,14 @@ def _element_size(dtype: torch.dtype) -> int:
 
 
 @functools.cache
-def gemm_time(gpu: GpuSpec, m: int, n: int, k: int, dtype: torch.dtype, *, batch: int = 1) -> int:
-    """Device time in ns of `batch` GEMMs (m x k) @ (k x n) in `dtype` on `gpu`."""
+def gemm_time(
+    gpu: GpuSpec, m: int, n: int, k: int, dtype: torch.dtype, *, batch: int = 1, accumulate_fp32: bool = False
+) -> int:
+    """Device time in ns of `batch` GEMMs (m x k) @ (k x n) in `dtype` on `gpu`.
+
+    With `accumulate_fp32` the GEMM adds its product into an FP32 output (C = A B + C, beta 1: the
+    weight-gradient GEMM of Megatron's gradient accumulation fusion): the memory roof reads and
+    writes C in FP32 (8 bytes per element) instead of writing it once in `dtype`."""
     if min(m, n, k, batch) <= 0:
         return round(calibration(gpu).fixed_ns) if min(m, n, batch) > 0 else 0
     cal = calibration(gpu)
@@ -191,7 +198,8 @@ def gemm_time(gpu: GpuSpec, m: int, n: int, k: int, dtype: torch.dtype, *, batch
         for split, waves_k, reduce_ns in _splits(gpu, m, n, k, batch, tiles, waves)
     )
     size = _element_size(dtype)
-    memory_ns = (m * k + k * n + m * n) * batch * size / gpu.achievable_hbm_bytes_per_s * 1e9
+    c_bytes = 2 * FP32_BYTES if accumulate_fp32 else size
+    memory_ns = ((m * k + k * n) * size + m * n * c_bytes) * batch / gpu.achievable_hbm_bytes_per_s * 1e9
     return round(cal.fixed_ns + max(compute_ns, memory_ns))
 
 

@@ -6,8 +6,10 @@ defaults (`megatron/training/arguments.py`, tag core_v0.16.1) and its `validate_
 The target job's flags (layout, schedule, batch, model shape) and their derivations are the ones
 every command shares (`prism_megatron.megatron.job.target`); this module adds the entry's own.
 Flags that only matter to a real training run's bookkeeping (checkpoints, evaluation, LR schedule,
-kernel fusions that need Transformer Engine or apex) are accepted and ignored, so a production
-command line parses; any other flag is an error that names it and points at `--script`.
+the masked-softmax and persistent-norm kernels) are accepted and ignored, so a production command
+line parses; any other flag is an error that names it and points at `--script`. The kernel-fusion
+switches (`FUSION_SWITCHES`, `--cross-entropy-loss-fusion`) do not change what the CPU program
+computes (it runs unfused); on a modelled GPU they choose fused or unfused charging.
 
 Sequence and context parallelism run on the local layers of `prism_megatron.megatron.layers`, put in
 the layer spec by `parallel_spec`. What the entry still cannot run is refused by `check_local_spec`,
@@ -40,13 +42,8 @@ REQUIRED = (
 
 # Accepted for command-line compatibility; they do not change what the emulated step computes.
 IGNORED_SWITCHES = (
-    "--no-gradient-accumulation-fusion",
     "--no-masked-softmax-fusion",
-    "--no-bias-gelu-fusion",
-    "--no-bias-swiglu-fusion",
-    "--no-bias-dropout-fusion",
     "--no-persist-layer-norm",
-    "--no-rope-fusion",
     "--disable-gloo-process-groups",
     "--no-load-optim",
     "--no-load-rng",
@@ -139,6 +136,25 @@ def _training_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--log-interval", type=int, default=1)
 
 
+FUSION_SWITCHES = (
+    ("--no-gradient-accumulation-fusion", "gradient_accumulation_fusion"),
+    ("--no-bias-gelu-fusion", "bias_gelu_fusion"),
+    ("--no-bias-swiglu-fusion", "bias_swiglu_fusion"),
+    ("--no-bias-dropout-fusion", "bias_dropout_fusion"),
+    ("--no-rope-fusion", "apply_rope_fusion"),
+)
+"""Megatron-LM's kernel-fusion switches (on by default) and their dests. The entry's CPU program runs
+unfused either way (no Transformer Engine or apex); on a modelled GPU each fusion that is on is
+charged as the fused kernel (`megatron.run.modelled_fusions`)."""
+
+
+def _fusion_args(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("kernel fusions (charged as fused kernels on --prism-device model:<gpu>)")
+    for flag, dest in FUSION_SWITCHES:
+        g.add_argument(flag, action="store_false", dest=dest)
+    g.add_argument("--cross-entropy-loss-fusion", action="store_true")
+
+
 def _moe_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("mixture of experts")
     g.add_argument("--moe-grouped-gemm", action="store_true", help="built as per-expert GEMMs (see model.py)")
@@ -165,6 +181,7 @@ def build_parser() -> argparse.ArgumentParser:
     _parallel_args(parser)
     _training_args(parser)
     _moe_args(parser)
+    _fusion_args(parser)
     training_log.add_arguments(parser)
     ignored = parser.add_argument_group("accepted and ignored (bookkeeping of a real run)")
     # Under a name of their own, so that no config built from the args copies them (`core_config`).

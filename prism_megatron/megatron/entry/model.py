@@ -69,6 +69,7 @@ def _schedule_fields(args: argparse.Namespace) -> dict:
         bias_dropout_fusion=False,
         persist_layer_norm=False,
         apply_rope_fusion=False,
+        cross_entropy_loss_fusion=False,
     )
 
 

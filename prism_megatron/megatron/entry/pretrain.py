@@ -30,7 +30,14 @@ from prism_megatron.config import PrismConfig
 from prism_megatron.megatron.entry import arguments as pretrain_args
 from prism_megatron.megatron.entry import data, model, training_log
 from prism_megatron.megatron.job import target
-from prism_megatron.megatron.run import collectives, modelled_device, results, runtime, tp_overlap
+from prism_megatron.megatron.run import (
+    collectives,
+    modelled_device,
+    modelled_fusions,
+    results,
+    runtime,
+    tp_overlap,
+)
 from prism_megatron.passes import world
 from prism_megatron.patches import catalog
 from prism_megatron.replay import timeline
@@ -158,6 +165,7 @@ def _train(
     model.configure_schedule(args, config, ddp_model, optimizer)
     if device:
         modelled_device.fuse_norms(device, ddp_model)
+        modelled_fusions.install(device, ddp_model, optimizer, modelled_fusions.Fusions.from_args(args))
     _tp_comm_overlap(args, rt, ddp_model, device)
     iterators = _data_iterators(args, len(ddp_model))
     forward_backward = get_forward_backward_func()

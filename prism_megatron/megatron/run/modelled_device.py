@@ -36,6 +36,21 @@ stand-in is zero of the tensor's dtype, and why that is what a healthy step read
 | update_successful, skipped-iteration flags | 0 | reduced and logged only |
 | MoE token counts | refused | routing needs a what-if of its own (not supported on a modelled device yet) |
 
+What a GPU run fuses is charged as the fused kernel (`gpu_model/README.md`, "Fused Transformer Engine
+kernels", has the bytes and sources): the ops run inside a `fused_kernel` scope and are not charged,
+or a handler in `op_fusions` re-prices one op. Per flag:
+
+| fused on a GPU | off with | charged by |
+|---|---|---|
+| norms | (always) | `fuse_norms` here |
+| attention | (always) | the attention op itself |
+| gradient accumulation into FP32 main grads | `--no-gradient-accumulation-fusion` | `modelled_fusions` (`op_fusions`) |
+| bias + GeLU / bias + SwiGLU | `--no-bias-gelu-fusion` / `--no-bias-swiglu-fusion` | `modelled_fusions` |
+| bias + dropout + residual add | `--no-bias-dropout-fusion` | `modelled_fusions` |
+| RoPE | `--no-rope-fusion` | `modelled_fusions` |
+| cross-entropy | on only with `--cross-entropy-loss-fusion` | `modelled_fusions` |
+| Adam (multi-tensor FusedAdam) | (always) | `modelled_fusions` |
+
 The modelled clock starts at `CLOCK_ORIGIN_NS`. Why a log and not a clock in C++: the marks of the
 timeline and of the backend are host times recorded in C++; one op runs at a time in this process, so
 the modelled time at any host time is the clock's value after the last op that ended before it, and
@@ -87,8 +102,13 @@ class ModelledDevice:
         """Charged time by aten op name (for where a modelled iteration's time goes)."""
         self.num_fused_scopes = 0
         """Open `fused_kernel` scopes: their ops are not charged, the fused kernel is."""
+        self.op_fusions: dict[Any, Any] = {}
+        """aten op -> `handler(func, args, kwargs, out) -> bool`, asked before an op outside fused
+        scopes is charged; True: the handler charged it (a fusion of `modelled_fusions`)."""
         self.num_collectives = 0
         self.num_scalar_reads = 0
+        self.fused_modules: dict[str, int] = {}
+        """Per fusion charged as fused kernels, how many modules it covers (`modelled_fusions`)."""
         self.iterations_by_kind_ns: list[dict[str, int]] = []
         """Per finished training iteration, the modelled device time charged in it, by kind."""
         self._iteration_start: dict[str, int] | None = None
@@ -153,15 +173,16 @@ class ModelledDevice:
     @contextlib.contextmanager
     def fused_kernel(self, time_ns: int, kind: str = "memory") -> Iterator[None]:
         """The ops inside are one fused GPU kernel of `time_ns` (the GPU model's `fused` prices):
-        they run (their outputs are needed) but only the kernel is charged."""
+        they run (their outputs are needed) but only the kernel is charged. A scope inside another
+        is a kernel of its own (a norm between the attention's output and its bias-dropout-add):
+        each is charged once, none of the ops inside either."""
         self.num_fused_scopes += 1
         try:
             yield
         finally:
             self.num_fused_scopes -= 1
-        if self.num_fused_scopes == 0:
-            self.clock.advance(time_ns, kind)
-            self.log_time()
+        self.clock.advance(time_ns, kind)
+        self.log_time()
 
     def summary(self) -> dict[str, Any]:
         """What the rank's results keep: the GPU, its modelled time by kind, and the counts."""
@@ -173,6 +194,7 @@ class ModelledDevice:
             "top_ops_ns": dict(sorted(self.by_op_ns.items(), key=lambda item: -item[1])[:12]),
             "num_collectives": self.num_collectives,
             "num_scalar_reads": self.num_scalar_reads,
+            "fused_modules": self.fused_modules,
             **({"tp_comm_overlap": self.tp_overlap.summary()} if self.tp_overlap is not None else {}),
         }
 
@@ -203,6 +225,10 @@ class _Timed(TorchDispatchMode):
         out = func(*args, **kwargs)
         device = self.device
         if not device.num_fused_scopes:
+            fusion = device.op_fusions.get(func)
+            if fusion is not None and fusion(func, args, kwargs, out):
+                device.log_time()
+                return out
             timed = device.clock.charge(func, args, kwargs, out)
             if timed.time_ns:
                 name = func.__name__
