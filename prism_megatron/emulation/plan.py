@@ -175,11 +175,6 @@ def plan_run(
 
 
 def _check_modelled(config: PrismConfig, script: str, flags: argparse.Namespace) -> None:
-    if script != BUILTIN:
-        raise ValueError(
-            f"--prism-device {config.emulation.device} runs the built-in entry; --script {script} on a "
-            "modelled GPU is not supported yet (use --prism-device cpu or cuda for a Megatron-LM script)"
-        )
     if getattr(flags, "num_experts", None):
         raise ValueError(
             f"--num-experts {flags.num_experts} on --prism-device {config.emulation.device}: MoE routing reads "

@@ -59,8 +59,12 @@ def _keep_data_flags_real(rt: Run, args: argparse.Namespace) -> None:
 
     Rank 0 sets each flag when its data loader exists and there are iterations to run; with mock or
     real data its loaders exist, so the flags follow the iteration counts (Megatron-LM's own rule).
+    On a modelled GPU (`--prism-device model:<gpu>`) the flags are decided here too, even on a real
+    rank 0: they travel in a three-element tensor, which fake tensors hold no value of (the read
+    would be the stand-in 0: no training).
     """
-    if not rt.config.emulation.emulate or rt.world_is_real(0):
+    modelled = rt.config.emulation.modelled_gpu is not None
+    if not rt.config.emulation.emulate or (rt.world_is_real(0) and not modelled):
         return
     args.do_train = bool(args.train_iters and args.train_iters > 0)
     evaluating = bool(getattr(args, "full_validation", False) or args.eval_iters > 0)
