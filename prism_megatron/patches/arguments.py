@@ -71,9 +71,56 @@ def _keep_data_flags_real(rt: Run, args: argparse.Namespace) -> None:
     args.do_valid = args.do_test = evaluating
 
 
+MODELLED_STAND_INS: tuple[tuple[str, str, object, str], ...] = (
+    (
+        "transformer_impl",
+        "--transformer-impl local",
+        "local",
+        "Transformer Engine's layers need CUDA; megatron-core's local spec builds the same parameters, and "
+        "the modelled device charges its attention and norms as Transformer Engine's fused kernels",
+    ),
+    (
+        "apply_rope_fusion",
+        "--no-rope-fusion",
+        False,
+        "the fused RoPE kernel is Transformer Engine's; RoPE runs as torch ops, each charged",
+    ),
+    (
+        "gradient_accumulation_fusion",
+        "--no-gradient-accumulation-fusion",
+        False,
+        "the fused weight-gradient accumulation is an apex / Transformer Engine CUDA extension; the "
+        "weight-gradient GEMM is charged as a GEMM, and its add into the gradient buffer as a "
+        "memory-bound op (which the GPU's fused GEMM does not spend)",
+    ),
+    (
+        "no_persist_layer_norm",
+        "--no-persist-layer-norm",
+        True,
+        "the persistent norm kernel is apex's; the norm is charged as Transformer Engine's fused norm",
+    ),
+)
+"""What a modelled GPU runs in place of a flag whose kernels need Transformer Engine or apex (both
+absent on the CPU): (args attribute, the flag that selects the stand-in, its value, why)."""
+
+
+def _modelled_stand_ins(rt: Run, args: argparse.Namespace) -> list[str]:
+    """On a modelled GPU, the flags of `MODELLED_STAND_INS` that need them; returns one line each."""
+    if rt.config.emulation.modelled_gpu is None:
+        return []
+    lines = []
+    for attribute, flag, value, why in MODELLED_STAND_INS:
+        if getattr(args, attribute, value) != value:
+            lines.append(f"{flag} (was {attribute}={getattr(args, attribute)}): {why}")
+            setattr(args, attribute, value)
+    return lines
+
+
 def _validate(original, *, run: Run):
     def validate_args(args, defaults={}):  # noqa: B006  (Megatron-LM's own signature)
         _set_target_world(run, args)
+        for line in _modelled_stand_ins(run, args):
+            print(f"prism: --prism-device {run.config.emulation.device} runs {line}", flush=True)
         result = original(args, defaults)
         _keep_data_flags_real(run, args)
         return result
