@@ -104,16 +104,34 @@ MODELLED_STAND_INS: tuple[tuple[str, str, object, str], ...] = (
 absent on the CPU): (args attribute, the flag that selects the stand-in, its value, why)."""
 
 
+AS_WRITTEN = "prism_as_written"
+"""The args attribute holding, per stand-in, the value the flags gave ({attribute: value})."""
+
+
 def _modelled_stand_ins(rt: Run, args: argparse.Namespace) -> list[str]:
-    """On a modelled GPU, the flags of `MODELLED_STAND_INS` that need them; returns one line each."""
+    """On a modelled GPU, the flags of `MODELLED_STAND_INS` that need them; returns one line each.
+    The values as written are kept (`as_written`): what a GPU run fuses follows them, not the
+    stand-in the CPU runs."""
     if rt.config.emulation.modelled_gpu is None:
         return []
     lines = []
+    written = getattr(args, AS_WRITTEN, {})
     for attribute, flag, value, why in MODELLED_STAND_INS:
         if getattr(args, attribute, value) != value:
             lines.append(f"{flag} (was {attribute}={getattr(args, attribute)}): {why}")
+            written.setdefault(attribute, getattr(args, attribute))
             setattr(args, attribute, value)
+    setattr(args, AS_WRITTEN, written)
     return lines
+
+
+def as_written(args: argparse.Namespace) -> argparse.Namespace:
+    """A copy of Megatron-LM's args with the modelled device's stand-ins undone: the job the flags
+    describe (which fusions a GPU run has), for charging what a GPU runs."""
+    copy = argparse.Namespace(**vars(args))
+    for attribute, value in getattr(args, AS_WRITTEN, {}).items():
+        setattr(copy, attribute, value)
+    return copy
 
 
 def _validate(original, *, run: Run):

@@ -116,7 +116,7 @@ def test_the_plan_of_a_modelled_pretrain_gpt_run_captures_each_class_alone(tmp_p
 def test_a_modelled_gpu_chooses_a_stand_in_for_each_flag_that_needs_transformer_engine_or_apex():
     import argparse
 
-    from prism_megatron.patches.arguments import MODELLED_STAND_INS, _modelled_stand_ins
+    from prism_megatron.patches.arguments import MODELLED_STAND_INS, _modelled_stand_ins, as_written
 
     written = {"transformer_impl": "transformer_engine", "apply_rope_fusion": True,
                "gradient_accumulation_fusion": True, "no_persist_layer_norm": False, "bias_swiglu_fusion": True}  # fmt: skip
@@ -128,6 +128,11 @@ def test_a_modelled_gpu_chooses_a_stand_in_for_each_flag_that_needs_transformer_
     assert not args.gradient_accumulation_fusion
     assert args.bias_swiglu_fusion, "a fusion that runs on the CPU (torch ops) stays as written"
     assert lines[0].startswith("--transformer-impl local (was transformer_impl=transformer_engine): ")
+    written_again = as_written(args)  # the job as written, for what a GPU run fuses
+    assert (
+        written_again.transformer_impl == "transformer_engine" and written_again.gradient_accumulation_fusion
+    )
+    assert args.transformer_impl == "local"
     # Flags already so, or a device that is not modelled: nothing changes, nothing is said.
     assert _modelled_stand_ins(run, args) == []
     cpu = argparse.Namespace(config=PrismConfig(emulation=EmulationConfig(device="cpu")))
