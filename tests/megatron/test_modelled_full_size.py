@@ -240,6 +240,7 @@ def test_pretrain_gpt_on_a_modelled_gpu_runs_capture_simulate_report_and_agrees_
     assert (
         script_rank["gemm"] == builtin_rank["gemm"] and script_rank["attention"] == builtin_rank["attention"]
     )
-    # The programs differ around the model (Megatron-LM's batch broadcast over TP and its loss
-    # handling): the iterations agree within a few percent.
+    # The programs differ around the model (Megatron-LM's loss function, its rerun checks and RNG
+    # forks; with TP > 1 also its batch broadcast from TP rank 0): the iterations agree within a few
+    # percent (2026-12-02: 43.16 ms built-in, 43.45 ms pretrain_gpt.py).
     assert modelled["iteration_time_s"] == pytest.approx(builtin["iteration_time_s"], rel=0.05)
