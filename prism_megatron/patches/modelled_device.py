@@ -127,7 +127,7 @@ DATA_WORKER = Patch(
     "collate the batch into fake tensors over shared memory, which they refuse; the worker makes the "
     "host batch as without prism (the program's .cuda() then makes it fake)",
     signature="(dataset_kind, dataset, index_queue, data_queue, done_event, auto_collation, collate_fn, "
-    "drop_last, base_seed, init_fn, worker_id, num_workers, persistent_workers, shared_seed) -> 'None'",
+    "drop_last, base_seed, init_fn, worker_id, num_workers, persistent_workers, shared_seed) -> None",
     count_calls=False,
 )
 
