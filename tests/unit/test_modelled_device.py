@@ -98,19 +98,18 @@ def test_a_modelled_run_takes_a_megatron_lm_script_and_refuses_moe_in_one_line()
 def test_the_plan_of_a_modelled_pretrain_gpt_run_captures_each_class_alone(tmp_path):
     from prism_megatron.emulation.plan import plan_run
 
-    script = tmp_path / "pretrain_gpt.py"
+    script = tmp_path / "pretrain_gpt.py"  # a checkout's shape: the script beside megatron/training/
     script.write_text("")
+    (tmp_path / "megatron" / "training").mkdir(parents=True)
+    (tmp_path / "megatron" / "training" / "__init__.py").write_text("")
     flags = ("--num-layers", "4", "--hidden-size", "256", "--num-attention-heads", "8", "--seq-length", "128",
              "--max-position-embeddings", "128", "--micro-batch-size", "1", "--global-batch-size", "16",
              "--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2", "--vocab-size", "1000",
              "--prism-emulate", "--prism-world-size", "8", "--prism-device", "model:h100",
              "--prism-out", str(tmp_path / "run"))  # fmt: skip
-    try:
-        plan = plan_run(flags, script=str(script))
-    except ValueError as exc:  # only the script's checkout may be refused here (no megatron.training)
-        assert "--prism-device" not in str(exc), exc
-        return
+    plan = plan_run(flags, script=str(script))
     assert plan.modelled and plan.nproc == 1 and plan.script == str(script)
+    assert len(plan.capture_batches) == len(plan.slice_ranks) >= 2  # one rank per pass (PP2: two programs)
 
 
 def test_a_modelled_gpu_chooses_a_stand_in_for_each_flag_that_needs_transformer_engine_or_apex():
