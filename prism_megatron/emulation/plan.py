@@ -133,7 +133,7 @@ def plan_run(
     layout = job.layout()
     real = target.select_real_ranks(layout, config.emulation.ranks)
     if config.emulation.modelled_gpu is not None:
-        _check_modelled(config, script, flags)
+        _check_modelled(config, flags)
         # On a modelled GPU every capture process is alone (its peers, all virtual, answer from the
         # replay engine): fake tensors hold no data for a real peer to exchange.
         nproc = 1
@@ -174,12 +174,8 @@ def plan_run(
     return dataclasses.replace(plan, reused_graph=graph) if graph is not None else plan
 
 
-def _check_modelled(config: PrismConfig, script: str, flags: argparse.Namespace) -> None:
-    if script != BUILTIN:
-        raise ValueError(
-            f"--prism-device {config.emulation.device} runs the built-in entry; --script {script} on a "
-            "modelled GPU is not supported yet (use --prism-device cpu or cuda for a Megatron-LM script)"
-        )
+def _check_modelled(config: PrismConfig, flags: argparse.Namespace) -> None:
+    """What a modelled GPU cannot run yet, the built-in entry and a Megatron-LM script alike."""
     if getattr(flags, "num_experts", None):
         raise ValueError(
             f"--num-experts {flags.num_experts} on --prism-device {config.emulation.device}: MoE routing reads "

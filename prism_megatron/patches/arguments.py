@@ -59,17 +59,86 @@ def _keep_data_flags_real(rt: Run, args: argparse.Namespace) -> None:
 
     Rank 0 sets each flag when its data loader exists and there are iterations to run; with mock or
     real data its loaders exist, so the flags follow the iteration counts (Megatron-LM's own rule).
+    On a modelled GPU (`--prism-device model:<gpu>`) the flags are decided here too, even on a real
+    rank 0: they travel in a three-element tensor, which fake tensors hold no value of (the read
+    would be the stand-in 0: no training).
     """
-    if not rt.config.emulation.emulate or rt.world_is_real(0):
+    modelled = rt.config.emulation.modelled_gpu is not None
+    if not rt.config.emulation.emulate or (rt.world_is_real(0) and not modelled):
         return
     args.do_train = bool(args.train_iters and args.train_iters > 0)
     evaluating = bool(getattr(args, "full_validation", False) or args.eval_iters > 0)
     args.do_valid = args.do_test = evaluating
 
 
+MODELLED_STAND_INS: tuple[tuple[str, str, object, str], ...] = (
+    (
+        "transformer_impl",
+        "--transformer-impl local",
+        "local",
+        "Transformer Engine's layers need CUDA; megatron-core's local spec builds the same parameters, and "
+        "the modelled device charges its attention and norms as Transformer Engine's fused kernels",
+    ),
+    (
+        "apply_rope_fusion",
+        "--no-rope-fusion",
+        False,
+        "the fused RoPE kernel is Transformer Engine's; RoPE runs as torch ops, each charged",
+    ),
+    (
+        "gradient_accumulation_fusion",
+        "--no-gradient-accumulation-fusion",
+        False,
+        "the fused weight-gradient accumulation is an apex / Transformer Engine CUDA extension; the "
+        "weight-gradient GEMM is charged as a GEMM, and its add into the gradient buffer as a "
+        "memory-bound op (which the GPU's fused GEMM does not spend)",
+    ),
+    (
+        "no_persist_layer_norm",
+        "--no-persist-layer-norm",
+        True,
+        "the persistent norm kernel is apex's; the norm is charged as Transformer Engine's fused norm",
+    ),
+)
+"""What a modelled GPU runs in place of a flag whose kernels need Transformer Engine or apex (both
+absent on the CPU): (args attribute, the flag that selects the stand-in, its value, why)."""
+
+
+AS_WRITTEN = "prism_as_written"
+"""The args attribute holding, per stand-in, the value the flags gave ({attribute: value})."""
+
+
+def _modelled_stand_ins(rt: Run, args: argparse.Namespace) -> list[str]:
+    """On a modelled GPU, the flags of `MODELLED_STAND_INS` that need them; returns one line each.
+    The values as written are kept (`as_written`): what a GPU run fuses follows them, not the
+    stand-in the CPU runs."""
+    if rt.config.emulation.modelled_gpu is None:
+        return []
+    lines = []
+    written = getattr(args, AS_WRITTEN, {})
+    for attribute, flag, value, why in MODELLED_STAND_INS:
+        if getattr(args, attribute, value) != value:
+            lines.append(f"{flag} (was {attribute}={getattr(args, attribute)}): {why}")
+            written.setdefault(attribute, getattr(args, attribute))
+            setattr(args, attribute, value)
+    setattr(args, AS_WRITTEN, written)
+    return lines
+
+
+def as_written(args: argparse.Namespace) -> argparse.Namespace:
+    """A copy of Megatron-LM's args with the modelled device's stand-ins undone: the job the flags
+    describe (which fusions a GPU run has), for charging what a GPU runs."""
+    copy = argparse.Namespace(**vars(args))
+    for attribute, value in getattr(args, AS_WRITTEN, {}).items():
+        setattr(copy, attribute, value)
+    return copy
+
+
 def _validate(original, *, run: Run):
     def validate_args(args, defaults={}):  # noqa: B006  (Megatron-LM's own signature)
         _set_target_world(run, args)
+        for line in _modelled_stand_ins(run, args):
+            print(f"prism: --prism-device {run.config.emulation.device} runs {line}", flush=True)
         result = original(args, defaults)
         _keep_data_flags_real(run, args)
         return result

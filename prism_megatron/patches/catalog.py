@@ -34,6 +34,7 @@ def all_patches() -> tuple[registry.AnyRecord, ...]:
         *training.all_records(),
         *model_build.RECORDS,
         *modelled_device.ALL_RECORDS,
+        *modelled_device.SCRIPT_DEVICE_BEGINS,
     )
 
 

@@ -13,7 +13,8 @@ Transformer Engine builds the layers they are not applied).
   same torch norm, accepts sequence parallelism and marks the parameters for it.
 * `LocalSpecProvider.core_attention`: the one place the local specs take their attention kernel from
   (dense, MoE, MLA and MTP layers); it gives `ContextParallelAttention`, which is the local kernel
-  unchanged at CP 1.
+  unchanged at CP 1. On a modelled GPU (`--prism-device model:<gpu>`) it gives `LocalSpecAttention`
+  instead: the same kernel above CP 1, one fused attention (timed as flash attention) at CP 1.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 from prism_megatron.megatron.layers.context_parallel import ContextParallelAttention
+from prism_megatron.megatron.layers.local_spec_attention import LocalSpecAttention
 from prism_megatron.megatron.layers.norm import build_norm
 from prism_megatron.patches.registry import Patch, variants
 from prism_megatron.patches.versions import EVERY_VERIFIED, MEGATRON_CORE_0_16, MEGATRON_CORE_0_19
@@ -54,7 +56,28 @@ def _core_attention(original: Any):
     return core_attention
 
 
-def records() -> tuple[Patch, ...]:
+def _modelled_core_attention(original: Any):
+    def core_attention(self) -> type:
+        return LocalSpecAttention
+
+    return core_attention
+
+
+MODELLED_ATTENTION = Patch(
+    name="modelled.local_spec_attention",
+    target="megatron.core.models.backends:LocalSpecProvider.core_attention",
+    make=_modelled_core_attention,
+    verified_on=EVERY_VERIFIED,
+    reason="--prism-device model:<gpu>: a GPU runs attention as one fused kernel (Transformer Engine's "
+    "flash or cuDNN attention); the local kernel's unfused score matrix would be timed as GEMMs and a "
+    "memory-bound softmax. One fused attention at CP 1, the context-parallel kernel above",
+    signature="(self) -> type",
+)
+
+
+def records(*, modelled: bool = False) -> tuple[Patch, ...]:
+    """The local layers' records; `modelled`: the run's device is a modelled GPU (its attention kernel
+    is `MODELLED_ATTENTION`'s)."""
     return (
         *variants(
             name="cpu.sequence_parallel_norm",
@@ -71,7 +94,9 @@ def records() -> tuple[Patch, ...]:
                 },
             },
         ),
-        Patch(
+        MODELLED_ATTENTION
+        if modelled
+        else Patch(
             name="cpu.context_parallel_attention",
             target="megatron.core.models.backends:LocalSpecProvider.core_attention",
             make=_core_attention,

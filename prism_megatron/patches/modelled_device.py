@@ -23,10 +23,11 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import _disable_current_modes
 
-from prism_megatron.patches.registry import Patch
-from prism_megatron.patches.versions import EVERY_VERIFIED
+from prism_megatron.patches.registry import Patch, variants
+from prism_megatron.patches.versions import EVERY_VERIFIED, MEGATRON_CORE_0_16, MEGATRON_CORE_0_19
 
 OBJECT_COLLECTIVES = (
     "all_gather_object",
@@ -81,4 +82,91 @@ L2_NORM = Patch(
     count_calls=False,
 )
 
-ALL_RECORDS: tuple[Patch, ...] = (*RECORDS, L2_NORM)
+
+def _fake_module_apply(original: Callable[..., Any]) -> Callable[..., Any]:
+    def _apply(self: torch.nn.Module, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True):
+        own = [t for t in (*self._parameters.values(), *self._buffers.values()) if t is not None]
+        if not any(isinstance(t, FakeTensor) for t in own):
+            return original(self, fn, recurse)
+        if recurse:
+            for child in self.children():
+                child._apply(fn)
+        with torch.no_grad():
+            for param in self._parameters.values():
+                if param is not None:
+                    param.data = fn(param.data)
+                    if param.grad is not None:
+                        param.grad.data = fn(param.grad.data)
+            for key, buffer in self._buffers.items():
+                if buffer is not None:
+                    self._buffers[key] = fn(buffer)
+        return self
+
+    return _apply
+
+
+MODULE_APPLY = Patch(
+    name="modelled.module_apply",
+    target="torch.nn:Module._apply",
+    make=_fake_module_apply,
+    verified_on=EVERY_VERIFIED,
+    reason="--prism-device model:<gpu>: Module.cuda/.to/.bfloat16 (Megatron-LM's get_model and Float16Module) "
+    "swap each fake parameter with its converted copy, which fake tensors refuse (the fake mode holds a "
+    "weak reference); a module holding fake tensors converts them in place (`param.data = ...`), as "
+    "torch did before swapping",
+    signature="(self, fn, recurse=True)",
+    count_calls=False,
+)
+
+DATA_WORKER = Patch(
+    name="modelled.data_loader_worker",
+    target="torch.utils.data._utils.worker:_worker_loop",
+    make=_outside_modes,
+    verified_on=EVERY_VERIFIED,
+    reason="--prism-device model:<gpu>: a DataLoader worker is forked with the fake mode active and would "
+    "collate the batch into fake tensors over shared memory, which they refuse; the worker makes the "
+    "host batch as without prism (the program's .cuda() then makes it fake)",
+    signature="(dataset_kind, dataset, index_queue, data_queue, done_event, auto_collation, collate_fn, "
+    "drop_last, base_seed, init_fn, worker_id, num_workers, persistent_workers, shared_seed) -> None",
+    count_calls=False,
+)
+
+DATA_FROM_WORKER = Patch(
+    name="modelled.data_from_worker",
+    target="torch.utils.data.dataloader:_MultiProcessingDataLoaderIter._try_get_data",
+    make=_outside_modes,
+    verified_on=EVERY_VERIFIED,
+    reason="--prism-device model:<gpu>: the batch a DataLoader worker sends is rebuilt on its shared-memory "
+    "storage, which a fake tensor refuses; it is received as without prism (a host batch)",
+    signature="(self, timeout=5.0)",
+    count_calls=False,
+)
+
+ALL_RECORDS: tuple[Patch, ...] = (*RECORDS, L2_NORM, MODULE_APPLY, DATA_WORKER, DATA_FROM_WORKER)
+
+
+def _device_begins(original: Callable[..., Any], *, modelled_device_begins: Callable[[], None]):
+    @functools.wraps(original)
+    def setup_model_and_optimizer(*args: Any, **kwargs: Any) -> Any:
+        modelled_device_begins()
+        return original(*args, **kwargs)
+
+    return setup_model_and_optimizer
+
+
+SCRIPT_DEVICE_BEGINS: tuple[Patch, ...] = variants(
+    name="modelled.script_device_begins",
+    target="megatron.training.training:setup_model_and_optimizer",
+    make=_device_begins,
+    needs=("modelled_device_begins",),
+    reason="--prism-device model:<gpu> with a Megatron-LM script: the modelled device (fake tensors, the "
+    "GPU model's clock) takes over where the script starts to compute, as the built-in entry enters it "
+    "after Megatron's initialisation: model, optimizer, data and training run on it to the script's end",
+    by_release={
+        MEGATRON_CORE_0_16: {"signature": "(model_provider_func, model_type, checkpointing_context=None)"},
+        # 0.19 put the model type first and added keyword-only config containers; the hook passes
+        # every argument on.
+        MEGATRON_CORE_0_19: {"signature": None},
+    },
+)
+"""Bound to the script run's `modelled_device_begins` (enter the device, once)."""

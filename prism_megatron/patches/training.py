@@ -285,4 +285,5 @@ def all_records() -> tuple[Patch, ...]:
         *emulation_records(),
         *cpu_records(),
         *local_layers.records(),
+        local_layers.MODELLED_ATTENTION,
     )

@@ -83,18 +83,78 @@ def test_the_report_says_modelled_where_a_measured_run_says_measured():
     assert "MFU 40.4%" in report.summary_line()
 
 
-def test_a_modelled_run_refuses_what_it_cannot_model_in_one_line():
+def test_a_modelled_run_takes_a_megatron_lm_script_and_refuses_moe_in_one_line():
     import argparse
 
     from prism_megatron.emulation.plan import _check_modelled
 
     config = PrismConfig(emulation=EmulationConfig(device="model:h100"))
     dense = argparse.Namespace(num_experts=None)
-    _check_modelled(config, "builtin", dense)
-    with pytest.raises(ValueError, match=r"--script pretrain_gpt\.py on a modelled GPU is not supported yet"):
-        _check_modelled(config, "pretrain_gpt.py", dense)
+    _check_modelled(config, dense)  # the built-in entry and a script alike: the plan does not ask which
     with pytest.raises(ValueError, match="--num-experts 8 on --prism-device model:h100: MoE routing"):
-        _check_modelled(config, "builtin", argparse.Namespace(num_experts=8))
+        _check_modelled(config, argparse.Namespace(num_experts=8))
+
+
+def test_the_plan_of_a_modelled_pretrain_gpt_run_captures_each_class_alone(tmp_path):
+    from prism_megatron.emulation.plan import plan_run
+
+    script = tmp_path / "pretrain_gpt.py"  # a checkout's shape: the script beside megatron/training/
+    script.write_text("")
+    (tmp_path / "megatron" / "training").mkdir(parents=True)
+    (tmp_path / "megatron" / "training" / "__init__.py").write_text("")
+    flags = ("--num-layers", "4", "--hidden-size", "256", "--num-attention-heads", "8", "--seq-length", "128",
+             "--max-position-embeddings", "128", "--micro-batch-size", "1", "--global-batch-size", "16",
+             "--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2", "--vocab-size", "1000",
+             "--prism-emulate", "--prism-world-size", "8", "--prism-device", "model:h100",
+             "--prism-out", str(tmp_path / "run"))  # fmt: skip
+    plan = plan_run(flags, script=str(script))
+    assert plan.modelled and plan.nproc == 1 and plan.script == str(script)
+    assert len(plan.capture_batches) == len(plan.slice_ranks) >= 2  # one rank per pass (PP2: two programs)
+
+
+def test_a_modelled_gpu_chooses_a_stand_in_for_each_flag_that_needs_transformer_engine_or_apex():
+    import argparse
+
+    from prism_megatron.patches.arguments import MODELLED_STAND_INS, _modelled_stand_ins, as_written
+
+    written = {"transformer_impl": "transformer_engine", "apply_rope_fusion": True,
+               "gradient_accumulation_fusion": True, "no_persist_layer_norm": False, "bias_swiglu_fusion": True}  # fmt: skip
+    run = argparse.Namespace(config=PrismConfig(emulation=EmulationConfig(device="model:h100")))
+    args = argparse.Namespace(**written)
+    lines = _modelled_stand_ins(run, args)
+    assert len(lines) == len(MODELLED_STAND_INS) == 4
+    assert args.transformer_impl == "local" and not args.apply_rope_fusion and args.no_persist_layer_norm
+    assert not args.gradient_accumulation_fusion
+    assert args.bias_swiglu_fusion, "a fusion that runs on the CPU (torch ops) stays as written"
+    assert lines[0].startswith("--transformer-impl local (was transformer_impl=transformer_engine): ")
+    written_again = as_written(args)  # the job as written, for what a GPU run fuses
+    assert (
+        written_again.transformer_impl == "transformer_engine" and written_again.gradient_accumulation_fusion
+    )
+    assert args.transformer_impl == "local"
+    # Flags already so, or a device that is not modelled: nothing changes, nothing is said.
+    assert _modelled_stand_ins(run, args) == []
+    cpu = argparse.Namespace(config=PrismConfig(emulation=EmulationConfig(device="cpu")))
+    untouched = argparse.Namespace(**written)
+    assert _modelled_stand_ins(cpu, untouched) == [] and untouched.transformer_impl == "transformer_engine"
+
+
+def test_a_module_of_fake_tensors_converts_in_place_as_megatron_lms_get_model_converts_it():
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+    from prism_megatron.patches import registry
+    from prism_megatron.patches.modelled_device import MODULE_APPLY
+
+    with FakeTensorMode(), registry.patched([MODULE_APPLY]):
+        module = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.LayerNorm(4))
+        weight = module[0].weight
+        module.bfloat16()  # unpatched: "Cannot swap t1 because it has weakref associated with it"
+        assert module[0].weight is weight and isinstance(weight, FakeTensor)
+        assert {p.dtype for p in module.parameters()} == {torch.bfloat16}
+    real = torch.nn.Linear(2, 2)
+    with registry.patched([MODULE_APPLY]):
+        assert real.double().weight.dtype == torch.float64  # real tensors: torch's own conversion
 
 
 def test_on_a_modelled_gpu_marks_read_modelled_time_in_order_even_with_no_op_between():

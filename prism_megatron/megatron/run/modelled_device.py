@@ -34,6 +34,7 @@ stand-in is zero of the tensor's dtype, and why that is what a healthy step read
 | grad norm (`get_grad_norm_fp32`) | 0.0 | below --clip-grad: no clipping kernel, as in most steps |
 | found-inf (fp16 loss scaler) | 0.0 | no overflow: the step is taken |
 | update_successful, skipped-iteration flags | 0 | reduced and logged only |
+| Megatron-LM's do_train / do_valid / do_test (a 3-element tensor) | its own rule, on every rank (`patches/arguments.py`) | the script trains |
 | MoE token counts | refused | routing needs a what-if of its own (not supported on a modelled device yet) |
 
 What a GPU run fuses is charged as the fused kernel (`gpu_model/README.md`, "Fused Transformer Engine

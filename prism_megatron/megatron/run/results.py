@@ -114,13 +114,16 @@ def collect(*, rt, ddp_model, optimizer, iterations, memory_report) -> dict[str,
 def collect_megatron_lm(*, rt, record, memory_report) -> dict[str, Any]:
     """Results of a Megatron-LM script run, from what the train_step hook recorded."""
     model = [chunk for chunk in record.model if hasattr(chunk, "buffers")]
-    return collect(
+    out = collect(
         rt=rt,
         ddp_model=model,
         optimizer=record.optimizer,
         iterations=record.iterations,
         memory_report=memory_report,
     )
+    if record.modelled is not None:
+        out["modelled_device"] = record.modelled.summary()
+    return out
 
 
 def path_for(config: PrismConfig, virtual_rank: int) -> str:

@@ -32,6 +32,7 @@ from prism_megatron.config import PrismConfig
 from prism_megatron.megatron.job import target
 from prism_megatron.megatron.job.target import ParallelSizes
 from prism_megatron.megatron.run import cpu_share
+from prism_megatron.megatron.run.modelled_device import ModelledDevice, fuse_norms
 from prism_megatron.passes import memory, watchdog, world
 from prism_megatron.passes import rank as rank_phase
 from prism_megatron.patches import control_flow, cpu_shim, parallel_state, pipeline, pipeline_ops, registry
@@ -221,10 +222,15 @@ class Runtime:
 class TrainingRecord:
     """What one process's training steps did, whichever entry ran them: each step begun and ended on
     the `Runtime` (so the pass marks it), its loss, grad norm and what else the entry measured, and
-    the memory account over the steps (from the first step on: the model and optimizer are built)."""
+    the memory account over the steps (from the first step on: the model and optimizer are built).
 
-    def __init__(self, rt: Runtime) -> None:
+    `modelled`: the modelled GPU the steps run on, when the record keeps its iterations (a Megatron-LM
+    script's; the built-in entry keeps them itself): from the first step its norms are charged as
+    fused kernels, and each step's modelled time is kept by kind."""
+
+    def __init__(self, rt: Runtime, modelled: ModelledDevice | None = None) -> None:
         self.rt = rt
+        self.modelled = modelled
         self.iterations: list[dict[str, Any]] = []
         self.model: list | None = None
         self.optimizer: Any = None
@@ -234,9 +240,15 @@ class TrainingRecord:
         """A step starts; at the first, memory accounting starts (the CPU's live-storage tracker with
         the model labelled, or the CUDA allocator's peaks reset)."""
         self.rt.iteration_begins()
-        if self.model is not None:
-            return
+        if self.model is None:
+            self._first_step(model, optimizer)
+        if self.modelled is not None:
+            self.modelled.iteration_begins()
+
+    def _first_step(self, model: list, optimizer: Any) -> None:
         self.model, self.optimizer = model, optimizer
+        if self.modelled is not None:
+            fuse_norms(self.modelled, model)
         if self.rt.device == "cpu":
             # On a modelled GPU every tensor is fake: its storage is counted as the GPU would allocate it.
             fake = self.rt.config.emulation.modelled_gpu is not None
@@ -250,6 +262,8 @@ class TrainingRecord:
     ) -> dict[str, Any]:
         """The step returned: `step` holds at least its `loss` and `grad_norm`; with the step's device
         marks (start, end) its `time_s` is added. Returns the step as recorded."""
+        if self.modelled is not None:
+            self.modelled.iteration_ends()
         self.rt.iteration_ends()
         recorded = dict(step)
         if marks is not None:
