@@ -83,15 +83,16 @@ MODELLED_STAND_INS: tuple[tuple[str, str, object, str], ...] = (
         "apply_rope_fusion",
         "--no-rope-fusion",
         False,
-        "the fused RoPE kernel is Transformer Engine's; RoPE runs as torch ops, each charged",
+        "the fused RoPE kernel is Transformer Engine's; RoPE runs as torch ops, charged as the fused "
+        "kernel (the flag as written decides)",
     ),
     (
         "gradient_accumulation_fusion",
         "--no-gradient-accumulation-fusion",
         False,
         "the fused weight-gradient accumulation is an apex / Transformer Engine CUDA extension; the "
-        "weight-gradient GEMM is charged as a GEMM, and its add into the gradient buffer as a "
-        "memory-bound op (which the GPU's fused GEMM does not spend)",
+        "CPU adds into the gradient buffer apart, charged as the fused GEMM's FP32 accumulation (the "
+        "flag as written decides)",
     ),
     (
         "no_persist_layer_norm",
@@ -104,11 +105,29 @@ MODELLED_STAND_INS: tuple[tuple[str, str, object, str], ...] = (
 absent on the CPU): (args attribute, the flag that selects the stand-in, its value, why)."""
 
 
+MODELLED_STAND_INS_AFTER_CHECKS: tuple[tuple[str, str, object, str], ...] = (
+    (
+        "tp_comm_overlap",
+        "--tp-comm-overlap off",
+        False,
+        "userbuffers are Transformer Engine's; the collectives run blocking on the CPU and are charged "
+        "as TE overlaps them with their GEMMs (megatron/run/tp_overlap.py)",
+    ),
+)
+"""Stand-ins applied after Megatron-LM's own `validate_args`, so that its checks of the flag as
+written still run (--tp-comm-overlap needs --sequence-parallel), and before `initialize_megatron`
+would build TE's userbuffers."""
+
+
 AS_WRITTEN = "prism_as_written"
 """The args attribute holding, per stand-in, the value the flags gave ({attribute: value})."""
 
 
-def _modelled_stand_ins(rt: Run, args: argparse.Namespace) -> list[str]:
+def _modelled_stand_ins(
+    rt: Run,
+    args: argparse.Namespace,
+    stand_ins: tuple[tuple[str, str, object, str], ...] = MODELLED_STAND_INS,
+) -> list[str]:
     """On a modelled GPU, the flags of `MODELLED_STAND_INS` that need them; returns one line each.
     The values as written are kept (`as_written`): what a GPU run fuses follows them, not the
     stand-in the CPU runs."""
@@ -116,7 +135,7 @@ def _modelled_stand_ins(rt: Run, args: argparse.Namespace) -> list[str]:
         return []
     lines = []
     written = getattr(args, AS_WRITTEN, {})
-    for attribute, flag, value, why in MODELLED_STAND_INS:
+    for attribute, flag, value, why in stand_ins:
         if getattr(args, attribute, value) != value:
             lines.append(f"{flag} (was {attribute}={getattr(args, attribute)}): {why}")
             written.setdefault(attribute, getattr(args, attribute))
@@ -140,6 +159,8 @@ def _validate(original, *, run: Run):
         for line in _modelled_stand_ins(run, args):
             print(f"prism: --prism-device {run.config.emulation.device} runs {line}", flush=True)
         result = original(args, defaults)
+        for line in _modelled_stand_ins(run, args, MODELLED_STAND_INS_AFTER_CHECKS):
+            print(f"prism: --prism-device {run.config.emulation.device} runs {line}", flush=True)
         _keep_data_flags_real(run, args)
         return result
 

@@ -94,13 +94,12 @@ def measure(ddp_chunks, optimizer, distributed_optimizer: bool) -> dict[str, int
 
 def _run_case(argv: list[str]) -> dict[str, int]:
     """Build, wrap and step one rank of a shrink inside the current gloo world."""
+    import torch.distributed as dist
     from megatron.core import parallel_state
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
     from prism_megatron.megatron.job.job import transformer_config
     from prism_megatron.megatron.plan import build as plan_build
-
-    import torch.distributed as dist
 
     job = job_from_flags(argv)
     a = job.args

@@ -67,7 +67,9 @@ class Fusions:
         if getattr(args, "swiglu", False):
             activation = args.bias_swiglu_fusion
         else:
-            activation = args.bias_gelu_fusion and not args.disable_bias_linear
+            # The built-in entry's flag namespace says `disable_bias_linear`, Megatron-LM's `add_bias_linear`.
+            without_bias = getattr(args, "disable_bias_linear", not getattr(args, "add_bias_linear", True))
+            activation = args.bias_gelu_fusion and not without_bias
         return cls(
             gradient_accumulation=args.gradient_accumulation_fusion,
             bias_activation=activation,

@@ -248,7 +248,7 @@ class TrainingRecord:
     def _first_step(self, model: list, optimizer: Any) -> None:
         self.model, self.optimizer = model, optimizer
         if self.modelled is not None:
-            fuse_norms(self.modelled, model)
+            self._charge_as_a_gpu_runs(model, optimizer)
         if self.rt.device == "cpu":
             # On a modelled GPU every tensor is fake: its storage is counted as the GPU would allocate it.
             fake = self.rt.config.emulation.modelled_gpu is not None
@@ -256,6 +256,21 @@ class TrainingRecord:
             self.tracker.label_model(model)
         elif torch.cuda.is_available():
             torch.cuda.reset_peak_memory_stats()
+
+    def _charge_as_a_gpu_runs(self, model: list, optimizer: Any) -> None:
+        """A Megatron-LM script on a modelled GPU: its norms, Megatron's fusions and, with
+        --tp-comm-overlap, TE's userbuffers overlap are charged as a GPU run of the flags as written has
+        them (the CPU runs the stand-ins of `patches.arguments.MODELLED_STAND_INS`)."""
+        from prism_megatron.megatron.run import modelled_fusions, tp_overlap
+        from prism_megatron.patches.arguments import as_written, megatron_lm_args
+
+        device = self.modelled
+        fuse_norms(device, model)
+        written = as_written(megatron_lm_args())
+        modelled_fusions.install(device, model, optimizer, modelled_fusions.Fusions.from_args(written))
+        if getattr(written, "tp_comm_overlap", False):
+            device.tp_overlap = tp_overlap.TpCommOverlap(device, written.tensor_model_parallel_size)
+            device.tp_overlap.install(model)
 
     def after_step(
         self, step: Mapping[str, Any], *, marks: tuple[Mark, Mark] | None = None
