@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/exit_guard.h"
 #include "replay/engine.h"
 #include "replay/op_log.h"
 
@@ -127,6 +128,8 @@ void bind(py::module_& m) {
   m.def("configure", &configure_process, py::arg("world_size"), py::arg("virtual_rank"), py::arg("physical_rank"),
         py::arg("real_ranks"), py::arg("roles"), py::arg("timeout_s"), py::arg("check_consistency"),
         "Set this process's activation facts; every prism backend created afterwards uses them.");
+  m.def("close_release_gate", &close_release_gate, py::call_guard<py::gil_scoped_release>(),
+        "At exit: the backend's threads stop releasing tensors (csrc/backend/exit_guard.h).");
   m.def("clear", &clear_context, "Forget the activation facts (backends already created keep theirs).");
   m.def("is_configured", [] { return static_cast<bool>(context()); });
   m.def("create_backend", &create_backend, py::arg("group_rank"), py::arg("group_size"), py::arg("members"),

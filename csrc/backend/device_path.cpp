@@ -50,6 +50,7 @@
 #include <thread>
 
 #include "backend/backend.h"
+#include "backend/exit_guard.h"
 #include "replay/clock.h"
 #include "replay/timeline.h"
 
@@ -164,6 +165,7 @@ class Watchdog {
         ops.swap(in_flight_);
       }
       std::deque<std::shared_ptr<DeviceOp>> still;
+      std::vector<std::shared_ptr<DeviceOp>> finished;
       const int64_t now_ns = clock::now_ns();
       for (auto& op : ops) {
         // Done first: the helper thread sets an op's error before it releases the op's flag, so a
@@ -190,9 +192,15 @@ class Watchdog {
           }
         }
         if (done) {
-          continue;  // its tensors may go
+          finished.push_back(std::move(op));  // its tensors may go
+          continue;
         }
         still.push_back(std::move(op));
+      }
+      // Every reference of `ops` has moved; the finished ops' tensors go here or, once the
+      // interpreter is exiting, never (exit_guard.h).
+      if (!release_unless_exiting([&] { finished.clear(); })) {
+        new std::vector<std::shared_ptr<DeviceOp>>(std::move(finished));
       }
       std::lock_guard<std::mutex> lock(mu_);
       for (auto it = still.rbegin(); it != still.rend(); ++it) {

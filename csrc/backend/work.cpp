@@ -16,6 +16,7 @@
 #include <sstream>
 #include <thread>
 
+#include "backend/exit_guard.h"
 #include "replay/clock.h"
 
 namespace prism::backend {
@@ -47,6 +48,10 @@ class Completer {
         queue_.pop_front();
       }
       work->run(0);
+      // Its tensors go here or, once the interpreter is exiting, never (exit_guard.h).
+      if (!release_unless_exiting([&] { work.reset(); })) {
+        (void)work.release();  // leaked
+      }
     }
   }
 

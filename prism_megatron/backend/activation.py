@@ -7,6 +7,7 @@ it in reverse order and is safe to call twice.
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import datetime
 import os
@@ -234,6 +235,7 @@ def activate(
 
     from prism_megatron import _C
 
+    _close_release_gate_at_exit(_C)
     replay.reset()  # a fresh engine and op log: sequence numbers count from this activation
     _C.backend.clear_device_failure()  # a device run that failed before does not fail this one
     _C.backend.set_consistency_deferred(False)  # checked before every real op until a pass defers
@@ -309,3 +311,15 @@ def deactivate() -> None:
             os.environ[_BARRIER_ENV] = activation._saved_barrier_env
         if sys.excepthook is activation._excepthook:
             sys.excepthook = activation._saved_excepthook
+
+
+_exit_gate_registered = False
+
+
+def _close_release_gate_at_exit(_C) -> None:
+    """Once per process: before the interpreter finalizes, the backend's own threads stop freeing
+    tensors (a free that needs the GIL then would abort the exiting process: csrc/backend/exit_guard.h)."""
+    global _exit_gate_registered
+    if not _exit_gate_registered:
+        atexit.register(_C.backend.close_release_gate)
+        _exit_gate_registered = True
