@@ -314,3 +314,12 @@ def test_cross_entropy_fusion_is_off_by_default_and_one_kernel_each_way_when_ask
     assert step.unfused_kinds_ns < off.unfused_kinds_ns
     assert step.by_kind_ns["gemm"] == off.by_kind_ns["gemm"]
     _same_compute(step, off)
+
+
+def test_attention_dropout_is_charged_as_the_same_flash_kernel(unfused):
+    """Megatron's default attention dropout (0.1) must not turn attention into its unfused math form
+    (two batched GEMMs and a softmax over [b, h, s, s]): a GPU's flash kernel draws the mask inside."""
+    step = one_step(OFF, "--attention-dropout", "0.1")
+    assert step.by_kind_ns["attention"] == unfused.by_kind_ns["attention"] > 0
+    assert step.by_kind_ns["gemm"] == unfused.by_kind_ns["gemm"]
+    assert step.flops == unfused.flops

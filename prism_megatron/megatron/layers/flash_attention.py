@@ -9,6 +9,14 @@ score matrix: at sequence 8192 that is several times the fused kernel's time. On
 `torch.nn.functional.scaled_dot_product_attention`, the same maths (causal mask, grouped query
 attention, softmax scale, attention dropout) as one op the GPU model times as flash attention.
 It holds no parameters. Packed sequences, attention bias and sliding windows are refused.
+
+Attention dropout (`--attention-dropout`, Megatron's default 0.1) is one more reason for the op: the
+CPU's fused SDPA kernels take no dropout, so with dropout torch decomposes SDPA into its math form
+(two batched GEMMs, a softmax and a dropout over [b, h, s, s]), which the GPU model would time as
+such. A GPU's flash kernel draws the dropout mask in registers inside the same kernel. On fake tensors
+the values do not exist, so the op runs with dropout 0 (same shapes, the fused kernel) and the model
+times it as flash attention; the in-kernel mask generation is not charged (an assumption, written in
+gpu_model/README.md).
 """
 
 from __future__ import annotations
@@ -47,7 +55,7 @@ class FlashAttention(DotProductAttention):
             k,
             v,
             attn_mask=mask,
-            dropout_p=self.attention_dropout.p if self.training else 0.0,
+            dropout_p=0.0,  # see the module docstring: the fused kernel, as a GPU runs with dropout
             is_causal=causal,
             scale=self.softmax_scale,
             enable_gqa=k.shape[1] != num_heads,
