@@ -121,15 +121,15 @@ def run_launches(
                 running.append(_start(waiting.pop(0), script, user_args, run_dir))
             for item in list(running):
                 if item.process.poll() is None:
-                    hung = watchdog.verdicts(item.launch.out_dir)
+                    hung = _own_verdicts(item.launch)
                     if hung:
                         _await_dumps(item.launch, item.process)
-                        raise hung_failure(item.launch, watchdog.verdicts(item.launch.out_dir))
+                        raise hung_failure(item.launch, _own_verdicts(item.launch))
                     continue
                 running.remove(item)
                 item.log.close()
                 if item.process.returncode != 0:
-                    hung = watchdog.verdicts(item.launch.out_dir)
+                    hung = _own_verdicts(item.launch)
                     raise (
                         hung_failure(item.launch, hung)
                         if hung
@@ -144,6 +144,16 @@ def run_launches(
         for item in running:  # a failure, an interrupt: nothing this call started outlives it
             processes.stop(item.process)
             item.log.close()
+
+
+def _own_verdicts(launch: Launch) -> list[watchdog.Verdict]:
+    """The watchdog verdicts of this launch's processes (launches at once share a --prism-out, so
+    the folder may hold another's); one without a virtual rank is kept, as it cannot be placed."""
+    return [
+        v
+        for v in watchdog.verdicts(launch.out_dir)
+        if v.virtual_rank is None or v.virtual_rank in launch.ranks
+    ]
 
 
 @dataclasses.dataclass
