@@ -13,7 +13,7 @@ from typing import Any
 
 from prism_megatron import files
 from prism_megatron.emulation import outputs, processes
-from prism_megatron.emulation.launches import Launch, RunFailed, run_launch
+from prism_megatron.emulation.launches import Launch, RunFailed, run_launch, run_launches
 from prism_megatron.emulation.plan import RunPlan
 from prism_megatron.emulation.progress import Progress
 from prism_megatron.graph import ExecutionGraph, LayoutWorld, save_graph
@@ -239,14 +239,37 @@ def prepare_capture(plan: RunPlan) -> list[Launch]:
 
 
 def capture(plan: RunPlan, progress: Progress, walls: dict[str, float]) -> None:
-    """Run the slice in passes of `plan.nproc` processes, each rank recording its ops."""
+    """Run the slice in passes of `plan.nproc` processes, each rank recording its ops; on a modelled
+    GPU, `capture_at_once(plan)` passes at the same time."""
     launches = prepare_capture(plan)
-    for number, launch in enumerate(launches, start=1):
-        progress.begin(f"capture pass {number}/{len(launches)}")
-        run_launch(
-            launch, script=plan.script, user_args=plan.megatron_args, run_dir=plan.out_dir, progress=progress
-        )
-        walls[launch.name] = progress.end()
+    at_once = min(capture_at_once(plan), len(launches))
+    common = {"script": plan.script, "user_args": plan.megatron_args, "run_dir": plan.out_dir}
+    if at_once == 1:
+        for number, launch in enumerate(launches, start=1):
+            progress.begin(f"capture pass {number}/{len(launches)}")
+            run_launch(launch, progress=progress, **common)
+            walls[launch.name] = progress.end()
+        return
+    progress.begin(f"capture: {len(launches)} passes, {at_once} at a time")
+    run_launches(
+        launches,
+        at_once=at_once,
+        progress=progress,
+        on_end=lambda launch, seconds: walls.__setitem__(launch.name, seconds),
+        **common,
+    )
+    walls["capture"] = progress.end()
+
+
+def capture_at_once(plan: RunPlan) -> int:
+    """How many capture passes run at the same time: on a modelled GPU, one per core this process
+    may use (each pass is one process that computes nothing in real time: what it records is the GPU
+    model's time, not the CPU's, so passes sharing the machine record the same graph); else one, as
+    a measured pass must have the machine's share to itself."""
+    if not plan.modelled:
+        return 1
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cores)
 
 
 def simulate(plan: RunPlan, graph: ExecutionGraph, progress: Progress, walls: dict[str, float]):

@@ -26,7 +26,8 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import IO
 
 from prism_megatron import files
 from prism_megatron.emulation import processes
@@ -87,33 +88,98 @@ def run_launch(
     Raises:
         LaunchFailed: a process failed (see the module docstring).
     """
+    run_launches([launch], at_once=1, script=script, user_args=user_args, run_dir=run_dir, progress=progress)
+
+
+def run_launches(
+    launches: Sequence[Launch],
+    *,
+    at_once: int,
+    script: str,
+    user_args: Sequence[str],
+    run_dir: str,
+    progress: Progress,
+    on_end: Callable[[Launch, float], None] | None = None,
+) -> None:
+    """Run the launches, up to `at_once` of them at the same time, in their order; each one's wall
+    time (seconds from its start to its end) goes to `on_end` as it ends.
+
+    At once only where the launches' processes do not measure time (a modelled GPU's captures, each
+    process alone): a measured pass must have the machine's share it is given to itself. The first
+    launch that fails stops the others (their processes too) and is raised.
+
+    Raises:
+        LaunchFailed: a process failed (see the module docstring).
+    """
+    if at_once < 1:
+        raise ValueError(f"run_launches: at_once must be >= 1, got {at_once}")
+    waiting = list(launches)
+    running: list[_Running] = []
+    try:
+        while waiting or running:
+            while waiting and len(running) < at_once:
+                running.append(_start(waiting.pop(0), script, user_args, run_dir))
+            for item in list(running):
+                if item.process.poll() is None:
+                    hung = _own_verdicts(item.launch)
+                    if hung:
+                        _await_dumps(item.launch, item.process)
+                        raise hung_failure(item.launch, _own_verdicts(item.launch))
+                    continue
+                running.remove(item)
+                item.log.close()
+                if item.process.returncode != 0:
+                    hung = _own_verdicts(item.launch)
+                    raise (
+                        hung_failure(item.launch, hung)
+                        if hung
+                        else diagnose(item.launch, item.launcher_log, item.log_dir, item.process.returncode)
+                    )
+                if on_end is not None:
+                    on_end(item.launch, time.monotonic() - item.started_s)
+            if running:
+                progress.update("; ".join(_describe(item.launch) for item in running))
+                time.sleep(POLL_S)
+    finally:
+        for item in running:  # a failure, an interrupt: nothing this call started outlives it
+            processes.stop(item.process)
+            item.log.close()
+
+
+def _own_verdicts(launch: Launch) -> list[watchdog.Verdict]:
+    """The watchdog verdicts of this launch's processes (launches at once share a --prism-out, so
+    the folder may hold another's); one without a virtual rank is kept, as it cannot be placed."""
+    return [
+        v
+        for v in watchdog.verdicts(launch.out_dir)
+        if v.virtual_rank is None or v.virtual_rank in launch.ranks
+    ]
+
+
+@dataclasses.dataclass
+class _Running:
+    launch: Launch
+    process: subprocess.Popen
+    log: IO[str]
+    launcher_log: str
+    log_dir: str
+    started_s: float
+
+
+def _start(launch: Launch, script: str, user_args: Sequence[str], run_dir: str) -> _Running:
     log_dir = os.path.join(run_dir, files.LOGS_DIR, launch.name)
     os.makedirs(log_dir, exist_ok=True)
     launcher_log = os.path.join(log_dir, files.LAUNCHER_LOG)
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-    with open(launcher_log, "w", encoding="utf-8") as log:
+    log = open(launcher_log, "w", encoding="utf-8")  # noqa: SIM115 (closed when the launch ends)
+    try:
         process = processes.start(
             command(launch, script, user_args, log_dir), stdout=log, stderr=subprocess.STDOUT, env=env
         )
-        try:
-            while process.poll() is None:
-                hung = watchdog.verdicts(launch.out_dir)
-                if hung:
-                    _await_dumps(launch, process)
-                    processes.stop(process)
-                    raise hung_failure(launch, watchdog.verdicts(launch.out_dir))
-                progress.update(_describe(launch))
-                time.sleep(POLL_S)
-        except BaseException:
-            processes.stop(process)
-            raise
-    if process.returncode != 0:
-        hung = watchdog.verdicts(launch.out_dir)
-        raise (
-            hung_failure(launch, hung)
-            if hung
-            else diagnose(launch, launcher_log, log_dir, process.returncode)
-        )
+    except BaseException:
+        log.close()
+        raise
+    return _Running(launch, process, log, launcher_log, log_dir, time.monotonic())
 
 
 def _await_dumps(launch: Launch, process: subprocess.Popen) -> None:

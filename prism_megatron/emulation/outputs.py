@@ -78,7 +78,7 @@ def iteration_times(results: dict[int, dict[str, Any]]) -> list[float]:
 def capture_summary(plan: RunPlan, graph, walls: dict[str, float], *, made_here: bool) -> CaptureSummary:
     """How `graph` was captured: its roles, classes and captured ranks, and, when this command ran
     the capture passes (`made_here`), how many and how long (`walls`: seconds per phase, a pass named
-    capture-N); not when the graph came from --prism-graph or from passes launched by hand."""
+    capture-N, and "capture" for all of them when they ran at the same time); not when the graph came from --prism-graph or from passes launched by hand."""
     from prism_megatron.graph.classes import graph_classes
 
     passes = [seconds for name, seconds in walls.items() if name.startswith("capture-")]
@@ -88,7 +88,7 @@ def capture_summary(plan: RunPlan, graph, walls: dict[str, float], *, made_here:
         classes={c.representative: c.members for c in graph_classes(graph)},
         all_roles=plan.config.capture.capture_all_roles,
         num_passes=len(passes) if made_here else None,
-        capture_s=sum(passes) if made_here and passes else None,
+        capture_s=walls.get("capture", sum(passes)) if made_here and passes else None,
     )
 
 

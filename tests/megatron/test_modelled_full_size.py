@@ -252,3 +252,33 @@ def test_pretrain_gpt_on_a_modelled_gpu_runs_capture_simulate_report_and_agrees_
     # forks; with TP > 1 also its batch broadcast from TP rank 0): the iterations agree within a few
     # percent (2026-12-02, TP2 with the overlap: 41.57 ms built-in, 42.30 ms pretrain_gpt.py).
     assert modelled["iteration_time_s"] == pytest.approx(builtin["iteration_time_s"], rel=0.05)
+
+
+# --- capture passes at the same time (a modelled GPU's) --------------------------------------------
+
+
+def _run_with_passes_at_once(out: Path, at_once: int, monkeypatch) -> tuple[dict, dict[str, bytes]]:
+    from prism_megatron.emulation import driver, plan_run
+    from prism_megatron.emulation.progress import Progress
+
+    monkeypatch.setattr(driver, "capture_at_once", lambda plan: at_once)
+    for name, value in quiet_env().items():
+        monkeypatch.setenv(name, value)
+    plan = plan_run([*SMALL, "--pipeline-model-parallel-size", "2", "--prism-out", str(out)])
+    outcome = driver.run(plan, Progress(quiet=True))
+    assert outcome.ok, outcome.report.failure
+    captures = {p.name: p.read_bytes() for p in sorted((out / "capture").glob("capture-*.json"))}
+    with open(out / "report.json", encoding="utf-8") as f:
+        return json.load(f), captures
+
+
+def test_capture_passes_at_the_same_time_give_the_numbers_of_passes_one_after_the_other(
+    tmp_path, monkeypatch
+):
+    one, one_captures = _run_with_passes_at_once(tmp_path / "one", 1, monkeypatch)
+    both, both_captures = _run_with_passes_at_once(tmp_path / "both", 2, monkeypatch)
+    assert one["capture"]["num_passes"] == both["capture"]["num_passes"] == 2  # PP2: two classes
+    assert both["modelled"] == one["modelled"]
+    assert both["simulated_iteration_time_s"] == one["simulated_iteration_time_s"]
+    assert both["roles"] == one["roles"]
+    assert both_captures == one_captures  # every captured op and time, byte for byte

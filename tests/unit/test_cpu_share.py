@@ -37,3 +37,15 @@ def test_taking_a_share_sets_threads_and_affinity_and_restoring_gives_them_back(
     finally:
         share.restore()
     assert os.sched_getaffinity(0) == allowed and torch.get_num_threads() == threads
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="needs sched_setaffinity")
+def test_a_modelled_gpu_s_process_is_not_pinned_so_captures_at_once_do_not_share_one_core():
+    allowed, threads = os.sched_getaffinity(0), torch.get_num_threads()
+    share = cpu_share.take(EmulationConfig(device="model:h100", cpu_threads_per_rank=1), {"LOCAL_RANK": "0"})
+    try:
+        assert not share.pinned and share.cores == tuple(sorted(allowed))
+        assert os.sched_getaffinity(0) == allowed and torch.get_num_threads() == 1
+    finally:
+        share.restore()
+    assert os.sched_getaffinity(0) == allowed and torch.get_num_threads() == threads

@@ -63,6 +63,25 @@ def test_json_options_compact_by_default_indented_and_default_on_request(tmp_pat
     assert files.read_json(readable, "x") == {"p": str(tmp_path)}
 
 
+@pytest.mark.parametrize(
+    "doc",
+    [
+        {"traceEvents": [{"ph": "X", "ts": 1.5, "args": {"op": "mm"}}, {"ph": "M", "name": "é"}], "n": 2},
+        {"a": {"b": {"c": [1, (2, 3), {"d": None}]}}, "e": [], "f": {}, "g": float("nan")},
+        {1: "int key", "s": [True, False]},  # a non-string key: the dict is encoded whole, as json does
+        [[{"x": 1}], [], ["y", 2.0]],
+        "just a string",
+        {"p": pathlib.PurePosixPath("/a/b")},
+    ],
+)
+def test_compact_json_is_json_dump_s_bytes(tmp_path, doc):
+    import json
+
+    path = files.write_json(doc, tmp_path / "d.json", default=str)
+    expected = json.dumps(doc, separators=(",", ":"), default=str) + "\n"
+    assert pathlib.Path(path).read_text() == expected
+
+
 def test_read_json_names_the_file_and_what_it_should_hold(tmp_path):
     with pytest.raises(ValueError, match=r"nothing\.json: no run report here"):
         files.read_json(tmp_path / "nothing.json", "run report")

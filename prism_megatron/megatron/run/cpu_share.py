@@ -8,6 +8,10 @@ So each real process takes `EmulationConfig.resolved_cpu_threads` intra-op threa
 run on more cores than that, as many cores of its own, chosen by its local rank (the physical rank
 on this machine), before any process group exists so that gloo's threads inherit the affinity.
 `CpuShare.restore` gives back what the process had (tests run several passes in one process).
+
+On a modelled GPU (`--prism-device model:<gpu>`) no process is pinned: its times are the GPU
+model's, not the CPU's, so it has no share to keep fixed, and the capture passes that run at the same
+time (each process alone, local rank 0) must not all be pinned to the same first core.
 """
 
 from __future__ import annotations
@@ -57,7 +61,8 @@ def take(emulation: EmulationConfig, environ: dict[str, str] | None = None) -> C
     threads = emulation.resolved_cpu_threads(len(allowed) or os.cpu_count() or 1)
     previous_threads = torch.get_num_threads()
     torch.set_num_threads(threads)
-    cores = cores_for(allowed, int(environ.get("LOCAL_RANK", "0")), threads) if allowed else None
+    pin = bool(allowed) and emulation.modelled_gpu is None
+    cores = cores_for(allowed, int(environ.get("LOCAL_RANK", "0")), threads) if pin else None
     if cores is not None:
         os.sched_setaffinity(0, set(cores))
     return CpuShare(
