@@ -118,17 +118,25 @@ MODULE_APPLY = Patch(
     count_calls=False,
 )
 
-DATA_WORKER = Patch(
+_WORKER_LOOP_TAIL = (
+    "index_queue, data_queue, done_event, auto_collation, collate_fn, drop_last, base_seed, init_fn, "
+    "worker_id, num_workers, persistent_workers, shared_seed) -> None"
+)
+
+DATA_WORKER: tuple[Patch, ...] = variants(
     name="modelled.data_loader_worker",
     target="torch.utils.data._utils.worker:_worker_loop",
     make=_outside_modes,
-    verified_on=EVERY_VERIFIED,
     reason="--prism-device model:<gpu>: a DataLoader worker is forked with the fake mode active and would "
     "collate the batch into fake tensors over shared memory, which they refuse; the worker makes the "
     "host batch as without prism (the program's .cuda() then makes it fake)",
-    signature="(dataset_kind, dataset, index_queue, data_queue, done_event, auto_collation, collate_fn, "
-    "drop_last, base_seed, init_fn, worker_id, num_workers, persistent_workers, shared_seed) -> None",
     count_calls=False,
+    # torch, not megatron-core, renamed the second parameter (2.15, the 0.19 pair's torch: `dataset` ->
+    # `dataset_holder`); the replacement passes every argument through, so both read the same.
+    by_release={
+        MEGATRON_CORE_0_16: {"signature": "(dataset_kind, dataset, " + _WORKER_LOOP_TAIL},
+        MEGATRON_CORE_0_19: {"signature": "(dataset_kind, dataset_holder, " + _WORKER_LOOP_TAIL},
+    },
 )
 
 DATA_FROM_WORKER = Patch(
@@ -142,7 +150,7 @@ DATA_FROM_WORKER = Patch(
     count_calls=False,
 )
 
-ALL_RECORDS: tuple[Patch, ...] = (*RECORDS, L2_NORM, MODULE_APPLY, DATA_WORKER, DATA_FROM_WORKER)
+ALL_RECORDS: tuple[Patch, ...] = (*RECORDS, L2_NORM, MODULE_APPLY, *DATA_WORKER, DATA_FROM_WORKER)
 
 
 def _device_begins(original: Callable[..., Any], *, modelled_device_begins: Callable[[], None]):
