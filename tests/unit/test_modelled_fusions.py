@@ -79,6 +79,19 @@ class Step:
         return self.by_kind_ns["memory"] + self.by_kind_ns["launch"]
 
 
+def _step_since(
+    device, start: dict[str, int], start_flops: int, end: dict[str, int], counts, weights
+) -> Step:
+    """What the device charged between `start` and `end` (by kind, FLOPs, fused kernels)."""
+    return Step(
+        by_kind_ns={kind: end[kind] - start.get(kind, 0) for kind in end},
+        flops=device.clock.flops - start_flops,
+        fused_prices=list(device.fused_prices),
+        counts=counts,
+        weights=weights,
+    )
+
+
 def one_step(fusions: modelled_fusions.Fusions, *extra_flags: str) -> Step:
     """Forward, backward, the FP32 main-grad accumulation and an Adam step of one layer, charged on
     a modelled H100 (construction excluded)."""
@@ -103,13 +116,7 @@ def one_step(fusions: modelled_fusions.Fusions, *extra_flags: str) -> Step:
             weight.main_grad.add_(weight.grad.data)
         optimizer.step()
         end = device.by_kind_ns()
-    return Step(
-        by_kind_ns={kind: end[kind] - start.get(kind, 0) for kind in end},
-        flops=device.clock.flops - start_flops,
-        fused_prices=list(device.fused_prices),
-        counts=counts,
-        weights=[tuple(w.shape) for w in weights],
-    )
+    return _step_since(device, start, start_flops, end, counts, [tuple(w.shape) for w in weights])
 
 
 @pytest.fixture(scope="module")
@@ -286,13 +293,7 @@ def loss_step(fusions: modelled_fusions.Fusions) -> Step:
         del device.fused_prices[:]
         gpt(tokens, positions, None, labels=tokens).sum().backward()
         end = device.by_kind_ns()
-    return Step(
-        by_kind_ns={kind: end[kind] - start.get(kind, 0) for kind in end},
-        flops=device.clock.flops - start_flops,
-        fused_prices=list(device.fused_prices),
-        counts=counts,
-        weights=[],
-    )
+    return _step_since(device, start, start_flops, end, counts, [])
 
 
 VOCAB = 1024
