@@ -174,3 +174,34 @@ def test_on_a_modelled_gpu_marks_read_modelled_time_in_order_even_with_no_op_bet
     gemm_ns = device.by_kind_ns()["gemm"]
     assert gemm_ns > 10_000 and times[2] - times[1] >= gemm_ns  # 2 x 4096^3 FLOP on an H100: tens of us
     assert y.shape == (4096, 4096) and timeline._time_map is None  # the map is gone after the device
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_a_context_parallel_block_is_charged_as_one_flash_kernel_each_way(causal):
+    """CP attention computes block by block (score GEMMs, softmax, exp); a GPU runs each block as one
+    flash-attention kernel, and a modelled device charges exactly that kernel, forward and backward."""
+    import torch
+
+    from prism_megatron.megatron.layers import attention_blocks
+    from prism_megatron.megatron.run.modelled_device import ModelledDevice
+
+    s, b, heads, groups, d = 1024, 1, 16, 4, 128
+    device = ModelledDevice("h100")
+    shape = {"batch": b, "num_heads": heads, "num_kv_heads": groups, "seq_q": s, "seq_kv": s, "head_dim": d,
+             "causal": causal, "dtype": torch.bfloat16}  # fmt: skip
+    forward = gpu_model.attention_time(device.gpu, **shape, backward=False)
+    backward = gpu_model.attention_time(device.gpu, **shape, backward=True)
+    mask = attention_blocks.BlockMask(causal=causal)
+    with device.active():
+        q = torch.empty(s, b, heads, d, dtype=torch.bfloat16)
+        k, v = (torch.empty(s, b, groups, d, dtype=torch.bfloat16) for _ in range(2))
+        before = device.by_kind_ns()
+        out, lse = attention_blocks.block_forward(q, k, v, 0.1, mask)
+        after_forward = device.by_kind_ns()
+        attention_blocks.block_backward(q, k, v, out, lse, lse, 0.1, mask)
+        after_backward = device.by_kind_ns()
+    assert attention_blocks.block_kernel is None  # only while the device is active
+    assert after_forward["attention"] - before.get("attention", 0) == forward > 0
+    assert after_backward["attention"] - after_forward["attention"] == backward > forward
+    for kind in ("gemm", "memory"):
+        assert after_backward.get(kind, 0) == before.get(kind, 0)

@@ -14,13 +14,30 @@ summed back over each group. The maths runs in float32 whatever the input dtype.
 Attention dropout drops probabilities after the softmax (so the log-sum-exp is unaffected). A block's
 mask is drawn from a generator seeded per block, so the backward redraws the same mask instead of
 keeping it (flash attention keeps its RNG state the same way).
+
+On a modelled GPU (`--prism-device model:<gpu>`) a GPU runs each block as one flash-attention kernel
+(Transformer Engine's context-parallel attention calls its fused kernel per block): the modelled device
+sets `block_kernel`, and each block's ops run inside the scope it returns, charged as that kernel and
+not op by op. None elsewhere.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 
 import torch
+
+block_kernel: Callable[..., AbstractContextManager[None]] | None = None
+"""Set by a modelled device: (q, k, mask, backward) -> the scope its block's ops run in."""
+
+
+def _kernel(
+    q: torch.Tensor, k: torch.Tensor, mask: BlockMask, *, backward: bool
+) -> AbstractContextManager[None]:
+    return contextlib.nullcontext() if block_kernel is None else block_kernel(q, k, mask, backward=backward)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,6 +92,11 @@ def block_forward(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, mask: BlockMask
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One block's (output [sq, b, n, dv] float32, log-sum-exp [b, n, sq] float32)."""
+    with _kernel(q, k, mask, backward=False):
+        return _block_forward(q, k, v, scale, mask)
+
+
+def _block_forward(q, k, v, scale: float, mask: BlockMask) -> tuple[torch.Tensor, torch.Tensor]:
     num_heads = q.shape[2]
     qh, kh, vh = _heads_first(q, num_heads), _heads_first(k, num_heads), _heads_first(v, num_heads)
     scores = _probabilities(qh, kh, scale, mask, lse=None)
@@ -98,6 +120,11 @@ def block_backward(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gradients (dq [sq, b, n, d], dk and dv [sk, b, g, d], float32) of one block, given the merged
     log-sum-exp of its query rows and delta = rowsum(dout * merged output), both [b, n, sq]."""
+    with _kernel(q, k, mask, backward=True):
+        return _block_backward(q, k, v, dout, lse, delta, scale, mask)
+
+
+def _block_backward(q, k, v, dout, lse, delta, scale: float, mask: BlockMask):
     num_heads, num_groups = q.shape[2], k.shape[2]
     qh, kh, vh = _heads_first(q, num_heads), _heads_first(k, num_heads), _heads_first(v, num_heads)
     dh = _heads_first(dout, num_heads)

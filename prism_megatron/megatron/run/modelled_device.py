@@ -73,6 +73,7 @@ from torch.utils._pytree import tree_map
 
 from prism_megatron import gpu_model
 from prism_megatron.gpu_model import fused
+from prism_megatron.megatron.layers import attention_blocks
 from prism_megatron.replay import timeline
 
 CLOCK_ORIGIN_NS = 1_000_000_000
@@ -165,11 +166,25 @@ class ModelledDevice:
         modelled time."""
         self._host_ns, self._model_ns = [0], [self.now_ns()]
         timeline.set_time_map(self.modelled_at, on_mark=self.tick)
+        attention_blocks.block_kernel = self.attention_block
         try:
             with self.fake_mode, _Timed(self):
                 yield self
         finally:
+            attention_blocks.block_kernel = None
             timeline.set_time_map(None)
+
+    def attention_block(
+        self, q: torch.Tensor, k: torch.Tensor, mask, *, backward: bool
+    ) -> contextlib.AbstractContextManager[None]:
+        """One context-parallel attention block ([s, b, heads, d] queries, [s, b, groups, d] keys) as
+        the flash-attention kernel a GPU runs for it (`layers/attention_blocks.py`)."""
+        sq, batch, heads, head_dim = q.shape
+        time_ns = gpu_model.attention_time(
+            self.gpu, batch=batch, num_heads=heads, num_kv_heads=k.shape[2], seq_q=sq, seq_kv=k.shape[0],
+            head_dim=head_dim, causal=mask.causal, dtype=q.dtype, backward=backward,
+        )  # fmt: skip
+        return self.fused_kernel(time_ns, "attention")
 
     @contextlib.contextmanager
     def fused_kernel(self, time_ns: int, kind: str = "memory") -> Iterator[None]:
