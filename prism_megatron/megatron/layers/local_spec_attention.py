@@ -5,8 +5,8 @@ attention kernel of its local specs from `LocalSpecProvider.core_attention`; on 
 that `ContextParallelAttention` (`patches/local_layers.py`). On a modelled GPU
 (`--prism-device model:<gpu>`) the kernel is `LocalSpecAttention`: at context parallelism 1 it runs
 `FlashAttention`'s one fused scaled-dot-product attention (timed as flash attention, as the built-in
-entry's spec does), above 1 the context-parallel kernel block by block (charged op by op, as in the
-built-in entry). It holds no parameters, like both.
+entry's spec does), above 1 the context-parallel kernel block by block (each block charged as one flash-attention
+kernel, as in the built-in entry). It holds no parameters, like both.
 """
 
 from __future__ import annotations
