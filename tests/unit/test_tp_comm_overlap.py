@@ -206,12 +206,16 @@ def _entry_state(*, flag: bool, device: ModelledDevice | None, capsys) -> str:
     from types import SimpleNamespace
 
     from prism_megatron.megatron.entry import pretrain
+    from prism_megatron.megatron.run import modelled_fusions
 
     args = SimpleNamespace(tp_comm_overlap=flag, tensor_model_parallel_size=TP)
     emulation = SimpleNamespace(emulate=False, device="cpu")
     rt = SimpleNamespace(config=SimpleNamespace(emulation=emulation), virtual_rank=0)
     capsys.readouterr()  # what importing the entry warned
-    pretrain._tp_comm_overlap(args, rt, [_Layer()], device)
+    if device is not None:  # the entry's modelled path (`charge_as_a_gpu_runs`), its TP-overlap step
+        modelled_fusions.overlap_tp_comm(device, [_Layer()], args)
+    else:
+        pretrain._tp_comm_overlap_note(args, rt)
     return capsys.readouterr().err
 
 

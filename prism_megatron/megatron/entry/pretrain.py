@@ -31,14 +31,7 @@ from prism_megatron.config import PrismConfig
 from prism_megatron.megatron.entry import arguments as pretrain_args
 from prism_megatron.megatron.entry import data, model, training_log
 from prism_megatron.megatron.job import target
-from prism_megatron.megatron.run import (
-    collectives,
-    modelled_device,
-    modelled_fusions,
-    results,
-    runtime,
-    tp_overlap,
-)
+from prism_megatron.megatron.run import collectives, modelled_device, modelled_fusions, results, runtime
 from prism_megatron.passes import world
 from prism_megatron.patches import catalog
 from prism_megatron.replay import timeline
@@ -165,9 +158,9 @@ def _train(
     optimizer = model.build_optimizer(args, ddp_model)
     model.configure_schedule(args, config, ddp_model, optimizer)
     if device:
-        modelled_device.fuse_norms(device, ddp_model)
-        modelled_fusions.install(device, ddp_model, optimizer, modelled_fusions.Fusions.from_args(args))
-    _tp_comm_overlap(args, rt, ddp_model, device)
+        modelled_fusions.charge_as_a_gpu_runs(device, ddp_model, optimizer, args)
+    else:
+        _tp_comm_overlap_note(args, rt)
     iterators = _data_iterators(args, len(ddp_model))
     forward_backward = get_forward_backward_func()
     record = runtime.TrainingRecord(rt)
@@ -190,20 +183,17 @@ def _train(
     )
 
 
-def _tp_comm_overlap(args, rt: runtime.Runtime, ddp_model, device) -> None:
-    """--tp-comm-overlap: TE's userbuffers overlap on a modelled GPU (`tp_overlap`); elsewhere a note
-    on the first real rank, since the local layers run the collectives as they are.
+def _tp_comm_overlap_note(args: argparse.Namespace, rt: runtime.Runtime) -> None:
+    """--tp-comm-overlap off a modelled GPU: a note on the first real rank, since the local layers run
+    the collectives as they are (a modelled GPU charges TE's userbuffers overlap: `tp_overlap`).
 
     Accepted rather than refused on cpu and cuda: a production command line (Megatron-LM's published
     benchmark runs pass the flag) must run unchanged on every device, as the entry's other Transformer
     Engine switches do, and on a CPU the emulation's purpose is functional (groups, shapes, memory),
     which the overlap does not change; the note keeps a user from reading its timing as overlapped."""
-    if not args.tp_comm_overlap:
-        return
-    if device is not None:
-        device.tp_overlap = tp_overlap.TpCommOverlap(device, args.tensor_model_parallel_size)
-        device.tp_overlap.install(ddp_model)
-    elif rt.virtual_rank == (min(rt.real_ranks()) if rt.config.emulation.emulate else 0):
+    if args.tp_comm_overlap and rt.virtual_rank == (
+        min(rt.real_ranks()) if rt.config.emulation.emulate else 0
+    ):
         print(pretrain_args.TP_COMM_OVERLAP_NOTE, file=sys.stderr, flush=True)
 
 

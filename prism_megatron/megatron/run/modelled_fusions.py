@@ -37,7 +37,8 @@ from megatron.core.transformer.transformer_layer import TransformerLayer
 
 from prism_megatron.gpu_model import fused
 from prism_megatron.gpu_model.gemm import gemm_time
-from prism_megatron.megatron.run.modelled_device import ModelledDevice
+from prism_megatron.megatron.run import tp_overlap
+from prism_megatron.megatron.run.modelled_device import ModelledDevice, fuse_norms
 
 aten = torch.ops.aten
 
@@ -77,6 +78,22 @@ class Fusions:
             rope=args.apply_rope_fusion and args.position_embedding_type == "rope",
             cross_entropy=args.cross_entropy_loss_fusion,
         )
+
+
+def charge_as_a_gpu_runs(device: ModelledDevice, model_chunks, optimizer, args: argparse.Namespace) -> None:
+    """What a GPU run of `args` (the flags as written) fuses or overlaps, charged so on `device`: the
+    norms, Megatron's fusions and, with --tp-comm-overlap, TE's userbuffers overlap. Both entries
+    call it once the model and optimizer exist (the built-in one, and a script's first step)."""
+    fuse_norms(device, model_chunks)
+    install(device, model_chunks, optimizer, Fusions.from_args(args))
+    overlap_tp_comm(device, model_chunks, args)
+
+
+def overlap_tp_comm(device: ModelledDevice, model_chunks, args: argparse.Namespace) -> None:
+    """With --tp-comm-overlap, TE's userbuffers overlap on `device` (`tp_overlap`); nothing without."""
+    if getattr(args, "tp_comm_overlap", False):
+        device.tp_overlap = tp_overlap.TpCommOverlap(device, args.tensor_model_parallel_size)
+        device.tp_overlap.install(model_chunks)
 
 
 def install(device: ModelledDevice, model_chunks, optimizer, fusions: Fusions) -> dict[str, int]:

@@ -32,7 +32,7 @@ from prism_megatron.config import PrismConfig
 from prism_megatron.megatron.job import target
 from prism_megatron.megatron.job.target import ParallelSizes
 from prism_megatron.megatron.run import cpu_share
-from prism_megatron.megatron.run.modelled_device import ModelledDevice, fuse_norms
+from prism_megatron.megatron.run.modelled_device import ModelledDevice
 from prism_megatron.passes import memory, watchdog, world
 from prism_megatron.passes import rank as rank_phase
 from prism_megatron.patches import control_flow, cpu_shim, parallel_state, pipeline, pipeline_ops, registry
@@ -261,16 +261,10 @@ class TrainingRecord:
         """A Megatron-LM script on a modelled GPU: its norms, Megatron's fusions and, with
         --tp-comm-overlap, TE's userbuffers overlap are charged as a GPU run of the flags as written has
         them (the CPU runs the stand-ins of `patches.arguments.MODELLED_STAND_INS`)."""
-        from prism_megatron.megatron.run import modelled_fusions, tp_overlap
+        from prism_megatron.megatron.run import modelled_fusions
         from prism_megatron.patches.arguments import as_written, megatron_lm_args
 
-        device = self.modelled
-        fuse_norms(device, model)
-        written = as_written(megatron_lm_args())
-        modelled_fusions.install(device, model, optimizer, modelled_fusions.Fusions.from_args(written))
-        if getattr(written, "tp_comm_overlap", False):
-            device.tp_overlap = tp_overlap.TpCommOverlap(device, written.tensor_model_parallel_size)
-            device.tp_overlap.install(model)
+        modelled_fusions.charge_as_a_gpu_runs(self.modelled, model, optimizer, as_written(megatron_lm_args()))
 
     def after_step(
         self, step: Mapping[str, Any], *, marks: tuple[Mark, Mark] | None = None
