@@ -50,6 +50,7 @@ from prism_megatron.graph.capture import (
 )
 from prism_megatron.graph.classes import ClassProgram, class_programs, load_classes, spread
 from prism_megatron.passes.real_costs import is_mixed, op_keys, shared_costs
+from prism_megatron.passes.replayed import replayed_finish_ns
 from prism_megatron.passes.schedule_index import ScheduleIndex
 from prism_megatron.replay.events import OpEvent
 from prism_megatron.replay.schedule import ReplaySchedule
@@ -127,6 +128,8 @@ class ClosedLoop:
     real_ops: Mapping[int, tuple[str, Mapping[str, Sequence[int]]]] = dataclasses.field(default_factory=dict)
     """Real rank -> (its role, instance key -> positions of its role's ops among real ranks), for
     the costs the real ranks measure (`real_costs.py`)."""
+    indices: dict[int, ScheduleIndex] = dataclasses.field(default_factory=dict)
+    """Real rank -> where its schedule reads its virtual members' arrivals (for `replayed_ns`)."""
 
     @classmethod
     def start(
@@ -144,6 +147,7 @@ class ClosedLoop:
         roles = world.roles()
         role = roles[int(world.role_ids()[virtual_rank])]
         result = run_problem(base)
+        index = ScheduleIndex(result, virtual_rank, tuple(real_ranks))
         real_ops = {}
         for rank in real_ranks:
             role_id = int(world.role_ids()[rank])
@@ -156,10 +160,11 @@ class ClosedLoop:
             real_ranks=tuple(real_ranks),
             graph_streams=graph.roles[role].streams,
             measured=collections.deque(maxlen=window),
-            index=ScheduleIndex(result, virtual_rank, tuple(real_ranks)),
+            index=index,
             current=compute_durations(graph.roles[role].streams),
             programs=class_programs(graph),
             real_ops=real_ops,
+            indices={virtual_rank: index},
         )
 
     def schedule(self) -> ReplaySchedule:
@@ -167,7 +172,37 @@ class ClosedLoop:
 
     @property
     def iteration_time_ns(self) -> int:
+        """The simulated job's iteration: until the last op of any rank completes."""
         return self.result.iteration_time_ns
+
+    @property
+    def finish_ns(self) -> int:
+        """When this rank's last op completes in the simulation: what its emulated iteration, from
+        its start to its own end, is compared with. The job's iteration can end later, on a rank
+        with more work after the last op they share (the last pipeline stage's optimizer step)."""
+        return self.result.finish_ns(self.virtual_rank)
+
+    def replayed_ns(self, compute_ns: Mapping[int, Sequence[int]]) -> dict[int, int]:
+        """The current schedule replayed with one iteration's own compute spans (`replayed.py`):
+        what that iteration should have taken on each real rank, had every op completed as the
+        schedule says. Every real rank's loop simulates the same job, so each can replay them all.
+
+        Call it before `resimulate`, while `result` is the simulation of the schedules the
+        iteration ran.
+
+        Args:
+            compute_ns: real rank -> its measured spans in the iteration
+                (`graph.capture.compute_durations`); every real rank's, this one's included.
+        """
+        for rank in compute_ns:
+            if rank not in self.indices:
+                self.indices[rank] = ScheduleIndex(self.result, rank, self.real_ranks)
+        return replayed_finish_ns(
+            self.result,
+            compute_ns=compute_ns,
+            arrivals_ns={rank: self.indices[rank].arrivals(self.result) for rank in compute_ns},
+            shared={rank: keys for rank, (_, keys) in self.real_ops.items()},
+        )
 
     def fold(
         self,

@@ -46,6 +46,7 @@ from prism_megatron.graph.capture import (
     CapturedIteration,
     GroupNames,
     RankCapture,
+    compute_durations,
     compute_intervals,
     iteration_streams,
 )
@@ -231,6 +232,11 @@ class EmulatePhase(_RecordingPhase):
             what_if=WhatIf(stragglers=config.emulation.stragglers()),
         )
         self.simulated_ns: list[int] = []
+        """This rank's simulated time in the schedule each iteration ran (`ClosedLoop.finish_ns`)."""
+        self.replayed_ns: dict[int, int] = {}
+        """Iteration number -> the schedule it ran replayed with every real rank's compute spans of
+        that iteration (`ClosedLoop.replayed_ns`); iterations after warm-up that every real rank
+        ran as the graph holds."""
         self.resimulation_ns: list[int] = []
         """Host time of each fold (measurement, exchange with the other real ranks, re-simulation and
         schedule load): between iterations, in none."""
@@ -264,7 +270,7 @@ class EmulatePhase(_RecordingPhase):
             # leaves the real ops' path (backend/consistency.py); all switch at this same start.
             consistency.defer(start.all_matched)
             self.starts.append(start)
-        self.simulated_ns.append(self.loop.iteration_time_ns)
+        self.simulated_ns.append(self.loop.finish_ns)
         super().iteration_begins()
 
     def after_iteration(self, iteration: CapturedIteration) -> None:
@@ -285,24 +291,33 @@ class EmulatePhase(_RecordingPhase):
         reason = self.loop.measure(streams, keep)
         if self.real_costs is not None:
             self.real_costs.add(iteration.events)
-        durations, costs = self.exchange(number)
+        spans = compute_durations(streams) if reason is None else None
+        durations, costs, all_spans = self.exchange(number, spans)
         if reason is None:
+            if None not in all_spans.values():  # every real rank's iteration matched the graph
+                # Before re-simulating: the loop's result is still the schedule this iteration ran.
+                self.replayed_ns[number] = self.loop.replayed_ns(all_spans)[self.virtual_rank]
             self.loop.resimulate(durations, costs if self.real_costs is not None else None)
             self.loaded = self.loop.schedule()
             replay.load_schedule(self.loaded)
         else:
             self.not_folded[number] = reason
 
-    def exchange(self, number: int) -> tuple[dict[str, list[int]], dict[int, dict[str, int]]]:
+    def exchange(
+        self, number: int, spans: list[int] | None
+    ) -> tuple[dict[str, list[int]], dict[int, dict[str, int]], dict[int, list[int] | None]]:
         """Publish this rank's measurements after iteration `number` and wait for every other real
-        rank's (see closed_loop.py): durations by role, and costs of the ops among real ranks by
-        virtual rank (this rank's included)."""
+        rank's (see closed_loop.py): durations by role, costs of the ops among real ranks by
+        virtual rank (this rank's included), and each real rank's compute spans in the iteration
+        itself by virtual rank (`spans`; None where the iteration did not match the graph)."""
         own_costs = self.real_costs.current() if self.real_costs is not None else {}
         durations: dict[str, list[int]] = {}
         costs: dict[int, dict[str, int]] = {self.virtual_rank: own_costs}
+        all_spans: dict[int, list[int] | None] = {self.virtual_rank: spans}
         if self.store is None or len(self.real_ranks) < 2:
-            return durations, costs
-        data = {"role": self.loop.role, "durations": self.loop.current, "real_costs": own_costs}
+            return durations, costs, all_spans
+        data = {"role": self.loop.role, "durations": self.loop.current, "real_costs": own_costs,
+                "spans": spans}  # fmt: skip
         self.store.set(_shared_key(self.virtual_rank, number), json.dumps(data))
         others = [rank for rank in self.real_ranks if rank != self.virtual_rank]
         keys = [_shared_key(rank, number) for rank in others]
@@ -311,14 +326,19 @@ class EmulatePhase(_RecordingPhase):
             data = json.loads(raw)
             durations[data["role"]] = data["durations"]
             costs[rank] = data["real_costs"]
+            all_spans[rank] = data["spans"]
         if number - 2 >= NUM_WARMUP:  # every rank read it before the iteration that just ended began
             self.store.delete_key(_shared_key(self.virtual_rank, number - 2))
-        return durations, costs
+        return durations, costs, all_spans
 
     def summary(self) -> dict[str, Any]:
         return {
             **super().summary(),
             "simulated_iteration_times_s": [t / 1e9 for t in self.simulated_ns],
+            "replayed_iteration_times_s": [
+                self.replayed_ns[i] / 1e9 if i in self.replayed_ns else None
+                for i in range(len(self.simulated_ns))
+            ],
             "closed_loop_final_s": self.loop.iteration_time_ns / 1e9,
             "num_folded": self.loop.num_folded,
             "num_spans_kept": self.num_kept,

@@ -54,6 +54,11 @@ class ScheduleIndex:
             return replay_schedules(result, self.real_ranks)[self.virtual_rank]
         return self._read(result)
 
+    def arrivals(self, result: SimResult) -> dict[int, int]:
+        """Position of each of the rank's ops with virtual members (the role's flat op order) ->
+        the latest arrival of those members in `result`: the arrival its schedule gives the engine."""
+        return {e.local: int(result.start_ns[e.arrivals].max()) for e in self.entries}
+
     def _read(self, result: SimResult) -> ReplaySchedule:
         base = int(result.node_op_base[result.problem.node_of(self.virtual_rank)])
         grouped: tuple[dict, dict] = ({}, {})
