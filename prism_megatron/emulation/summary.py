@@ -34,6 +34,11 @@ def format_summary(outcome: RunOutcome) -> str:
             f"real rank {agreement.virtual_rank}: emulated against the simulation of the schedule each "
             f"iteration ran: {describe(agreement)}"
         )
+        if agreement.replayed_s is not None:
+            lines.append(
+                f"real rank {agreement.virtual_rank}: emulated against that schedule replayed with the "
+                f"iteration's own compute: {describe(agreement, replayed=True)}"
+            )
     for rank, data in sorted(outcome.results.items()):
         between = _between_iterations(data.get("prism_phase") or {})
         if between:

@@ -11,6 +11,14 @@ is reported beside it, as its own line: it is the job's predicted time, not a co
 Comparing the median emulated iteration with one simulation from the last few iterations' spans
 would mix two things: compute drifts within a run, so the last schedule need not be the schedule
 of the median iteration.
+
+The same holds within one iteration: the schedule was simulated with the spans measured before it,
+and a real rank's compute drifts from one iteration to the next while its virtual peers keep to
+the schedule. So each iteration is also compared with its schedule replayed with the compute the
+real ranks measured in that very iteration (`passes/replayed.py`): that difference is the
+emulation's own error (ops completing later than the schedule says, host work inside ops); the
+difference between the two comparisons is the compute drift. The simulated time is the rank's own
+finish in the schedule's simulation, as the emulated time is the rank's own start to end.
 """
 
 from __future__ import annotations
@@ -30,14 +38,17 @@ class RankAgreement:
     """The iterations compared (after warm-up), numbered from 0 as in `iterations`."""
     emulated_s: tuple[float, ...]
     simulated_s: tuple[float, ...]
-    """The simulated iteration time of the schedule each iteration ran."""
+    """The rank's simulated time in the schedule each iteration ran."""
     closed_loop_final_s: float | None = None
     """The simulation from the last measurements (the schedule a next iteration would run)."""
+    replayed_s: tuple[float, ...] | None = None
+    """The schedule each iteration ran, replayed with the real ranks' compute of that iteration;
+    None when a compared iteration has none (a run before it was recorded, or one that diverged)."""
 
     @property
     def differences_pct(self) -> tuple[float, ...]:
         """Per iteration: (emulated - simulated) / simulated, in percent."""
-        return tuple((e - s) / s * 100 for e, s in zip(self.emulated_s, self.simulated_s, strict=True))
+        return _differences(self.emulated_s, self.simulated_s)
 
     @property
     def median_pct(self) -> float:
@@ -48,12 +59,28 @@ class RankAgreement:
         """The smallest and largest per-iteration difference."""
         return min(self.differences_pct), max(self.differences_pct)
 
+    @property
+    def replayed_differences_pct(self) -> tuple[float, ...] | None:
+        """Per iteration: (emulated - replayed) / replayed, in percent."""
+        return None if self.replayed_s is None else _differences(self.emulated_s, self.replayed_s)
+
+    @property
+    def replayed_median_pct(self) -> float | None:
+        differences = self.replayed_differences_pct
+        return None if differences is None else statistics.median(differences)
+
+    @property
+    def replayed_spread_pct(self) -> tuple[float, float] | None:
+        differences = self.replayed_differences_pct
+        return None if differences is None else (min(differences), max(differences))
+
     @classmethod
     def from_phase(cls, virtual_rank: int, phase: Mapping[str, Any]) -> RankAgreement | None:
         """From a rank's `prism_phase` results (`EmulatePhase.summary`); None for a pass without
         simulated times, or without an iteration after warm-up."""
         emulated = phase.get("iteration_times_s") or []
         simulated = phase.get("simulated_iteration_times_s") or []
+        replayed = phase.get("replayed_iteration_times_s") or []
         first = int(phase.get("num_warmup", 0))
         pairs = [
             (i, e, s)
@@ -62,12 +89,14 @@ class RankAgreement:
         ]
         if not pairs:
             return None
+        replays = [replayed[i] if i < len(replayed) else None for i, _, _ in pairs]
         return cls(
             virtual_rank=virtual_rank,
             iterations=tuple(i for i, _, _ in pairs),
             emulated_s=tuple(float(e) for _, e, _ in pairs),
             simulated_s=tuple(float(s) for _, _, s in pairs),
             closed_loop_final_s=phase.get("closed_loop_final_s"),
+            replayed_s=None if any(not r for r in replays) else tuple(float(r) for r in replays),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -79,6 +108,16 @@ class RankAgreement:
             "median_difference_pct": self.median_pct,
             "min_difference_pct": self.spread_pct[0],
             "max_difference_pct": self.spread_pct[1],
+            **(
+                {}
+                if self.replayed_s is None
+                else {
+                    "replayed_s": list(self.replayed_s),
+                    "median_replayed_difference_pct": self.replayed_median_pct,
+                    "min_replayed_difference_pct": self.replayed_spread_pct[0],
+                    "max_replayed_difference_pct": self.replayed_spread_pct[1],
+                }
+            ),
         }
 
     @classmethod
@@ -90,7 +129,12 @@ class RankAgreement:
             emulated_s=tuple(entry["emulated_s"]),
             simulated_s=tuple(entry["simulated_s"]),
             closed_loop_final_s=entry.get("closed_loop_final_s"),
+            replayed_s=tuple(entry["replayed_s"]) if entry.get("replayed_s") is not None else None,
         )
+
+
+def _differences(emulated_s: tuple[float, ...], reference_s: tuple[float, ...]) -> tuple[float, ...]:
+    return tuple((e - r) / r * 100 for e, r in zip(emulated_s, reference_s, strict=True))
 
 
 def agreements(results: Mapping[int, Mapping[str, Any]]) -> tuple[RankAgreement, ...]:
@@ -101,10 +145,16 @@ def agreements(results: Mapping[int, Mapping[str, Any]]) -> tuple[RankAgreement,
     return tuple(a for a in found if a is not None)
 
 
-def describe(agreement: RankAgreement) -> str:
-    """'+0.42 % (-1.10 .. +2.31 %, 5 iterations)'."""
-    low, high = agreement.spread_pct
+def describe(agreement: RankAgreement, *, replayed: bool = False) -> str:
+    """'+0.42 % (-1.10 .. +2.31 %, 5 iterations)': against the schedule's simulation, or with
+    `replayed` against its replay with the iteration's own compute ('-' when there is none)."""
+    if replayed:
+        if agreement.replayed_median_pct is None:
+            return "-"
+        median, (low, high) = agreement.replayed_median_pct, agreement.replayed_spread_pct
+    else:
+        median, (low, high) = agreement.median_pct, agreement.spread_pct
     return (
-        f"{agreement.median_pct:+.2f} % ({low:+.2f} .. {high:+.2f} %, "
+        f"{median:+.2f} % ({low:+.2f} .. {high:+.2f} %, "
         f"{len(agreement.iterations)} iteration{'s' if len(agreement.iterations) != 1 else ''})"
     )

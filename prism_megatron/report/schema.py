@@ -191,7 +191,8 @@ def _check_agreement(doc: dict, errors: list[str]) -> None:
             errors.append(
                 f"$.agreement.{key}: virtual rank {key} is not one of real_ranks {doc['real_ranks']}"
             )
-        lengths = {name: len(entry[name]) for name in ("iterations", "emulated_s", "simulated_s")}
+        names = ("iterations", "emulated_s", "simulated_s", "replayed_s")
+        lengths = {name: len(entry[name]) for name in names if entry.get(name) is not None}
         if len(set(lengths.values())) != 1:
             errors.append(
                 f"$.agreement.{key}: one value per iteration compared in each list, got lengths {lengths}"

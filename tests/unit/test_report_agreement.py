@@ -89,3 +89,43 @@ def test_the_schema_refuses_an_agreement_of_a_rank_that_is_not_real_or_of_unequa
     doc["agreement"]["0"]["simulated_s"].pop()
     with pytest.raises(SchemaError, match=r"\$\.agreement\.0: one value per iteration compared"):
         validate(doc)
+
+
+PHASE_REPLAYED = {**PHASE_0, "replayed_iteration_times_s": [None, 0.102, 0.1, 0.104]}
+
+
+def test_each_iteration_is_also_compared_with_its_schedule_replayed_with_its_own_compute():
+    agreement = RankAgreement.from_phase(0, PHASE_REPLAYED)
+    assert agreement.replayed_s == (0.102, 0.1, 0.104)
+    assert agreement.replayed_differences_pct == pytest.approx((0.0, -1.0, 100 * (0.105 / 0.104 - 1)))
+    assert agreement.replayed_median_pct == pytest.approx(0.0)
+    assert describe(agreement, replayed=True) == "+0.00 % (-1.00 .. +0.96 %, 3 iterations)"
+    # The schedule's own simulation stays the first comparison.
+    assert describe(agreement) == "+2.00 % (-1.00 .. +5.00 %, 3 iterations)"
+    # An iteration compared without a replay (it diverged from the graph): no replayed comparison.
+    gap = RankAgreement.from_phase(0, {**PHASE_0, "replayed_iteration_times_s": [None, 0.102, None, 0.1]})
+    assert gap.replayed_s is None and describe(gap, replayed=True) == "-"
+    assert RankAgreement.from_phase(0, PHASE_0).replayed_s is None  # a run before it was recorded
+
+
+def test_report_json_and_md_hold_the_replayed_comparison_and_read_back_equal(tmp_path):
+    report = _report(
+        agreement=agreements({0: {"prism_phase": PHASE_REPLAYED}, 33: {"prism_phase": PHASE_33}})
+    )
+    out = str(tmp_path / "run")
+    write_report(report, out)
+    with open(os.path.join(out, "report.json")) as f:
+        doc = json.load(f)
+    validate(doc)
+    entry = doc["agreement"]["0"]
+    assert entry["replayed_s"] == [0.102, 0.1, 0.104]
+    assert entry["median_replayed_difference_pct"] == pytest.approx(0.0)
+    assert "replayed_s" not in doc["agreement"]["33"]
+    assert RunReport.from_json(doc) == report
+    with open(os.path.join(out, "report.md")) as f:
+        md = f.read()
+    assert "| 0 | 3 | +2.00 % | -1.00 .. +5.00 % | +0.00 % | -1.00 .. +0.96 % |" in md
+    assert "| 33 | 3 | +0.00 % | -2.00 .. +0.00 % | - | - |" in md
+    doc["agreement"]["0"]["replayed_s"].pop()
+    with pytest.raises(SchemaError, match=r"\$\.agreement\.0: one value per iteration compared"):
+        validate(doc)
