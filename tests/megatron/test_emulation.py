@@ -150,6 +150,12 @@ def test_every_emulated_iteration_after_warm_up_folds_its_measurements_into_the_
         simulated = phase["simulated_iteration_times_s"]
         assert simulated[0] == simulated[1], "warm-up is not folded"
         assert simulated[2] != simulated[1], "the schedule after a folded iteration is a new simulation"
+        # Every folded iteration is also replayed in its schedule with the compute both real ranks
+        # measured in it (exchanged with their durations); warm-up is not.
+        replayed = phase["replayed_iteration_times_s"]
+        assert replayed[0] is None and all(r > 0 for r in replayed[1:]), replayed
+    agreement = read_json(run_dir / "report.json")["agreement"]
+    assert all(len(agreement[str(rank)]["replayed_s"]) == 3 for rank in REAL_RANKS)
 
 
 @pytest.mark.slow
