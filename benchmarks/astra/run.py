@@ -43,6 +43,7 @@ from benchmarks import common
 from prism_megatron import files
 from prism_megatron.graph import ExpandedGraph, load_graph, world_from_metadata
 from prism_megatron.graph.chakra import export_chakra
+from prism_megatron.graph.chakra.export import node_ids
 from prism_megatron.graph.schema import COMPUTE_STREAM, ExecutionGraph, NodeType, RoleGraph
 from prism_megatron.graph.world import LayoutWorld
 from prism_megatron.network import PRESETS, CostModel
@@ -155,13 +156,12 @@ def astra_command(binary: str, paths: dict[str, str]) -> list[str]:
 
 
 def node_keys(expanded: ExpandedGraph, virtual_rank: int) -> dict[int, str | None]:
-    """node id of the rank's trace -> collective key (None for other nodes), in the export's order."""
-    out, node_id = {}, 0
-    for ops in expanded.streams(virtual_rank).values():
-        for resolved in ops:
-            op = resolved.op
-            out[node_id] = collective_key(op) if op.type == NodeType.COLLECTIVE else None
-            node_id += 1
+    """node id of the rank's trace -> collective key (None for other nodes), with the export's ids."""
+    streams = expanded.streams(virtual_rank)
+    out = {}
+    for (name, index), node_id in node_ids(streams).items():
+        op = streams[name][index].op
+        out[node_id] = collective_key(op) if op.type == NodeType.COLLECTIVE else None
     return out
 
 
@@ -257,9 +257,15 @@ def markdown(record: dict) -> str:
     lines += [
         "",
         "Issue-to-completion includes waiting for the other members. The models differ: ours picks NCCL's "
-        "cheapest algorithm and protocol with its per-call base latency; ASTRA-sim runs a ring per "
-        "dimension of its network, charging each message hops x link latency plus its size over the link "
-        "bandwidth, and replays a broadcast for the duration the export gives it.",
+        "cheapest algorithm and protocol with its per-call base latency (NVLink SHARP where the cluster "
+        "has it); ASTRA-sim runs a ring per dimension of its network (one ring over a group smaller than "
+        "the job), charging each message hops x link latency plus its size over the link bandwidth, and "
+        "each received message that a reduce-scatter or the reduce-scatter half of an all-reduce adds "
+        "up another three passes over local memory (two reads, one write at `local-mem-bw`), which "
+        "NCCL's reduction, fused into its copy, does not cost. ASTRA-sim also keeps one communication "
+        "in flight per NPU (receives aside) and completes a send without waiting for its receive; ours "
+        "overlaps a pipeline send with the compute stream's collectives and pairs it with its receive. "
+        "It replays a broadcast for the duration the export gives it.",
     ]
     return "\n".join(lines) + "\n"
 

@@ -2,8 +2,11 @@
 --network-configuration reads), so a job exported as Chakra traces can be simulated there too.
 
 ASTRA-sim's analytical network is a stack of dimensions, each a topology (Ring, Switch,
-FullyConnected) of `npus_count` members with a per-link bandwidth in GB/s (10**9 bytes/s, per
-direction) and a latency in ns; the product of the counts is the number of NPUs. A cluster maps to:
+FullyConnected) of `npus_count` members with a per-link bandwidth in its GB/s, which are 2**30
+bytes/s (common/NetworkFunction.cpp, bw_GBps_to_Bpns), per direction, and a latency in ns; the
+product of the counts is the number of NPUs. Our bandwidths are in 10**9 bytes/s, so each is
+written divided by 2**30 / 10**9 (1.0737...): written as it is, every link would run 7.4 % fast.
+A cluster maps to:
 
 1. the node's NVLink domain: Switch (NVSwitch) or FullyConnected (direct links), `gpus_per_node`
    members, the NVLink bandwidth NCCL reaches (`nvlink_bandwidth_gb_per_s x nvlink_efficiency`),
@@ -32,6 +35,8 @@ import math
 from prism_megatron.network.cluster import ClusterSpec
 
 _NS_PER_US = 1000.0
+ASTRA_GB = 1 << 30
+"""Bytes in the GB of ASTRA-sim's analytical network bandwidths (its GB/s is 2**30 bytes/s)."""
 HOPS = {"Switch": 2, "FullyConnected": 1, "Ring": 1}
 """Links a message crosses between two members of a dimension (a ring's neighbours: one)."""
 
@@ -78,7 +83,7 @@ def astra_network(spec: ClusterSpec, world_size: int) -> dict[str, list]:
     return {
         "topology": [d[0] for d in dims],
         "npus_count": [d[1] for d in dims],
-        "bandwidth": [round(d[2], 3) for d in dims],
+        "bandwidth": [round(d[2] * 1e9 / ASTRA_GB, 3) for d in dims],  # 10**9 B/s -> 2**30 B/s
         "latency": [round(d[3] / HOPS[d[0]], 1) for d in dims],  # per link: a step is HOPS links
     }
 
@@ -94,9 +99,9 @@ def astra_network_yaml(spec: ClusterSpec, world_size: int) -> str:
     lines = [
         f"# ASTRA-sim analytical network for {world_size} NPUs on cluster {spec.name}",
         f"# ({spec.description})" if spec.description else "#",
-        "# written by prism-megatron export astra-network; bandwidth in GB/s per link and direction (the",
-        "# share NCCL reaches), latency in ns per link (a Switch message crosses two: half our step",
-        "# latency each). Not expressible here: " + ", ".join(dropped) + ".",
+        "# written by prism-megatron export astra-network; bandwidth per link and direction (the share",
+        "# NCCL reaches) in ASTRA-sim's GB/s, 2**30 bytes/s; latency in ns per link (a Switch message",
+        "# crosses two: half our step latency each). Not expressible here: " + ", ".join(dropped) + ".",
     ]
     for key in ("topology", "npus_count", "bandwidth", "latency"):
         values = ", ".join(str(v) for v in config[key])

@@ -11,7 +11,7 @@ from prism_megatron.cli import main
 from prism_megatron.graph import ExpandedGraph, save_graph
 from prism_megatron.graph.chakra import et_def_pb2 as et
 from prism_megatron.graph.chakra import export_chakra
-from prism_megatron.graph.chakra.export import COMM_TYPES, FEEDER_TYPES, NODE_TYPES
+from prism_megatron.graph.chakra.export import COMM_TYPES, FEEDER_TYPES, NODE_TYPES, node_ids
 from prism_megatron.graph.chakra.stream import attributes, encode_varint, framed, read_trace
 from prism_megatron.graph.schema import ExecutionGraph, GraphMetadata, NodeType, Op, RoleGraph
 from prism_megatron.graph.world import LayoutWorld
@@ -118,10 +118,11 @@ def test_traces_read_back_with_one_node_per_op_and_the_graphs_dependencies(expan
         meta = attributes(metadata)
         assert (metadata.version, meta["rank"], meta["world_size"]) == ("0.0.4", rank, 16)
         streams = expanded.streams(rank)
-        ops = [(name, index, r) for name, ops in streams.items() for index, r in enumerate(ops)]
-        assert len(nodes) == len(ops) and [n.id for n in nodes] == list(range(len(ops)))
-        ids = {(name, index): node_id for node_id, (name, index, _) in enumerate(ops)}
-        for node, (stream, index, resolved) in zip(nodes, ops, strict=True):
+        ids = node_ids(streams)
+        at = {node_id: (name, index, streams[name][index]) for (name, index), node_id in ids.items()}
+        assert len(nodes) == len(ids) and [n.id for n in nodes] == list(range(len(ids)))
+        for node in nodes:
+            stream, index, resolved = at[node.id]
             op, attrs = resolved.op, attributes(node)
             assert node.type == NODE_TYPES[op.type] and attrs["stream"] == stream
             assert attrs["duration_ns"] == op.duration_ns
@@ -138,6 +139,25 @@ def test_traces_read_back_with_one_node_per_op_and_the_graphs_dependencies(expan
         sends = [n for n in nodes if n.type == et.COMM_SEND_NODE]
         # each send: its stream order (none for the first) and the compute that produced its data
         assert sends and all(len(n.data_deps) == len(n.ctrl_deps) + 1 for n in sends)
+
+
+def test_sends_have_the_lowest_ids_so_astra_sim_issues_them_before_a_collective_ready_with_them(
+    expanded, tmp_path
+):
+    # ASTRA-sim runs one communication node per NPU at a time and issues ready nodes in id order; on
+    # the last stage (ranks 8-15) the final backward send and the DP reduce-scatter wait on the same
+    # all-reduce, and the reduce-scatter first, then the world all-reduce, held the NPU while the
+    # first stage waited for that send: ASTRA-sim ended with every NPU stuck.
+    export_chakra(expanded, str(tmp_path), all_ranks=True)
+    for rank in range(16):
+        _, nodes = read_trace(str(tmp_path / f"chakra.{rank}.et"))
+        sends = [n.id for n in nodes if n.type == et.COMM_SEND_NODE]
+        collectives = [n.id for n in nodes if n.type == et.COMM_COLL_NODE]
+        assert sends and collectives and max(sends) < min(collectives), rank
+    by_id = {n.id: n for n in nodes}  # rank 15, last stage
+    last_send = by_id[max(sends)]
+    grads = next(n for n in nodes if n.name == "COMM_COLL_NODE REDUCE_SCATTER dp grads")
+    assert set(last_send.data_deps) - set(last_send.ctrl_deps) == set(grads.ctrl_deps)  # ready together
 
 
 def test_node_names_start_with_the_type_chakras_timeline_visualizer_looks_for(expanded, tmp_path):
@@ -189,9 +209,11 @@ def test_an_all_gathers_size_is_each_ranks_input(expanded, tmp_path):
     """ASTRA-sim's Ring.cc and Chakra's PyTorch converter: an all-gather's comm_size is one rank's part."""
     export_chakra(expanded, str(tmp_path), [0])
     _, nodes = read_trace(str(tmp_path / "chakra.0.et"))
-    resolved = [r for ops in expanded.streams(0).values() for r in ops]
+    streams = expanded.streams(0)
+    resolved = {node_id: streams[name][index] for (name, index), node_id in node_ids(streams).items()}
     sizes = {}
-    for node, r in zip(nodes, resolved, strict=True):
+    for node in nodes:
+        r = resolved[node.id]
         if r.op.type == NodeType.COLLECTIVE:
             sizes[r.op.comm] = (attributes(node)["comm_size"], r.op.size_bytes, len(r.members))
     assert sizes[OpKind.ALL_GATHER] == (SPEC.dp_grad_bytes // 2, SPEC.dp_grad_bytes, 2)
@@ -283,8 +305,16 @@ def test_a_preset_as_astra_sims_analytical_network(tmp_path, capsys):
     config = astra_network(PRESETS["dgx-h100"], 8192)
     assert config["topology"] == ["Switch", "Switch", "Switch"]
     assert config["npus_count"] == [8, 32, 32]  # GPUs per node, nodes per leaf group, leaf groups
-    assert config["bandwidth"][0] == pytest.approx(450 * 20.6 / 25, abs=1e-3)  # NVLink as NCCL reaches it
-    assert config["bandwidth"][1] == pytest.approx(50 * 0.94)  # one NDR NIC per GPU
+    # ASTRA-sim's GB/s are 2**30 bytes/s (bw_GBps_to_Bpns); ours 10**9
+    gib = 1e9 / 2**30
+    assert config["bandwidth"][0] == pytest.approx(
+        450 * 20.6 / 25 * gib, abs=1e-3
+    )  # NVLink as NCCL reaches it
+    assert config["bandwidth"][1] == pytest.approx(50 * 0.94 * gib, abs=1e-3)  # one NDR NIC per GPU
+    # a 32 MiB message over one NIC's share: the same seconds in ASTRA-sim's units as in ours
+    assert (32 << 20) / (config["bandwidth"][1] * 2**30) == pytest.approx(
+        (32 << 20) / (50 * 0.94 * 1e9), rel=1e-5
+    )
     # per link: ASTRA-sim's Switch route is two links, so each carries half the step latency
     assert config["latency"][:2] == [1700.0, 7000.0]
     spine = PRESETS["dgx-h100"].topology.spine_latency_us * 1000

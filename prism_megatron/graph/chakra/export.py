@@ -7,6 +7,14 @@ sequence (`stream.py`) of one `GlobalMetadata` and one `Node` per op of the rank
   COLLECTIVE -> COMM_COLL_NODE; SEND / RECV -> COMM_SEND_NODE / COMM_RECV_NODE.
 * names start with the node type's name ("COMP_NODE fwd", "COMM_COLL_NODE ALL_REDUCE tp"): Chakra's
   timeline visualizer tells compute from communication by that word alone.
+* node ids: every SEND first, then every other op, each in stream order (`node_ids`). ASTRA-sim
+  keeps one communication node in flight per NPU (workload/HardwareResource.cc; receives exempt)
+  and issues the nodes whose dependencies are met in id order. A collective waits for its peers, a
+  send does not (the analytical backend delivers it without its receive), so a collective issued
+  ahead of a send that was ready at the same moment can wait forever for a peer that needs the
+  send's data: the last pipeline stage's final backward send, ready together with its gradient
+  reduce-scatter, did exactly that with ids in plain stream order. A send first only delays what
+  follows it on that NPU.
 * dependencies: `ctrl_deps` holds the stream order (the op or coalesced batch before it on its
   stream); `data_deps` holds every dependency, the stream order and the cross-stream ones (a wait on
   an async op). The stream order is repeated there because Chakra's feeders resolve data_deps (some
@@ -55,7 +63,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from prism_megatron import files
 from prism_megatron.graph.chakra import et_def_pb2 as et
@@ -175,10 +183,7 @@ def rank_trace(
     `cost_fn` (optional) gives a BROADCAST's duration, which ASTRA-sim replays instead of simulating.
     """
     streams = expanded.streams(virtual_rank)
-    ids: dict[tuple[str, int], int] = {}
-    for name, ops in streams.items():
-        for index in range(len(ops)):
-            ids[(name, index)] = len(ids)
+    ids = node_ids(streams)
     nodes = []
     for name, ops in streams.items():
         previous_batch: list[int] = []  # the stream waits for every op of the batch before
@@ -198,6 +203,7 @@ def rank_trace(
             batch.append(node_id)
             if not resolved.op.coalesced:
                 previous_batch, batch = batch, []
+    nodes.sort(key=lambda node: node.id)
     metadata = et.GlobalMetadata(
         version=CHAKRA_VERSION,
         attr=[
@@ -208,6 +214,19 @@ def rank_trace(
         ],
     )
     return metadata, nodes
+
+
+def node_ids(streams: Mapping[str, Sequence[ResolvedOp]]) -> dict[tuple[str, int], int]:
+    """(stream, index) -> node id for one rank's streams: every SEND first, then every other op, each
+    in stream order (the module's docstring says why ASTRA-sim needs the sends first)."""
+    ops = [
+        (name, index, resolved.op)
+        for name, stream in streams.items()
+        for index, resolved in enumerate(stream)
+    ]
+    sends = [(name, index) for name, index, op in ops if op.type == NodeType.SEND]
+    others = [(name, index) for name, index, op in ops if op.type != NodeType.SEND]
+    return {at: node_id for node_id, at in enumerate([*sends, *others])}
 
 
 def _replayed(op) -> bool:
