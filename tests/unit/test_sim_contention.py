@@ -123,7 +123,7 @@ def test_the_slowdown_follows_the_device_the_graph_was_captured_on():
     assert compute_slowdown_of("model:h100") == SLOWDOWN
     for device in ("cpu", "cuda", "auto", None, ""):
         assert compute_slowdown_of(device) == 0.0
-    with pytest.raises(ValueError, match="v100.*a100, b200, h100, h200"):
+    with pytest.raises(ValueError, match=r"v100.*a100, b200, h100, h200"):
         compute_slowdown_of("model:v100")
     modelled, world, cost = _graph(device="model:h100")
     assert simulate(modelled, world, cost).problem.compute_slowdown == SLOWDOWN
