@@ -8,10 +8,11 @@ Each row is a shipped configuration (`launch/configs/*.args`) run as `prism-mega
 op timed by prism's GPU model, the graph simulated over the DGX H100 preset. Per row: the published
 TFLOP/s per GPU, the predicted one (the report's `modelled.tflops_per_gpu`), the error, the time by
 kind, the seconds the prediction took. Writes benchmarks/results/<date>-published.md and .json.
-`--runs DIR` (written as <date>-published-resimulated.md and .json) skips the captures: each row's graph in DIR/<row>/ (a `--keep DIR` of an earlier run) is
-simulated again with the current simulation, over the cluster and with the model FLOPs its report.json
-recorded (seconds: the simulation's alone). It answers for changes to the simulation only; a change to
-the GPU model or to the capture needs the full run.
+`--runs DIR` skips the captures (written as <date>-published-resimulated.md and .json): each row's
+graph in DIR/<row>/ (a `--keep DIR` of an earlier run) is simulated again with the current
+simulation, over the cluster and with the model FLOPs its report.json recorded (seconds: the
+simulation's alone). It answers for changes to the simulation only; a change to the GPU model
+or to the capture needs the full run.
 
 Targets (issue 26): every row within 10 %, median |error| <= 5 %. These numbers are the GPU model's
 **test set**: nothing in the model or in the configurations may be tuned to them.
