@@ -1,12 +1,18 @@
 """The modelled GPU against published production runs: 12 rows predicted at full size.
 
-    python -m benchmarks.published.run [--only NAME] [--gpu h100] [--out-dir DIR]
+    python -m benchmarks.published.run [--only NAME] [--gpu h100] [--out-dir DIR] [--keep DIR]
+    python -m benchmarks.published.run --runs DIR [--only NAME]   # re-simulate kept run folders
 
 Each row is a shipped configuration (`launch/configs/*.args`) run as `prism-megatron emulate ...
 --prism-device model:h100`: the built-in entry's real program at full size on fake tensors, every
 op timed by prism's GPU model, the graph simulated over the DGX H100 preset. Per row: the published
 TFLOP/s per GPU, the predicted one (the report's `modelled.tflops_per_gpu`), the error, the time by
 kind, the seconds the prediction took. Writes benchmarks/results/<date>-published.md and .json.
+`--runs DIR` skips the captures (written as <date>-published-resimulated.md and .json): each row's
+graph in DIR/<row>/ (a `--keep DIR` of an earlier run) is simulated again with the current
+simulation, over the cluster and with the model FLOPs its report.json recorded (seconds: the
+simulation's alone). It answers for changes to the simulation only; a change to the GPU model
+or to the capture needs the full run.
 
 Targets (issue 26): every row within 10 %, median |error| <= 5 %. These numbers are the GPU model's
 **test set**: nothing in the model or in the configurations may be tuned to them.
@@ -116,6 +122,62 @@ def predict(row: PublishedRow, *, gpu: str, work_dir: str) -> dict:
     }
 
 
+def resimulate(row: PublishedRow, *, runs_dir: str) -> dict:
+    """One row from a kept run folder: its graph simulated again (no capture); the numbers as
+    `predict` gives them, the compute split by kind taken from the run's report."""
+    from prism_megatron.emulation.modelled_run import COMPUTE_KINDS
+    from prism_megatron.graph import load_graph
+    from prism_megatron.graph.world import world_from_metadata
+    from prism_megatron.passes.closed_loop import network_cost
+    from prism_megatron.sim import breakdown, simulate
+    from prism_megatron.sim.contention import compute_slowdown_of, graph_device
+
+    run = os.path.join(runs_dir, row.name)
+    try:
+        with open(os.path.join(run, "report.json"), encoding="utf-8") as f:
+            report = json.load(f)
+        graph = load_graph(os.path.join(run, "graph"))
+    except (OSError, ValueError) as exc:
+        return {"name": row.name, "ok": False, "seconds": 0.0, "error": f"no kept run in {run}: {exc}"}
+    modelled, prism = report.get("modelled") or {}, report.get("prism") or {}
+    device = graph_device(graph.metadata.extra) or (prism.get("emulation") or {}).get("device")
+    start = time.monotonic()
+    result = simulate(
+        graph,
+        world_from_metadata(graph.metadata.layout),
+        network_cost((prism.get("cluster") or {}).get("cluster", "default")),
+        compute_slowdown=compute_slowdown_of(device),
+    )
+    seconds = time.monotonic() - start
+    iteration_s = result.iteration_time_ns / 1e9
+    predicted = report["model_flops_per_iteration"] / (iteration_s * report["target"]["world_size"]) / 1e12
+    critical = max(breakdown(result), key=lambda r: r.compute_ns)
+    kept = modelled.get("time_by_kind_s") or {}
+    compute_s = sum(kept.get(kind, 0.0) for kind in COMPUTE_KINDS)
+    by_kind = {
+        k: critical.compute_ns / 1e9 * kept.get(k, 0.0) / compute_s for k in COMPUTE_KINDS if compute_s
+    }
+    by_kind.update(
+        exposed_communication=critical.exposed_comm_ns / 1e9, pipeline_bubble=critical.bubble_ns / 1e9
+    )
+    return {
+        "name": row.name,
+        "ok": True,
+        "seconds": round(seconds, 1),
+        "published_tflops": row.tflops_per_gpu,
+        "predicted_tflops": round(predicted, 1),
+        "error_pct": round(100 * (predicted / row.tflops_per_gpu - 1), 1),
+        "mfu": predicted / modelled["peak_tflops"] if modelled.get("peak_tflops") else None,
+        "iteration_time_s": iteration_s,
+        "critical_role": critical.role,
+        "time_by_kind_s": by_kind,
+        "source": row.source,
+        "tp_comm_overlap": row.tp_comm_overlap,
+        "resimulated": True,
+        "kept_iteration_time_s": modelled.get("iteration_time_s"),
+    }
+
+
 def summarise(rows: list[dict]) -> dict:
     ok = [r for r in rows if r["ok"]]
     errors = [abs(r["error_pct"]) for r in ok]
@@ -143,14 +205,21 @@ def _kinds(row: dict) -> str:
     return ", ".join(f"{short[k]} {kinds.get(k, 0.0) / total:.0%}" for k in short)
 
 
-def markdown(rows: list[dict], summary: dict, env: dict, gpu: str) -> str:
+def markdown(rows: list[dict], summary: dict, env: dict, gpu: str, resimulated: bool = False) -> str:
     met = lambda ok: "met" if ok else "**NOT met**"  # noqa: E731
+    how = (
+        "Each row: the graph a full run kept (`--keep`; `prism-megatron emulate` of the shipped "
+        f"configuration with `--prism-device model:{gpu}`), simulated again with the current "
+        "simulation, no capture (seconds: the simulation's alone). "
+        if resimulated
+        else "Each row: `prism-megatron emulate` of the shipped "
+        f"configuration with `--prism-device model:{gpu}` at full size (the built-in entry on fake "
+        "tensors, the GPU model's op times, the DGX preset's network, the simulation's iteration). "
+    )
     lines = [
         f"# Published production runs against prism's modelled {gpu.upper()} ({common.today()})",
         "",
-        f"Machine: {common.machine_line(env)}. Each row: `prism-megatron emulate` of the shipped "
-        f"configuration with `--prism-device model:{gpu}` at full size (the built-in entry on fake "
-        "tensors, the GPU model's op times, the DGX preset's network, the simulation's iteration). "
+        f"Machine: {common.machine_line(env)}. {how}"
         "The published numbers are the test set: nothing was tuned to them. As Megatron-LM's README "
         "benchmark configuration says its runs did, its rows with TP > 1 run with `--tp-comm-overlap` "
         "(Transformer Engine's userbuffers, modelled as `prism_megatron/megatron/run/tp_overlap.py` "
@@ -188,7 +257,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gpu", default="h100", help="the modelled GPU (the published runs are H100)")
     parser.add_argument("--out-dir", default=common.RESULTS_DIR, help="where <date>-published.md/.json go")
     parser.add_argument("--keep", default=None, help="keep each row's run folder under this directory")
+    parser.add_argument("--runs", default=None, metavar="DIR",
+                        help="no capture: simulate again the run folders a --keep DIR run left")  # fmt: skip
     args = parser.parse_args(argv)
+    if args.runs and args.keep:
+        parser.error("--runs re-simulates kept run folders and writes none: drop --keep")
+    if args.runs and not os.path.isdir(args.runs):
+        parser.error(f"--runs {args.runs}: no such directory (give the folder a --keep run wrote)")
     names = {r.name for r in ROWS}
     unknown = sorted(set(args.only or ()) - names)
     if unknown:
@@ -199,13 +274,19 @@ def main(argv: list[str] | None = None) -> int:
         rows = []
         for row in chosen:
             print(f"{row.name} ...", flush=True)
-            rows.append(predict(row, gpu=args.gpu, work_dir=work))
+            if args.runs:
+                rows.append(resimulate(row, runs_dir=args.runs))
+            else:
+                rows.append(predict(row, gpu=args.gpu, work_dir=work))
             print(f"  {json.dumps({k: v for k, v in rows[-1].items() if k != 'time_by_kind_s'})}", flush=True)
     env = common.environment()
     summary = summarise(rows)
     record = {"date": common.today(), "gpu": args.gpu, "environment": env, "summary": summary, "rows": rows}
+    if args.runs:
+        record["resimulated"] = True  # from kept graphs; their folder is this machine's, not recorded
+    suite = "published-resimulated" if args.runs else "published"  # never over a full run's record
     paths = common.write_results(
-        "published", record, markdown(rows, summary, env, args.gpu), out_dir=args.out_dir
+        suite, record, markdown(rows, summary, env, args.gpu, bool(args.runs)), out_dir=args.out_dir
     )
     print("\n".join(f"wrote {p}" for p in paths))
     return 0

@@ -89,16 +89,19 @@ def _simulated_from_graph(run_dir: str, report):
     from prism_megatron.graph.world import world_from_metadata
     from prism_megatron.passes.closed_loop import network_cost
     from prism_megatron.sim import WhatIf, simulate
+    from prism_megatron.sim.contention import compute_slowdown_of, graph_device
 
     graph = load_graph(graph_dir)
     emulation = report.prism.get("emulation", {})
     cluster = report.prism.get("cluster", {}).get("cluster", "default")
     stragglers = _stragglers(emulation.get("straggler"))
+    device = graph_device(graph.metadata.extra) or emulation.get("device")  # old graphs record none
     result = simulate(
         graph,
         world_from_metadata(graph.metadata.layout),
         network_cost(cluster),
         WhatIf(stragglers=stragglers),
+        compute_slowdown=compute_slowdown_of(device),
     )
     print(f"virtual tracks: simulated {graph_dir} over cluster {cluster!r} (the run saved none)")
     return SimulatedTracks.from_result(result, represented_ranks(result, report.real_ranks))

@@ -95,8 +95,11 @@ def run(args: argparse.Namespace) -> int:
     )
     real_ranks = select_ranks(world.layout, args.real_ranks)
     cost = network_cost(args.cluster)
+    slowdown = _compute_slowdown(graph, args.graph_dir)
     try:
-        result = simulate(graph, world, cost, what_if, symmetric=False if args.full else None)
+        result = simulate(
+            graph, world, cost, what_if, symmetric=False if args.full else None, compute_slowdown=slowdown
+        )
     except (DeadlockError, SimulationFault) as exc:
         print(f"prism-megatron simulate: {exc}", file=sys.stderr)
         return 1
@@ -107,6 +110,33 @@ def run(args: argparse.Namespace) -> int:
     for path in _write_outputs(result, graph, world, out, real_ranks, trace_ranks, extra, args.chakra):
         print(f"wrote {path}")
     return 0
+
+
+def _compute_slowdown(graph, graph_dir: str) -> float:
+    """The contention term's slowdown (`sim.contention`) for the device the graph was captured on: its
+    metadata's, or, for a graph written before graphs recorded it, the device in the report.json of
+    the run folder that holds GRAPH_DIR (the run that captured it)."""
+    from prism_megatron.sim.contention import compute_slowdown_of, graph_device
+
+    device = graph_device(graph.metadata.extra)
+    if device is None:
+        device = _report_device(os.path.dirname(os.path.abspath(graph_dir)))
+        if device is not None:
+            print(f"device {device} (the graph records none): from the run's {files.REPORT_JSON}")
+    return compute_slowdown_of(device)
+
+
+def _report_device(run_dir: str) -> str | None:
+    """--prism-device of the run in `run_dir`, from its report.json; None without a readable one."""
+    import json
+
+    try:
+        with open(os.path.join(run_dir, files.REPORT_JSON), encoding="utf-8") as handle:
+            report = json.load(handle)
+    except (OSError, ValueError):
+        return None
+    device = ((report.get("prism") or {}).get("emulation") or {}).get("device")
+    return str(device) if isinstance(device, str) and device else None
 
 
 def _expert_ranks(layout, factors: dict[int, float]) -> dict[int, float]:

@@ -90,6 +90,7 @@ class RunPlan:
     def graph_facts(self) -> dict[str, object]:
         """The facts of the job a captured graph records beside its layout (metadata.extra)."""
         from prism_megatron.passes.rank import NUM_WARMUP  # the capture pass's; it imports the replay
+        from prism_megatron.sim.contention import DEVICE_KEY
 
         return {
             "script": self.script,
@@ -100,6 +101,8 @@ class RunPlan:
             "num_microbatches": self.num_microbatches,
             "capture_iters": self.config.capture.capture_iters,
             "num_warmup": NUM_WARMUP,
+            # a modelled GPU's spans ran alone: the simulation charges what overlapping NCCL costs them
+            DEVICE_KEY: self.config.emulation.device,
         }
 
 

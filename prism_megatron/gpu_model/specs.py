@@ -77,6 +77,9 @@ class GpuSpec:
     """Fraction of peak HBM bandwidth a streaming kernel achieves."""
     launch_ns: float
     """Fixed cost every kernel pays on the device timeline."""
+    comm_overlap_compute_slowdown: float
+    """Fraction by which compute slows while a communication kernel runs beside it (the simulation's
+    contention term, `sim/contention.py`)."""
 
     def __post_init__(self) -> None:
         if self.name not in GPU_NAMES:

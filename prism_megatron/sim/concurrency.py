@@ -78,7 +78,7 @@ def node_weights(problem) -> np.ndarray:
     return np.bincount(problem.world.role_ids(), minlength=len(problem.role_names)).astype(np.int64)
 
 
-def _flat_ops(result) -> tuple[np.ndarray, np.ndarray]:
+def flat_ops(result) -> tuple[np.ndarray, np.ndarray]:
     """For every timeline slot: its node and its op's index in the problem's flat op arrays."""
     problem = result.problem
     bases = np.asarray(result.node_op_base, dtype=np.int64)
@@ -129,7 +129,7 @@ def concurrent_costs(result, base_cost_ns: np.ndarray, factor: ConcurrencyFactor
     over the role's nodes, as the core takes the largest cost among an op's members)."""
     problem = result.problem
     kinds, sizes = op_kinds_and_sizes(problem)
-    node, flat = _flat_ops(result)
+    node, flat = flat_ops(result)
     comm = kinds[flat] >= 0
     in_flight = ranks_in_flight(result, node_weights(problem), node, comm)
     slots = np.flatnonzero(comm & (result.ready_ns >= 0))

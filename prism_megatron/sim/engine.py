@@ -15,7 +15,7 @@ import numpy as np
 
 from prism_megatron.graph.schema import ExecutionGraph, Op
 from prism_megatron.graph.world import World
-from prism_megatron.sim import concurrency, faults, reference
+from prism_megatron.sim import concurrency, contention, faults, reference
 from prism_megatron.sim.cost import CostFn
 from prism_megatron.sim.problem import Problem, build_problem
 from prism_megatron.sim.whatif import WhatIf
@@ -47,9 +47,9 @@ class SimResult:
     end_ns: np.ndarray
     num_events: int
     num_rounds: int = 1
-    """Simulations run to reach the costs' fixed point under the concurrency term (1 without one)."""
+    """Simulations run to reach the fixed point of the concurrency and contention terms (1 without)."""
     converged: bool = True
-    """False when the concurrency term's costs still moved after `concurrency.MAX_ROUNDS` runs."""
+    """False when those terms' costs still moved after `concurrency.MAX_ROUNDS` runs."""
 
     def node_slice(self, node: int) -> slice:
         return slice(int(self.node_op_base[node]), int(self.node_op_base[node + 1]))
@@ -92,6 +92,7 @@ def simulate(
     *,
     symmetric: bool | None = None,
     core: Core | None = None,
+    compute_slowdown: float | None = None,
 ) -> SimResult:
     """Simulate one iteration of `graph` over `world`.
 
@@ -101,36 +102,55 @@ def simulate(
         symmetric: force one node per role (True) or per rank (False); default: per role unless
             `what_if` makes ranks of one role differ.
         core: the event loop; default the C++ core, `reference.run` for the Python reference.
+        compute_slowdown: compute slowed by overlapping communication (`sim.contention`); default:
+            the GPU model's figure where the graph was captured on a modelled GPU, else none.
 
     Raises:
         DeadlockError: some ops wait for peers that never come (the message names them).
         SimulationFault: matched ops disagree, or an op's rank lacks its group or peer.
         ValueError: the graph does not fit the world (missing roles, bad numbering).
     """
-    problem = build_problem(graph, world, cost_fn, what_if, symmetric=symmetric)
+    problem = build_problem(
+        graph, world, cost_fn, what_if, symmetric=symmetric, compute_slowdown=compute_slowdown
+    )
     return run_problem(problem, core)
 
 
 def run_problem(problem: Problem, core: Core | None = None) -> SimResult:
-    """Run the core once, or, when the cost model has a concurrency term, until the costs the
-    simulated schedule gives are the costs it was simulated with (`sim.concurrency`)."""
+    """Run the core once, or, when the cost model has a concurrency term or the problem a contention
+    term, until the costs and durations the simulated schedule gives are those it was simulated with
+    (`sim.concurrency`, `sim.contention`)."""
     core = core or native_core()
     result = _run_once(problem, core)
-    if problem.concurrency is None:
+    if problem.concurrency is None and not problem.compute_slowdown:
         return result
     base_cost_ns = problem.arrays["op_cost_ns"]
+    base_duration_ns = problem.arrays["op_duration_ns"]
     runs = 1
     while True:
-        costs = concurrency.concurrent_costs(result, base_cost_ns, problem.concurrency)
+        costs, durations = _schedule_costs(result, base_cost_ns, base_duration_ns)
+        ran = result.problem.arrays
         if runs > concurrency.FREE_ROUNDS:  # from here costs only grow: a flip-flop settles
-            costs = np.maximum(costs, result.problem.arrays["op_cost_ns"])
-        if np.array_equal(costs, result.problem.arrays["op_cost_ns"]):
+            costs = np.maximum(costs, ran["op_cost_ns"])
+            durations = np.maximum(durations, ran["op_duration_ns"])
+        if np.array_equal(costs, ran["op_cost_ns"]) and np.array_equal(durations, ran["op_duration_ns"]):
             return dataclasses.replace(result, num_rounds=runs)
         if runs == concurrency.MAX_ROUNDS:
             return dataclasses.replace(result, num_rounds=runs, converged=False)
-        moved = dataclasses.replace(problem, arrays={**problem.arrays, "op_cost_ns": costs})
-        result = _run_once(moved, core)
+        arrays = {**problem.arrays, "op_cost_ns": costs, "op_duration_ns": durations}
+        result = _run_once(dataclasses.replace(problem, arrays=arrays), core)
         runs += 1
+
+
+def _schedule_costs(result: SimResult, base_cost_ns: np.ndarray, base_duration_ns: np.ndarray):
+    """(communication costs, compute durations) under the schedule `result` simulated: each term
+    from the ops' costs alone, the base of every round."""
+    problem = result.problem
+    costs = base_cost_ns
+    if problem.concurrency is not None:
+        costs = concurrency.concurrent_costs(result, base_cost_ns, problem.concurrency)
+    durations = contention.contended_durations(result, base_duration_ns, problem.compute_slowdown)
+    return costs, durations
 
 
 def _run_once(problem: Problem, core: Core) -> SimResult:

@@ -30,7 +30,7 @@ import numpy as np
 from prism_megatron.graph.schema import ExecutionGraph, NodeType, Op
 from prism_megatron.graph.world import World, peer_of
 from prism_megatron.replay.schedule import OpKind
-from prism_megatron.sim import groups, whatif
+from prism_megatron.sim import contention, groups, whatif
 from prism_megatron.sim.concurrency import ConcurrencyFactor
 from prism_megatron.sim.cost import CostFn
 from prism_megatron.sim.whatif import WhatIf
@@ -57,6 +57,9 @@ class Problem:
     concurrency: ConcurrencyFactor | None = None
     """The cost model's concurrency term (`sim.concurrency`); None: every op costs what it costs alone
     (`op_cost_ns`), whatever runs beside it."""
+    compute_slowdown: float = 0.0
+    """Fraction by which a compute op slows while its node has a communication kernel in flight
+    (`sim.contention`); 0: compute costs its duration whatever overlaps it (CPU and measured spans)."""
 
     @property
     def num_nodes(self) -> int:
@@ -135,17 +138,24 @@ def build_problem(
     what_if: WhatIf | None = None,
     *,
     symmetric: bool | None = None,
+    compute_slowdown: float | None = None,
 ) -> Problem:
     """Flatten `graph` for `world`.
 
     Args:
         symmetric: one node per role (True) or per rank (False); default: per role unless
             `what_if` makes ranks of one role differ.
+        compute_slowdown: the contention term's slowdown (`sim.contention`); default: the one of
+            the device the graph was captured on (its metadata), 0 where it names none.
 
     Raises:
-        ValueError: the graph lacks a role of the world, numbers p2p ops inconsistently, or
-            symmetric mode was asked for with an asymmetry.
+        ValueError: the graph lacks a role of the world, numbers p2p ops inconsistently,
+            symmetric mode was asked for with an asymmetry, or the slowdown is negative.
     """
+    if compute_slowdown is None:
+        compute_slowdown = contention.compute_slowdown_of(contention.graph_device(graph.metadata.extra))
+    if compute_slowdown < 0:
+        raise ValueError(f"compute_slowdown must be >= 0 (0: no contention term), got {compute_slowdown}")
     what_if = what_if or WhatIf()
     role_names = world.roles()
     per_rank = what_if.per_rank(world.world_size)
@@ -193,6 +203,7 @@ def build_problem(
         p2p_specs=flat.p2p_specs,
         arrays=arrays,
         concurrency=getattr(cost_fn, "concurrency_factor", None),
+        compute_slowdown=float(compute_slowdown),
     )
 
 

@@ -99,3 +99,39 @@ def test_a_graph_that_deadlocks_is_reported_not_hung(capsys, graph_dir, tmp_path
     assert status == 1
     assert "deadlock" in text
     assert "'AR world#1 8B' waits on its world group of 256 ranks at seq 1: 192 never arrived" in text
+
+
+def _overlapped_graph():
+    """Two data-parallel ranks: a 1 ms compute, a 2 ms compute beside an async all-reduce, a wait."""
+    from prism_megatron.graph import COMPUTE_STREAM, ExecutionGraph, GraphMetadata, LayoutWorld
+
+    layout = Layout(world_size=2, tp=1, pp=1)
+    compute = [parse_op(text) for text in ("c:fwd 1ms", "c:bwd 2ms", "w <async-dp:0")]
+    side = [parse_op("AR dp#0 64MiB Float <compute:0")]
+    roles = {
+        name: RoleGraph(name, {COMPUTE_STREAM: tuple(compute), "async-dp": tuple(side)})
+        for name in LayoutWorld(layout).roles()
+    }
+    return ExecutionGraph(GraphMetadata(layout=layout.kwargs()), roles)
+
+
+def _iteration_ms(text: str) -> float:
+    return float(text.split("predicted iteration time: ")[1].split(" ms")[0])
+
+
+@pytest.mark.parametrize("device", ["model:h100", "cpu"])
+def test_a_graph_that_names_no_device_takes_the_device_of_its_run_report(capsys, tmp_path, device):
+    """Graphs written before graphs recorded their capture device: the run folder's report.json says
+    it, and only a modelled GPU's graph gets the contention term (sim/contention.py)."""
+    run = tmp_path / "run"
+    graph = str(run / "graph")
+    save_graph(_overlapped_graph(), graph)
+    _, alone, _ = _run(capsys, ["simulate", graph, "--out", str(tmp_path / "alone")])
+    (run / "report.json").write_text(json.dumps({"prism": {"emulation": {"device": device}}}))
+    status, text, _ = _run(capsys, ["simulate", graph, "--out", str(tmp_path / "sim")])
+    assert status == 0
+    assert f"device {device} (the graph records none): from the run's report.json" in text
+    if device == "cpu":
+        assert _iteration_ms(text) == _iteration_ms(alone)
+    else:
+        assert _iteration_ms(text) > _iteration_ms(alone)

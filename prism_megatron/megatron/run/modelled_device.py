@@ -52,6 +52,10 @@ or a handler in `op_fusions` re-prices one op. Per flag:
 | cross-entropy | on only with `--cross-entropy-loss-fusion` | `modelled_fusions` |
 | Adam (multi-tensor FusedAdam) | (always) | `modelled_fusions` |
 
+Each op is charged as if it ran alone; what the communication kernels overlapping it take from it
+on a GPU is charged by the simulation (`sim/contention.py`), which knows the schedule: the graph
+records the device (`metadata.extra["device"]`).
+
 The modelled clock starts at `CLOCK_ORIGIN_NS`. Why a log and not a clock in C++: the marks of the
 timeline and of the backend are host times recorded in C++; one op runs at a time in this process, so
 the modelled time at any host time is the clock's value after the last op that ended before it, and

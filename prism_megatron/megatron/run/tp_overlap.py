@@ -18,9 +18,10 @@ simulation's schedule and network model:
 | proj_fprop, fc2_fprop (pipeline, n = 4) | reduce-scatter after the row-parallel forward GEMM | after the GEMM's first chunk (the fill: chunk 1 must exist before its reduce-scatter starts) | when the GEMM ends |
 | qkv/fc1 dgrad and wgrad (bulk) | the all-gather of the input for the weight gradient and the reduce-scatter of the input gradient in the column-parallel backward | megatron-core already issues both async around the dgrad and wgrad GEMMs (`LinearWithGradAccumulationAndAsyncCommunication.backward`): unchanged, with or without the flag | |
 
-Not modelled: the streaming multiprocessors TE's communication kernels take from the GEMM (1 for
-ring exchange, 16 for pipeline and bulk, of an H100's 132), which would lengthen the overlapped GEMMs;
-the last reduce-scatter chunk of a pipelined overlap, exposed after the GEMM when the GEMM is the
+The streaming multiprocessors TE's communication kernels take from the GEMM (1 for ring exchange,
+16 for pipeline and bulk, of an H100's 132) are charged by the simulation's contention term as any
+communication kernel's are (`sim/contention.py`: the GPU model's measured average slowdown, not these
+SM counts). Not modelled: the last reduce-scatter chunk of a pipelined overlap, exposed after the GEMM when the GEMM is the
 longer (at most a quarter of the reduce-scatter); the output layer's all-gather (Megatron-LM builds
 it as megatron-core's own `ColumnParallelLinear`, without userbuffers: it stays blocking).
 """

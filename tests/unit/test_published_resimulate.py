@@ -1,0 +1,64 @@
+"""The published suite's `--runs DIR`: a kept run folder's graph simulated again, no capture."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from benchmarks.published.run import PublishedRow, main, resimulate
+from prism_megatron.graph import COMPUTE_STREAM, ExecutionGraph, GraphMetadata, LayoutWorld, save_graph
+from prism_megatron.graph.printable import parse_op
+from prism_megatron.graph.schema import RoleGraph
+from prism_megatron.topology import Layout
+
+FLOPS = 6e15
+
+
+def _kept_run(root, name: str, device: str) -> None:
+    """A run folder as a --keep run leaves it: graph/ (naming no device, as graphs before it did) and
+    report.json. Two DP ranks: 1 ms of compute, 2 ms beside a 64 MiB all-reduce, a wait."""
+    layout = Layout(world_size=2, tp=1, pp=1)
+    compute = [parse_op(text) for text in ("c:fwd 1ms", "c:bwd 2ms", "w <async-dp:0")]
+    side = [parse_op("AR dp#0 64MiB Float <compute:0")]
+    roles = {
+        n: RoleGraph(n, {COMPUTE_STREAM: tuple(compute), "async-dp": tuple(side)})
+        for n in LayoutWorld(layout).roles()
+    }
+    save_graph(ExecutionGraph(GraphMetadata(layout=layout.kwargs()), roles), str(root / name / "graph"))
+    report = {
+        "model_flops_per_iteration": FLOPS,
+        "target": {"world_size": 2},
+        "prism": {"emulation": {"device": device}, "cluster": {"cluster": "dgx-h100"}},
+        "modelled": {"peak_tflops": 989.4, "time_by_kind_s": {"gemm": 0.002, "memory": 0.001}},
+    }
+    (root / name / "report.json").write_text(json.dumps(report))
+
+
+@pytest.mark.parametrize("device", ["model:h100", "cpu"])
+def test_a_kept_run_is_simulated_again_with_its_device_cluster_and_flops(tmp_path, device):
+    _kept_run(tmp_path, "modelled", "model:h100")
+    _kept_run(tmp_path, "other", device)
+    contended = resimulate(
+        PublishedRow(name="modelled", tflops_per_gpu=1000.0, source="s"), runs_dir=str(tmp_path)
+    )
+    row = resimulate(PublishedRow(name="other", tflops_per_gpu=1000.0, source="s"), runs_dir=str(tmp_path))
+    assert row["ok"] and row["resimulated"]
+    iteration_s = row["iteration_time_s"]
+    assert row["predicted_tflops"] == round(FLOPS / (iteration_s * 2) / 1e12, 1)
+    kinds = row["time_by_kind_s"]
+    assert kinds["gemm"] == pytest.approx(2 * kinds["memory"])  # the report's split of the compute
+    if device == "cpu":  # measured spans: no contention term, the iteration as simulated before
+        assert iteration_s < contended["iteration_time_s"]
+    else:
+        assert iteration_s == contended["iteration_time_s"]
+
+
+def test_runs_refuses_a_missing_folder_and_reports_a_row_it_lacks(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        main(["--runs", str(tmp_path / "none"), "--out-dir", str(tmp_path)])
+    assert "--runs" in capsys.readouterr().err
+    missing = resimulate(
+        PublishedRow(name="gpt-1.7b-48gpus", tflops_per_gpu=1.0, source="s"), runs_dir=str(tmp_path)
+    )
+    assert not missing["ok"] and "no kept run" in missing["error"]
