@@ -176,11 +176,6 @@ def plan_run(
 
 def _check_modelled(config: PrismConfig, flags: argparse.Namespace) -> None:
     """What a modelled GPU cannot run yet, the built-in entry and a Megatron-LM script alike."""
-    if getattr(flags, "num_experts", None):
-        raise ValueError(
-            f"--num-experts {flags.num_experts} on --prism-device {config.emulation.device}: MoE routing reads "
-            "token counts out of tensors, which a modelled GPU has no stand-in for yet; use a dense model"
-        )
     if config.capture.graph is not None:
         raise ValueError(
             f"--prism-device {config.emulation.device} captures its own graph; drop --prism-graph (a "

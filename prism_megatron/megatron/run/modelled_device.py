@@ -107,6 +107,9 @@ class ModelledDevice:
         self.op_fusions: dict[Any, Any] = {}
         """aten op -> `handler(func, args, kwargs, out) -> bool`, asked before an op outside fused
         scopes is charged; True: the handler charged it (a fusion of `modelled_fusions`)."""
+        self.gemms: dict[tuple, list[int]] = {}
+        """(aten op name, its operands' shapes) -> [count, charged ns, FLOPs] of every GEMM charged op
+        by op (not those a fusion re-priced): which shapes the model was asked to time."""
         self.num_collectives = 0
         self.num_scalar_reads = 0
         self.fused_modules: dict[str, int] = {}
@@ -208,6 +211,18 @@ class ModelledDevice:
             "modelled_ns": int(self.clock.now_ns),
             "iterations_by_kind_ns": self.iterations_by_kind_ns,
             "top_ops_ns": dict(sorted(self.by_op_ns.items(), key=lambda item: -item[1])[:12]),
+            "gemms": [
+                {
+                    "op": op,
+                    "shapes": [list(shape) for shape in shapes],
+                    "count": count,
+                    "ns": ns,
+                    "flops": flops,
+                }
+                for (op, shapes), (count, ns, flops) in sorted(
+                    self.gemms.items(), key=lambda item: -item[1][1]
+                )
+            ],
             "num_collectives": self.num_collectives,
             "num_scalar_reads": self.num_scalar_reads,
             "fused_modules": self.fused_modules,
@@ -249,6 +264,8 @@ class _Timed(TorchDispatchMode):
             if timed.time_ns:
                 name = func.__name__
                 device.by_op_ns[name] = device.by_op_ns.get(name, 0) + timed.time_ns
+                if timed.kind == "gemm":
+                    _count_gemm(device.gemms, name, args, timed)
             overlap = device.tp_overlap
             if overlap is None or not overlap.charged(timed.time_ns, timed.kind):
                 device.log_time()
@@ -289,6 +306,16 @@ class _Timed(TorchDispatchMode):
         if tensor.dtype == torch.bool:
             return False
         return 0
+
+
+def _count_gemm(gemms: dict[tuple, list[int]], name: str, args, timed) -> None:
+    key = (name, tuple(tuple(a.shape) for a in args if isinstance(a, torch.Tensor)))
+    entry = gemms.get(key)
+    if entry is None:
+        entry = gemms[key] = [0, 0, 0]
+    entry[0] += 1
+    entry[1] += timed.time_ns
+    entry[2] += timed.flops
 
 
 NORM_TYPES: tuple[type, ...] = (torch.nn.RMSNorm, torch.nn.LayerNorm)
