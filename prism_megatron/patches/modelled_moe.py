@@ -112,16 +112,24 @@ def _balanced_alltoall_counts(original: Callable[..., Any]) -> Callable[..., Any
         tokens_per_local_expert = original(self, routing_map)
         if self.drop_and_pad or not isinstance(routing_map, FakeTensor):
             return tokens_per_local_expert  # static counts, or a tensor with data to read
-        return _set_balanced_alltoall_counts(self, routing_map.size(0))
+        from megatron.core import utils
+
+        place = utils.get_pg_rank(self.tp_ep_group)  # where megatron-core's gather of counts puts it
+        return set_balanced_alltoall_counts(self, routing_map.size(0), place=place)
 
     return preprocess
 
 
-def _set_balanced_alltoall_counts(dispatcher, num_tokens: int) -> np.ndarray:
+def set_balanced_alltoall_counts(dispatcher, num_tokens: int, *, place: int) -> np.ndarray:
     """Set the all-to-all dispatcher's count metadata to balanced routing (NumPy, as a GPU run's
-    device-to-host copies leave it) and return the tokens per local expert."""
-    from megatron.core import utils
+    device-to-host copies leave it) and return the tokens per local expert.
 
+    Args:
+        dispatcher: a `MoEAlltoAllTokenDispatcher` (what `preprocess` sets: input_splits,
+            output_splits, output_splits_tp, num_global_tokens_per_local_expert, num_out_tokens).
+        num_tokens: the tokens this rank routes (the routing map's rows).
+        place: this rank's place in the tp_ep group (ep rank x tp size + tp rank).
+    """
     config = dispatcher.config
     num_experts, num_local = dispatcher.num_experts, dispatcher.num_local_experts
     tp_size, ep_size = dispatcher.tp_size, dispatcher.ep_size
@@ -131,7 +139,7 @@ def _set_balanced_alltoall_counts(dispatcher, num_tokens: int) -> np.ndarray:
         num_tokens, topk=config.moe_router_topk, num_experts=num_experts, group_size=tp_size * ep_size,
         capacity=capacity,
     ).reshape(ep_size, tp_size, num_experts)  # fmt: skip
-    own = counts.reshape(ep_size * tp_size, num_experts)[utils.get_pg_rank(dispatcher.tp_ep_group)]
+    own = counts.reshape(ep_size * tp_size, num_experts)[place]
     if capacity is not None:
         dispatcher.num_out_tokens = int(own.sum())
     first = dispatcher.local_expert_indices[0]

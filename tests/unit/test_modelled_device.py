@@ -9,6 +9,7 @@ from prism_megatron.config import (
     DEVICES,
     MODELLED_GPUS,
     PRESET_OF_GPU,
+    CaptureConfig,
     ClusterConfig,
     EmulationConfig,
     PrismConfig,
@@ -83,16 +84,19 @@ def test_the_report_says_modelled_where_a_measured_run_says_measured():
     assert "MFU 40.4%" in report.summary_line()
 
 
-def test_a_modelled_run_takes_a_megatron_lm_script_and_refuses_moe_in_one_line():
+def test_a_modelled_run_takes_a_megatron_lm_script_and_moe_and_refuses_a_graph_to_replay():
     import argparse
 
     from prism_megatron.emulation.plan import _check_modelled
 
     config = PrismConfig(emulation=EmulationConfig(device="model:h100"))
-    dense = argparse.Namespace(num_experts=None)
-    _check_modelled(config, dense)  # the built-in entry and a script alike: the plan does not ask which
-    with pytest.raises(ValueError, match="--num-experts 8 on --prism-device model:h100: MoE routing"):
-        _check_modelled(config, argparse.Namespace(num_experts=8))
+    _check_modelled(config, argparse.Namespace(num_experts=None))  # the built-in entry and a script alike
+    _check_modelled(config, argparse.Namespace(num_experts=8))  # routing balanced (patches/modelled_moe.py)
+    with_graph = PrismConfig(emulation=EmulationConfig(device="model:h100"), capture=CaptureConfig(graph="g"))
+    with pytest.raises(
+        ValueError, match="--prism-device model:h100 captures its own graph; drop --prism-graph"
+    ):
+        _check_modelled(with_graph, argparse.Namespace(num_experts=None))
 
 
 def test_the_plan_of_a_modelled_pretrain_gpt_run_captures_each_class_alone(tmp_path):

@@ -35,7 +35,8 @@ stand-in is zero of the tensor's dtype, and why that is what a healthy step read
 | found-inf (fp16 loss scaler) | 0.0 | no overflow: the step is taken |
 | update_successful, skipped-iteration flags | 0 | reduced and logged only |
 | Megatron-LM's do_train / do_valid / do_test (a 3-element tensor) | its own rule, on every rank (`patches/arguments.py`) | the script trains |
-| MoE token counts | refused | routing needs a what-if of its own (not supported on a modelled device yet) |
+| MoE token counts (split sizes, tokens per expert) | balanced: each expert gets T x topk / E of a rank's T routed tokens, the remainder spread round the experts (`patches/modelled_moe.py`) | every expert GEMM has its even share; the all-to-all sends T x topk rows |
+| MoE aux-loss logging (Megatron-LM's `track_moe_metrics`) | 0.0 | logged only |
 
 What a GPU run fuses is charged as the fused kernel (`gpu_model/README.md`, "Fused Transformer Engine
 kernels", has the bytes and sources): the ops run inside a `fused_kernel` scope and are not charged,
