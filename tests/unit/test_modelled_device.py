@@ -122,19 +122,22 @@ def test_a_modelled_gpu_chooses_a_stand_in_for_each_flag_that_needs_transformer_
     from prism_megatron.patches.arguments import MODELLED_STAND_INS, _modelled_stand_ins, as_written
 
     written = {"transformer_impl": "transformer_engine", "apply_rope_fusion": True,
-               "gradient_accumulation_fusion": True, "no_persist_layer_norm": False, "bias_swiglu_fusion": True}  # fmt: skip
+               "gradient_accumulation_fusion": True, "no_persist_layer_norm": False, "bias_swiglu_fusion": True,
+               "moe_grouped_gemm": True}  # fmt: skip
     run = argparse.Namespace(config=PrismConfig(emulation=EmulationConfig(device="model:h100")))
     args = argparse.Namespace(**written)
     lines = _modelled_stand_ins(run, args)
-    assert len(lines) == len(MODELLED_STAND_INS) == 4
+    assert len(lines) == len(MODELLED_STAND_INS) == 5
     assert args.transformer_impl == "local" and not args.apply_rope_fusion and args.no_persist_layer_norm
     assert not args.gradient_accumulation_fusion
+    assert not args.moe_grouped_gemm  # SequentialMLP: the same expert weights, one GEMM per expert
     assert args.bias_swiglu_fusion, "a fusion that runs on the CPU (torch ops) stays as written"
     assert lines[0].startswith("--transformer-impl local (was transformer_impl=transformer_engine): ")
     written_again = as_written(args)  # the job as written, for what a GPU run fuses
     assert (
         written_again.transformer_impl == "transformer_engine" and written_again.gradient_accumulation_fusion
     )
+    assert written_again.moe_grouped_gemm
     assert args.transformer_impl == "local"
     # Flags already so, or a device that is not modelled: nothing changes, nothing is said.
     assert _modelled_stand_ins(run, args) == []
