@@ -92,8 +92,8 @@ def _capacity(config, num_tokens: int, num_experts: int) -> int | None:
     """The router's per-expert capacity of `num_tokens` local tokens (None: dropless)."""
     if config.moe_router_padding_for_quantization:
         raise NotImplementedError(
-            "--moe-router-padding-for-fp8 on a modelled GPU: the padded routing map has no balanced "
-            "stand-in; drop the flag"
+            "--moe-router-padding-for-quantization (or -for-fp8) on a modelled GPU: the padded routing map has "
+            "no balanced stand-in; drop the flag"
         )
     if config.moe_expert_capacity_factor is None:
         return None

@@ -93,7 +93,7 @@ def test_a_split_of_even_counts_is_each_rank_s_tokens_times_topk_over_experts():
 def test_padding_for_fp8_has_no_stand_in_and_says_which_flag():
     d = _alltoall_dispatcher(ep_rank=0, tp_rank=0, ep_size=2, tp_size=1, num_experts=8,
                              config=_config(moe_router_padding_for_quantization=True))  # fmt: skip
-    with pytest.raises(NotImplementedError, match="--moe-router-padding-for-fp8"):
+    with pytest.raises(NotImplementedError, match="--moe-router-padding-for-quantization"):
         modelled_moe.set_balanced_alltoall_counts(d, 16, place=0)
 
 
