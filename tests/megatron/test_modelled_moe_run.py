@@ -48,7 +48,11 @@ def moe_run(request, tmp_path_factory) -> dict:
     done = subprocess.run(command, env=quiet_env(), capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     run = out / "run"
-    loaded = {"dispatcher": request.param, "stdout": done.stdout}
+    loaded = {
+        "dispatcher": request.param,
+        "stdout": done.stdout,
+        "report_md": (run / "report.md").read_text(),
+    }
     for key, path in (("report", run / "report.json"), ("rank", run / "capture" / "rank-00000.json"),
                       ("capture", run / "capture" / "capture-00000.json")):  # fmt: skip
         with open(path, encoding="utf-8") as f:
@@ -61,6 +65,7 @@ def test_an_moe_model_runs_on_a_modelled_gpu_and_reports_what_it_is(moe_run):
     assert report["status"] == "ok" and "modelled on H100 by prism's GPU model" in moe_run["stdout"]
     modelled = report["modelled"]
     assert modelled["iteration_time_s"] == report["simulated_iteration_time_s"] > 0
+    assert modelled["moe_routing"] == "balanced" and "MoE routing is **balanced**" in moe_run["report_md"]
     assert modelled["tflops_per_gpu"] > 0 and 0 < modelled["mfu"] < 1
     assert sum(modelled["time_by_kind_s"].values()) == pytest.approx(modelled["iteration_time_s"], rel=1e-6)
     used = moe_run["rank"]["patches_used"]

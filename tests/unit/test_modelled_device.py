@@ -82,6 +82,10 @@ def test_the_report_says_modelled_where_a_measured_run_says_measured():
     for kind in KINDS:
         assert kind.replace("_", " ") in text
     assert "MFU 40.4%" in report.summary_line()
+    assert "MoE routing" not in text  # a dense model
+    moe = _report(moe_routing="balanced")
+    assert ModelledReport.from_json(moe.to_json()) == moe
+    assert "MoE routing is **balanced** (a stand-in" in "\n".join(moe.markdown())
 
 
 def test_a_modelled_run_takes_a_megatron_lm_script_and_moe_and_refuses_a_graph_to_replay():
