@@ -103,6 +103,13 @@ MODELLED_STAND_INS: tuple[tuple[str, str, object, str], ...] = (
         "charged with its balanced token count (gpu_model/README.md), as the built-in entry builds it",
     ),
     (
+        "moe_permute_fusion",
+        "--moe-permute-fusion off",
+        False,
+        "the fused MoE permutation kernels are Transformer Engine's; the permutation runs as torch ops "
+        "(index gathers and scatters), charged op by op",
+    ),
+    (
         "no_persist_layer_norm",
         "--no-persist-layer-norm",
         True,

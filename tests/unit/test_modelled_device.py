@@ -95,7 +95,13 @@ def test_a_modelled_run_takes_a_megatron_lm_script_and_moe_and_refuses_a_graph_t
 
     config = PrismConfig(emulation=EmulationConfig(device="model:h100"))
     _check_modelled(config, argparse.Namespace(num_experts=None))  # the built-in entry and a script alike
-    _check_modelled(config, argparse.Namespace(num_experts=8))  # routing balanced (patches/modelled_moe.py)
+    for dispatcher in ("alltoall", "allgather"):  # routing balanced (patches/modelled_moe.py)
+        _check_modelled(config, argparse.Namespace(num_experts=8, moe_token_dispatcher_type=dispatcher))
+    flex = argparse.Namespace(num_experts=8, moe_token_dispatcher_type="flex")
+    with pytest.raises(
+        ValueError, match=r"--moe-token-dispatcher-type flex on --prism-device model:h100: .* alltoall"
+    ):
+        _check_modelled(config, flex)
     with_graph = PrismConfig(emulation=EmulationConfig(device="model:h100"), capture=CaptureConfig(graph="g"))
     with pytest.raises(
         ValueError, match="--prism-device model:h100 captures its own graph; drop --prism-graph"
@@ -127,14 +133,15 @@ def test_a_modelled_gpu_chooses_a_stand_in_for_each_flag_that_needs_transformer_
 
     written = {"transformer_impl": "transformer_engine", "apply_rope_fusion": True,
                "gradient_accumulation_fusion": True, "no_persist_layer_norm": False, "bias_swiglu_fusion": True,
-               "moe_grouped_gemm": True}  # fmt: skip
+               "moe_grouped_gemm": True, "moe_permute_fusion": True}  # fmt: skip
     run = argparse.Namespace(config=PrismConfig(emulation=EmulationConfig(device="model:h100")))
     args = argparse.Namespace(**written)
     lines = _modelled_stand_ins(run, args)
-    assert len(lines) == len(MODELLED_STAND_INS) == 5
+    assert len(lines) == len(MODELLED_STAND_INS) == 6
     assert args.transformer_impl == "local" and not args.apply_rope_fusion and args.no_persist_layer_norm
     assert not args.gradient_accumulation_fusion
     assert not args.moe_grouped_gemm  # SequentialMLP: the same expert weights, one GEMM per expert
+    assert not args.moe_permute_fusion
     assert args.bias_swiglu_fusion, "a fusion that runs on the CPU (torch ops) stays as written"
     assert lines[0].startswith("--transformer-impl local (was transformer_impl=transformer_engine): ")
     written_again = as_written(args)  # the job as written, for what a GPU run fuses
