@@ -23,6 +23,10 @@ No extension point reaches these reads: the counts are attributes the dispatcher
 within its own methods. The records replace the one method of each dispatcher that computes them and
 run the original around it; they are applied only on a modelled device (`patches/modelled_device.py`:
 `ALL_RECORDS`), so a CPU or CUDA run routes by its data as without prism.
+
+Versions: run on 0.16.1. The 0.19 variants were checked against core_v0.19.0's source (the dispatchers'
+`preprocess` and `dispatch_postprocess` are unchanged; `permute` selects by argsort, `sort_chunks_by_idxs`
+still reads `.tolist()`), not yet run there.
 """
 
 from __future__ import annotations
