@@ -90,4 +90,5 @@ def modelled_report(
         tokens_per_s_per_gpu=tokens,
         critical_role=critical.role,
         time_by_kind_s=by_kind,
+        moe_routing="balanced" if plan.job.model.num_experts else None,
     )

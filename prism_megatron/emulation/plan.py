@@ -21,6 +21,9 @@ from prism_megatron.megatron.job import target
 from prism_megatron.target import TargetJob
 from prism_megatron.topology import Layout, RoleClass
 
+MODELLED_DISPATCHERS = ("alltoall", "allgather")
+"""MoE token dispatchers a modelled GPU routes balanced (`patches/modelled_moe.py`)."""
+
 
 def megatron_flags(megatron_args: Sequence[str], script: str = BUILTIN) -> argparse.Namespace:
     """The target job's flags as Megatron-LM names them (`megatron.job.target`; the script parses the
@@ -29,6 +32,7 @@ def megatron_flags(megatron_args: Sequence[str], script: str = BUILTIN) -> argpa
     parser = RaisingParser(add_help=False, error_prefix="Megatron flags: ")
     target.add_job_arguments(parser)
     parser.add_argument("--train-iters", type=int, default=None)
+    parser.add_argument("--moe-token-dispatcher-type", default="allgather")  # Megatron-LM's default
     if script == BUILTIN:
         from prism_megatron.megatron.entry import MOCK_VOCAB_SIZE  # not its parser: no megatron-core
 
@@ -179,10 +183,12 @@ def plan_run(
 
 def _check_modelled(config: PrismConfig, flags: argparse.Namespace) -> None:
     """What a modelled GPU cannot run yet, the built-in entry and a Megatron-LM script alike."""
-    if getattr(flags, "num_experts", None):
+    dispatcher = getattr(flags, "moe_token_dispatcher_type", "allgather")
+    if getattr(flags, "num_experts", None) and dispatcher not in MODELLED_DISPATCHERS:
         raise ValueError(
-            f"--num-experts {flags.num_experts} on --prism-device {config.emulation.device}: MoE routing reads "
-            "token counts out of tensors, which a modelled GPU has no stand-in for yet; use a dense model"
+            f"--moe-token-dispatcher-type {dispatcher} on --prism-device {config.emulation.device}: its fused "
+            "all-to-all kernels (DeepEP, HybridEP) need a GPU and have no balanced-routing stand-in; use "
+            f"{' or '.join(MODELLED_DISPATCHERS)}"
         )
     if config.capture.graph is not None:
         raise ValueError(

@@ -95,6 +95,21 @@ MODELLED_STAND_INS: tuple[tuple[str, str, object, str], ...] = (
         "flag as written decides)",
     ),
     (
+        "moe_grouped_gemm",
+        "--moe-grouped-gemm off",
+        False,
+        "Transformer Engine's grouped experts need CUDA and the legacy GroupedMLP the grouped_gemm package; "
+        "megatron-core's SequentialMLP holds the same per-expert weights and runs one GEMM per expert, each "
+        "charged with its balanced token count (gpu_model/README.md), as the built-in entry builds it",
+    ),
+    (
+        "moe_permute_fusion",
+        "--moe-permute-fusion off",
+        False,
+        "the fused MoE permutation kernels are Transformer Engine's; the permutation runs as torch ops "
+        "(index gathers and scatters), charged op by op",
+    ),
+    (
         "no_persist_layer_norm",
         "--no-persist-layer-norm",
         True,

@@ -26,6 +26,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import _disable_current_modes
 
+from prism_megatron.patches import modelled_moe
 from prism_megatron.patches.registry import Patch, variants
 from prism_megatron.patches.versions import EVERY_VERIFIED, MEGATRON_CORE_0_16, MEGATRON_CORE_0_19
 
@@ -150,7 +151,14 @@ DATA_FROM_WORKER = Patch(
     count_calls=False,
 )
 
-ALL_RECORDS: tuple[Patch, ...] = (*RECORDS, L2_NORM, MODULE_APPLY, *DATA_WORKER, DATA_FROM_WORKER)
+ALL_RECORDS: tuple[Patch, ...] = (
+    *RECORDS,
+    L2_NORM,
+    MODULE_APPLY,
+    *DATA_WORKER,
+    DATA_FROM_WORKER,
+    *modelled_moe.RECORDS,
+)
 
 
 def _device_begins(original: Callable[..., Any], *, modelled_device_begins: Callable[[], None]):

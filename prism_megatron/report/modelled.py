@@ -39,6 +39,9 @@ class ModelledReport:
     time_by_kind_s: Mapping[str, float]
     """That role's iteration by kind (KINDS): its compute split as the GPU model charged it on the
     captured rank of its class, plus its exposed communication and pipeline bubble."""
+    moe_routing: str | None = None
+    """"balanced" for an MoE model: the token counts its dispatchers read are the balanced-routing
+    stand-in (`patches/modelled_moe.py`), not data; None for a dense model."""
 
     @property
     def method(self) -> str:
@@ -80,6 +83,7 @@ class ModelledReport:
             "|---|---|",
             *rows,
             "",
+            *_routing_note(self.moe_routing),
             f"Time by kind of role `{self.critical_role}` (the most compute):",
             "",
             "| kind | time | share |",
@@ -93,6 +97,16 @@ class ModelledReport:
             f"{_num(self.tflops_per_gpu, '.1f')} TFLOP/s per GPU, MFU {_num(self.mfu, '.1%')}, "
             f"{_num(self.tokens_per_s_per_gpu, '.0f')} tokens/s per GPU"
         )
+
+
+def _routing_note(routing: str | None) -> list[str]:
+    if routing is None:
+        return []
+    return [
+        f"MoE routing is **{routing}** (a stand-in, fake tensors hold no routing): every expert receives "
+        "tokens x topk / experts of the tokens routed to it, the all-to-all split sizes follow.",
+        "",
+    ]
 
 
 def _num(value: float | None, spec: str) -> str:

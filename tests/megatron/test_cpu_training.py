@@ -110,6 +110,8 @@ def test_moe_with_expert_parallelism_and_alltoall_dispatch(tmp_path):
     results = run_entry(tmp_path, 2, *TINY_GPT, *CPU, *moe)
     check_trained(results, 2)
     assert results[0]["patches_used"]["cpu.moe_splits_to_numpy"] > 0
+    # Routed by the data: the balanced routing of a modelled GPU (patches/modelled_moe.py) is not applied.
+    assert not [name for name in results[0]["patches_used"] if name.startswith("modelled.")]
     assert any(b["kind"] == "expert" for b in results[0]["grad_buffers"])
 
 

@@ -9,6 +9,7 @@ from prism_megatron.config import (
     DEVICES,
     MODELLED_GPUS,
     PRESET_OF_GPU,
+    CaptureConfig,
     ClusterConfig,
     EmulationConfig,
     PrismConfig,
@@ -81,18 +82,31 @@ def test_the_report_says_modelled_where_a_measured_run_says_measured():
     for kind in KINDS:
         assert kind.replace("_", " ") in text
     assert "MFU 40.4%" in report.summary_line()
+    assert "MoE routing" not in text  # a dense model
+    moe = _report(moe_routing="balanced")
+    assert ModelledReport.from_json(moe.to_json()) == moe
+    assert "MoE routing is **balanced** (a stand-in" in "\n".join(moe.markdown())
 
 
-def test_a_modelled_run_takes_a_megatron_lm_script_and_refuses_moe_in_one_line():
+def test_a_modelled_run_takes_a_megatron_lm_script_and_moe_and_refuses_a_graph_to_replay():
     import argparse
 
     from prism_megatron.emulation.plan import _check_modelled
 
     config = PrismConfig(emulation=EmulationConfig(device="model:h100"))
-    dense = argparse.Namespace(num_experts=None)
-    _check_modelled(config, dense)  # the built-in entry and a script alike: the plan does not ask which
-    with pytest.raises(ValueError, match="--num-experts 8 on --prism-device model:h100: MoE routing"):
-        _check_modelled(config, argparse.Namespace(num_experts=8))
+    _check_modelled(config, argparse.Namespace(num_experts=None))  # the built-in entry and a script alike
+    for dispatcher in ("alltoall", "allgather"):  # routing balanced (patches/modelled_moe.py)
+        _check_modelled(config, argparse.Namespace(num_experts=8, moe_token_dispatcher_type=dispatcher))
+    flex = argparse.Namespace(num_experts=8, moe_token_dispatcher_type="flex")
+    with pytest.raises(
+        ValueError, match=r"--moe-token-dispatcher-type flex on --prism-device model:h100: .* alltoall"
+    ):
+        _check_modelled(config, flex)
+    with_graph = PrismConfig(emulation=EmulationConfig(device="model:h100"), capture=CaptureConfig(graph="g"))
+    with pytest.raises(
+        ValueError, match="--prism-device model:h100 captures its own graph; drop --prism-graph"
+    ):
+        _check_modelled(with_graph, argparse.Namespace(num_experts=None))
 
 
 def test_the_plan_of_a_modelled_pretrain_gpt_run_captures_each_class_alone(tmp_path):
@@ -118,19 +132,23 @@ def test_a_modelled_gpu_chooses_a_stand_in_for_each_flag_that_needs_transformer_
     from prism_megatron.patches.arguments import MODELLED_STAND_INS, _modelled_stand_ins, as_written
 
     written = {"transformer_impl": "transformer_engine", "apply_rope_fusion": True,
-               "gradient_accumulation_fusion": True, "no_persist_layer_norm": False, "bias_swiglu_fusion": True}  # fmt: skip
+               "gradient_accumulation_fusion": True, "no_persist_layer_norm": False, "bias_swiglu_fusion": True,
+               "moe_grouped_gemm": True, "moe_permute_fusion": True}  # fmt: skip
     run = argparse.Namespace(config=PrismConfig(emulation=EmulationConfig(device="model:h100")))
     args = argparse.Namespace(**written)
     lines = _modelled_stand_ins(run, args)
-    assert len(lines) == len(MODELLED_STAND_INS) == 4
+    assert len(lines) == len(MODELLED_STAND_INS) == 6
     assert args.transformer_impl == "local" and not args.apply_rope_fusion and args.no_persist_layer_norm
     assert not args.gradient_accumulation_fusion
+    assert not args.moe_grouped_gemm  # SequentialMLP: the same expert weights, one GEMM per expert
+    assert not args.moe_permute_fusion
     assert args.bias_swiglu_fusion, "a fusion that runs on the CPU (torch ops) stays as written"
     assert lines[0].startswith("--transformer-impl local (was transformer_impl=transformer_engine): ")
     written_again = as_written(args)  # the job as written, for what a GPU run fuses
     assert (
         written_again.transformer_impl == "transformer_engine" and written_again.gradient_accumulation_fusion
     )
+    assert written_again.moe_grouped_gemm
     assert args.transformer_impl == "local"
     # Flags already so, or a device that is not modelled: nothing changes, nothing is said.
     assert _modelled_stand_ins(run, args) == []

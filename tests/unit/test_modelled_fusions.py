@@ -324,3 +324,12 @@ def test_attention_dropout_is_charged_as_the_same_flash_kernel(unfused):
     assert step.by_kind_ns["attention"] == unfused.by_kind_ns["attention"] > 0
     assert step.by_kind_ns["gemm"] == unfused.by_kind_ns["gemm"]
     assert step.flops == unfused.flops
+
+
+def test_an_moe_model_s_chained_dense_and_expert_optimizers_each_get_their_fused_adam():
+    from megatron.core.optimizer.optimizer import ChainedOptimizer
+
+    dense, expert = (torch.optim.AdamW([torch.nn.Parameter(torch.zeros(n))]) for n in (3, 5))
+    chained = ChainedOptimizer.__new__(ChainedOptimizer)  # its `.optimizer` refuses more than one
+    chained.chained_optimizers = [type("Wrapped", (), {"optimizer": inner})() for inner in (dense, expert)]
+    assert modelled_fusions._torch_optimizers(chained) == [dense, expert]

@@ -35,7 +35,8 @@ stand-in is zero of the tensor's dtype, and why that is what a healthy step read
 | found-inf (fp16 loss scaler) | 0.0 | no overflow: the step is taken |
 | update_successful, skipped-iteration flags | 0 | reduced and logged only |
 | Megatron-LM's do_train / do_valid / do_test (a 3-element tensor) | its own rule, on every rank (`patches/arguments.py`) | the script trains |
-| MoE token counts | refused | routing needs a what-if of its own (not supported on a modelled device yet) |
+| MoE token counts (split sizes, tokens per expert) | balanced: each expert gets T x topk / E of a rank's T routed tokens, the remainder spread round the experts (`patches/modelled_moe.py`) | every expert GEMM has its even share; the all-to-all sends T x topk rows |
+| MoE aux-loss logging (Megatron-LM's `track_moe_metrics`) | 0.0 | logged only |
 
 What a GPU run fuses is charged as the fused kernel (`gpu_model/README.md`, "Fused Transformer Engine
 kernels", has the bytes and sources): the ops run inside a `fused_kernel` scope and are not charged,
@@ -111,6 +112,9 @@ class ModelledDevice:
         self.op_fusions: dict[Any, Any] = {}
         """aten op -> `handler(func, args, kwargs, out) -> bool`, asked before an op outside fused
         scopes is charged; True: the handler charged it (a fusion of `modelled_fusions`)."""
+        self.gemms: dict[tuple, list[int]] = {}
+        """(aten op name, its operands' shapes) -> [count, charged ns, FLOPs] of every GEMM charged op
+        by op (not those a fusion re-priced): which shapes the model was asked to time."""
         self.num_collectives = 0
         self.num_scalar_reads = 0
         self.fused_modules: dict[str, int] = {}
@@ -212,6 +216,18 @@ class ModelledDevice:
             "modelled_ns": int(self.clock.now_ns),
             "iterations_by_kind_ns": self.iterations_by_kind_ns,
             "top_ops_ns": dict(sorted(self.by_op_ns.items(), key=lambda item: -item[1])[:12]),
+            "gemms": [
+                {
+                    "op": op,
+                    "shapes": [list(shape) for shape in shapes],
+                    "count": count,
+                    "ns": ns,
+                    "flops": flops,
+                }
+                for (op, shapes), (count, ns, flops) in sorted(
+                    self.gemms.items(), key=lambda item: -item[1][1]
+                )
+            ],
             "num_collectives": self.num_collectives,
             "num_scalar_reads": self.num_scalar_reads,
             "fused_modules": self.fused_modules,
@@ -253,6 +269,8 @@ class _Timed(TorchDispatchMode):
             if timed.time_ns:
                 name = func.__name__
                 device.by_op_ns[name] = device.by_op_ns.get(name, 0) + timed.time_ns
+                if timed.kind == "gemm":
+                    _count_gemm(device.gemms, name, args, timed)
             overlap = device.tp_overlap
             if overlap is None or not overlap.charged(timed.time_ns, timed.kind):
                 device.log_time()
@@ -293,6 +311,16 @@ class _Timed(TorchDispatchMode):
         if tensor.dtype == torch.bool:
             return False
         return 0
+
+
+def _count_gemm(gemms: dict[tuple, list[int]], name: str, args, timed) -> None:
+    key = (name, tuple(tuple(a.shape) for a in args if isinstance(a, torch.Tensor)))
+    entry = gemms.get(key)
+    if entry is None:
+        entry = gemms[key] = [0, 0, 0]
+    entry[0] += 1
+    entry[1] += timed.time_ns
+    entry[2] += timed.flops
 
 
 NORM_TYPES: tuple[type, ...] = (torch.nn.RMSNorm, torch.nn.LayerNorm)

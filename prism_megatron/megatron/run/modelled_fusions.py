@@ -349,9 +349,10 @@ def _torch_optimizers(optimizer) -> list[torch.optim.Optimizer]:
     """The torch optimizers inside Megatron's (chained, mixed-precision, distributed) optimizer."""
     if isinstance(optimizer, torch.optim.Optimizer):
         return [optimizer]
+    chained = getattr(optimizer, "chained_optimizers", None)
+    if chained:  # an MoE model chains the dense and the expert optimizers; `.optimizer` refuses >1
+        return [found for inner in chained for found in _torch_optimizers(inner)]
     found = []
-    for inner in getattr(optimizer, "chained_optimizers", None) or []:
-        found += _torch_optimizers(inner)
     inner = getattr(optimizer, "optimizer", None)
     if inner is not None and inner is not optimizer:
         found += _torch_optimizers(inner)
