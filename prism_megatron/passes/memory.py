@@ -178,7 +178,8 @@ class LiveStorageTracker(TorchDispatchMode):
     def observe(self, func: Any, out: Any) -> None:
         """Account the storages of what op `func` returned (as this tracker's dispatch layer does,
         or the layer that carries it: `carried_by`)."""
-        for leaf in tree_flatten(out)[0]:
+        # Most ops return one tensor: its own leaf, without walking a tree.
+        for leaf in (out,) if isinstance(out, torch.Tensor) else tree_flatten(out)[0]:
             if isinstance(leaf, torch.Tensor) and leaf.device.type == "cpu":
                 storage = leaf.untyped_storage()
                 # A view of a storage no tracked op made is a backend's own buffer seen through
