@@ -13,6 +13,9 @@ Limits: storages allocated outside any torch op (by a C++ library writing into i
 not seen, nor are they when an op makes a view of them (a backend's buffer split on completion);
 `UntypedStorage.resize_` is not followed.
 
+On a modelled GPU (fake tensors) the device's own dispatch layer already sees every op, so a tracker
+entered there rides it (`carried_by`) instead of adding a Python layer that every op pays for.
+
 On CUDA the caching allocator's statistics give the peak: `max_memory_allocated` (what tensors
 held at the peak) and `max_memory_reserved` (what the allocator held from the device, the number
 that decides an out-of-memory), over the training steps. The categories at the peak: the static ones
@@ -25,11 +28,12 @@ an iteration nothing measurable); `last_samples()` gives those of the tracker th
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 import weakref
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Iterable, Iterator
+from typing import Any, Protocol
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -139,6 +143,7 @@ class LiveStorageTracker(TorchDispatchMode):
     def __init__(self, *, fake_storage: bool = False) -> None:
         super().__init__()
         self.account = _StorageAccount(fake_storage=fake_storage)
+        self._carrier: StorageCarrier | None = None
 
     def label(self, category: str, tensors: Iterable[torch.Tensor | None]) -> None:
         assert category in CATEGORIES, category
@@ -167,20 +172,34 @@ class LiveStorageTracker(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        for leaf in tree_flatten(out)[0]:
+        self.observe(func, out)
+        return out
+
+    def observe(self, func: Any, out: Any) -> None:
+        """Account the storages of what op `func` returned (as this tracker's dispatch layer does,
+        or the layer that carries it: `carried_by`)."""
+        # Most ops return one tensor: its own leaf, without walking a tree.
+        for leaf in (out,) if isinstance(out, torch.Tensor) else tree_flatten(out)[0]:
             if isinstance(leaf, torch.Tensor) and leaf.device.type == "cpu":
                 storage = leaf.untyped_storage()
                 # A view of a storage no tracked op made is a backend's own buffer seen through
                 # its completion (gloo's reduce-scatter splits a clone of its input when the program
                 # waits): NCCL and the prism backend have none, so it is not the program's memory.
-                if func.is_view and storage.data_ptr() not in self.account.entries:
+                # A view of a fake (meta) storage is skipped without asking its address: it has
+                # none (`data_ptr` answers 0, in no entry, after a deprecation warning per call).
+                if func.is_view and (
+                    storage.device.type == "meta" or storage.data_ptr() not in self.account.entries
+                ):
                     continue
                 self.account.add(storage, ACTIVATIONS)
-        return out
 
     def __enter__(self) -> LiveStorageTracker:
         global _ACTIVE
         _ACTIVE = self
+        self._carrier = _CARRIER
+        if self._carrier is not None:
+            self._carrier.carry(self)
+            return self
         return super().__enter__()
 
     def __exit__(self, *exc: Any) -> None:
@@ -188,6 +207,10 @@ class LiveStorageTracker(TorchDispatchMode):
         _ACTIVE = None
         self.account.sample(force=True)
         _LAST_SAMPLES = self.account.samples
+        if self._carrier is not None:
+            self._carrier.carry(None)
+            self._carrier = None
+            return
         super().__exit__(*exc)
 
     def report(self) -> MemoryReport:
@@ -247,6 +270,30 @@ def cuda_report(model_chunks: Iterable[torch.nn.Module], optimizer: Any) -> Memo
 
 
 _ACTIVE: LiveStorageTracker | None = None
+
+
+class StorageCarrier(Protocol):
+    """A dispatch layer that sees every op's output and calls `tracker.observe(func, out)` for the
+    tracker it carries (None: none), so that a tracker entered while it is active is not a dispatch
+    layer of its own: each layer costs every op a Python call (and torch's dynamo guard around it),
+    and on a modelled GPU most ops are a fake tensor's `prim.device`, which allocates nothing."""
+
+    def carry(self, tracker: LiveStorageTracker | None) -> None: ...
+
+
+_CARRIER: StorageCarrier | None = None
+
+
+@contextlib.contextmanager
+def carried_by(layer: StorageCarrier) -> Iterator[None]:
+    """While this block runs, a `LiveStorageTracker` entered is carried by `layer` (an active
+    dispatch mode that reports every op's output to it) instead of pushing a mode of its own."""
+    global _CARRIER
+    previous, _CARRIER = _CARRIER, layer
+    try:
+        yield
+    finally:
+        _CARRIER = previous
 
 
 def cuda_memory_allocated_shim(device: Any = None) -> int:

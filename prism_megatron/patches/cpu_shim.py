@@ -60,10 +60,14 @@ class CudaToCpuMode(TorchFunctionMode):
         self._count = count
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
         if func is torch.Tensor.cuda:
             self._count()
             return args[0]
+        if not kwargs and func is not torch.Tensor.to:
+            # Nearly every call (every tensor method and attribute read of the program goes through
+            # this mode): nothing to rewrite, so nothing more to look at.
+            return func(*args)
+        kwargs = kwargs or {}
         if "device" in kwargs and _is_cuda_device(kwargs["device"]):
             self._count()
             kwargs = {**kwargs, "device": "cpu"}

@@ -223,3 +223,61 @@ def test_a_context_parallel_block_is_charged_as_one_flash_kernel_each_way(causal
     assert after_backward["attention"] - after_forward["attention"] == backward > forward
     for kind in ("gemm", "memory"):
         assert after_backward.get(kind, 0) == before.get(kind, 0)
+
+
+def _memory_workload():
+    """Ops a training step makes: allocations, views, in-place updates, a temporary freed, autograd."""
+    import torch
+
+    w = torch.ones(256, 256, dtype=torch.bfloat16, requires_grad=True)
+    x = torch.ones(8, 256, dtype=torch.bfloat16)
+    h = (x @ w).view(2, 4, 256).reshape(8, 256)
+    tmp = h * 2
+    del tmp
+    h.sum().backward()
+    w.grad.add_(1.0)
+    return w, x
+
+
+def test_on_a_modelled_gpu_the_memory_tracker_rides_the_device_layer_and_counts_what_its_own_layer_would():
+    """The tracker entered on a modelled device is carried by the device's dispatch layer (one Python
+    layer per op, not two), and its account is the one it keeps as a dispatch mode of its own."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+    from prism_megatron.megatron.run.modelled_device import ModelledDevice
+    from prism_megatron.passes.memory import LiveStorageTracker
+
+    with FakeTensorMode(allow_non_fake_inputs=True), LiveStorageTracker(fake_storage=True) as own:
+        assert _get_current_dispatch_mode() is own
+        kept = _memory_workload()
+    device = ModelledDevice("h100")
+    with device.active():
+        layer = _get_current_dispatch_mode()
+        with LiveStorageTracker(fake_storage=True) as carried:
+            assert _get_current_dispatch_mode() is layer  # no layer of its own
+            kept_too = _memory_workload()
+        assert _get_current_dispatch_mode() is layer
+        _memory_workload()  # after the tracker exits, nothing more is counted
+    assert carried.report() == own.report()
+    assert carried.report().peak_bytes >= 2 * 256 * 256 * 2  # the weight and its gradient at least
+    assert kept[0].shape == kept_too[0].shape
+
+
+def test_on_a_modelled_gpu_a_fake_tensor_s_device_is_what_the_fake_mode_says_and_costs_no_time():
+    import torch
+
+    from prism_megatron.megatron.run.modelled_device import ModelledDevice
+    from prism_megatron.passes.memory import LiveStorageTracker
+
+    device = ModelledDevice("h100")
+    with device.active():
+        x = torch.ones(64, 64)
+        before, clock_ops = device.now_ns(), device.clock.num_ops
+        with LiveStorageTracker(fake_storage=True) as tracker:
+            for _ in range(3):
+                assert torch.ops.prim.device.default(x) == torch.device("cpu") == x.device
+        assert device.now_ns() == before and device.clock.num_ops == clock_ops
+        assert tracker.report().peak_bytes == 0
+    with device.fake_mode:
+        assert torch.ops.prim.device.default(x) == torch.device("cpu")  # the fake mode alone agrees

@@ -11,7 +11,9 @@ and no data, so a 405B model's rank needs no memory. Two dispatch layers see eve
    timeline reads every host mark (the backend's issue and completion times included) as the
    modelled time at that moment (`prism_megatron.replay.timeline.set_time_map`). One layer, not
    ModelledTiming under this one: a layer costs every op a Python call, and a 405B rank runs
-   hundreds of thousands.
+   hundreds of thousands. For the same reason it carries the memory tracker of the training steps
+   (`passes.memory.carried_by`: each op's output is accounted here) and answers a fake tensor's
+   `prim.device` itself (two of three ops: C++ asks it of the arguments) as the fake mode would.
 2. torch's `FakeTensorMode`: runs the op's shape rules.
 
 Collectives (`c10d` ops) do not go down: fake tensors carry no storage, and on fake tensors torch
@@ -72,19 +74,31 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensorMode
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils._pytree import tree_map
 
 from prism_megatron import gpu_model
 from prism_megatron.gpu_model import fused
 from prism_megatron.megatron.layers import attention_blocks
+from prism_megatron.passes import memory
 from prism_megatron.replay import timeline
 
 CLOCK_ORIGIN_NS = 1_000_000_000
 """Where the modelled device's clock starts (any positive time: marks of 0 read "not written")."""
 
 _CPU_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
+
+
+_DEVICE_OF = torch.ops.prim.device.default
+
+
+def _fake_device(tensor: FakeTensor) -> torch.device:
+    """`prim.device` of a fake tensor, as torch's FakeTensorMode answers it (the meta device while a
+    fake kernel runs, else the device it stands for). C++ asks it of nearly every argument of every
+    op (about two of three ops a modelled rank dispatches); answered here, it costs one Python call
+    instead of going down through the fake mode. It allocates nothing and takes no device time."""
+    return torch.device("meta") if tensor.fake_mode.in_kernel_invocation else tensor.fake_device
 
 
 def _as_meta(value: Any, originals: dict[int, Any]) -> Any:
@@ -176,7 +190,7 @@ class ModelledDevice:
         timeline.set_time_map(self.modelled_at, on_mark=self.tick)
         attention_blocks.block_kernel = self.attention_block
         try:
-            with self.fake_mode, _Timed(self):
+            with self.fake_mode, _Timed(self) as timed, memory.carried_by(timed):
                 yield self
         finally:
             attention_blocks.block_kernel = None
@@ -240,14 +254,27 @@ class ModelledDevice:
 
 
 class _Timed(TorchDispatchMode):
-    """Collectives to the backend on meta tensors, stand-ins for scalar reads, the clock kept in C++."""
+    """Collectives to the backend on meta tensors, stand-ins for scalar reads, the clock kept in C++;
+    and the memory tracker's account of every op's output when it carries one (`memory.carried_by`:
+    one Python layer per op instead of two)."""
 
     def __init__(self, device: ModelledDevice) -> None:
         super().__init__()
         self.device = device
+        self.tracker: memory.LiveStorageTracker | None = None
+
+    def carry(self, tracker: memory.LiveStorageTracker | None) -> None:
+        self.tracker = tracker
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
+        if func is _DEVICE_OF and type(args[0]) is FakeTensor:
+            return _fake_device(args[0])
+        out = self._dispatch(func, args, kwargs or {})
+        if self.tracker is not None:
+            self.tracker.observe(func, out)
+        return out
+
+    def _dispatch(self, func, args, kwargs):
         namespace = func.namespace
         if namespace == "c10d":
             return self._collective(func, args, kwargs)
