@@ -106,6 +106,21 @@ def predict(row: PublishedRow, *, gpu: str, work_dir: str) -> dict:
     if report.get("status") != "ok" or predicted is None:
         why = (report.get("failure") or {}).get("message", "no modelled throughput in the report")
         return {"name": row.name, "ok": False, "seconds": round(seconds, 1), "error": why}
+    return _predicted_row(
+        row,
+        seconds,
+        predicted,
+        mfu=modelled.get("mfu"),
+        iteration_s=modelled.get("iteration_time_s"),
+        critical_role=modelled.get("critical_role"),
+        by_kind=modelled.get("time_by_kind_s"),
+    )
+
+
+def _predicted_row(
+    row, seconds: float, predicted: float, *, mfu, iteration_s, critical_role, by_kind
+) -> dict:
+    """A predicted row's record: its numbers against the published throughput."""
     return {
         "name": row.name,
         "ok": True,
@@ -113,10 +128,10 @@ def predict(row: PublishedRow, *, gpu: str, work_dir: str) -> dict:
         "published_tflops": row.tflops_per_gpu,
         "predicted_tflops": round(predicted, 1),
         "error_pct": round(100 * (predicted / row.tflops_per_gpu - 1), 1),
-        "mfu": modelled.get("mfu"),
-        "iteration_time_s": modelled.get("iteration_time_s"),
-        "critical_role": modelled.get("critical_role"),
-        "time_by_kind_s": modelled.get("time_by_kind_s"),
+        "mfu": mfu,
+        "iteration_time_s": iteration_s,
+        "critical_role": critical_role,
+        "time_by_kind_s": by_kind,
         "source": row.source,
         "tp_comm_overlap": row.tp_comm_overlap,
     }
@@ -160,22 +175,16 @@ def resimulate(row: PublishedRow, *, runs_dir: str) -> dict:
     by_kind.update(
         exposed_communication=critical.exposed_comm_ns / 1e9, pipeline_bubble=critical.bubble_ns / 1e9
     )
-    return {
-        "name": row.name,
-        "ok": True,
-        "seconds": round(seconds, 1),
-        "published_tflops": row.tflops_per_gpu,
-        "predicted_tflops": round(predicted, 1),
-        "error_pct": round(100 * (predicted / row.tflops_per_gpu - 1), 1),
-        "mfu": predicted / modelled["peak_tflops"] if modelled.get("peak_tflops") else None,
-        "iteration_time_s": iteration_s,
-        "critical_role": critical.role,
-        "time_by_kind_s": by_kind,
-        "source": row.source,
-        "tp_comm_overlap": row.tp_comm_overlap,
-        "resimulated": True,
-        "kept_iteration_time_s": modelled.get("iteration_time_s"),
-    }
+    record = _predicted_row(
+        row,
+        seconds,
+        predicted,
+        mfu=predicted / modelled["peak_tflops"] if modelled.get("peak_tflops") else None,
+        iteration_s=iteration_s,
+        critical_role=critical.role,
+        by_kind=by_kind,
+    )
+    return {**record, "resimulated": True, "kept_iteration_time_s": modelled.get("iteration_time_s")}
 
 
 def summarise(rows: list[dict]) -> dict:
