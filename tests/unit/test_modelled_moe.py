@@ -113,7 +113,7 @@ def test_on_fake_tensors_the_permutation_selects_each_token_topk_times():
         tokens = torch.empty(64, 32, dtype=torch.bfloat16)
         routing = torch.empty(64, 8, dtype=torch.bool)
         probs = torch.empty(64, 8)
-        permuted, permuted_probs, indices = permute(tokens, routing, probs=probs, num_out_tokens=128)
+        permuted, permuted_probs, indices = permute(tokens, routing, probs=probs, num_out_tokens=128)[:3]
     assert permuted.shape == (128, 32) and permuted_probs.shape == (128,) and indices.shape == (128,)
 
 
@@ -125,8 +125,8 @@ def test_on_tensors_with_data_the_records_change_nothing():
     got = modelled_moe._permute_known_length(moe_utils.permute)(
         tokens, routing, probs=probs, num_out_tokens=24
     )
-    for a, b in zip(expected, got, strict=True):
-        assert torch.equal(a, b)
+    for a, b in zip(expected, got, strict=True):  # 0.19 returns two more values, None where unused
+        assert (a is None and b is None) or torch.equal(a, b)
     # The dispatchers' records hand a routing map or tokens with data to the original, untouched.
     marker = object()
     dispatcher = types.SimpleNamespace(drop_and_pad=False)
