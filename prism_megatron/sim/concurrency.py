@@ -95,20 +95,10 @@ def ranks_in_flight(result, weights: np.ndarray, node: np.ndarray, comm: np.ndar
     communication ops' [ready, end) intervals, weighted by the ranks the node stands for."""
     ready, end = result.ready_ns, result.end_ns
     keep = comm & (end > ready) & (ready >= 0)
-    owner, begin_ns, end_ns = node[keep], ready[keep], end[keep]
-    order = np.lexsort((begin_ns, owner))
-    owner, begin_ns, end_ns = owner[order], begin_ns[order], end_ns[order]
-    # Union per node in one pass: shift each node's times apart so a running maximum of the ends
-    # never crosses from one node to the next; an interval starts a new run past that maximum.
-    span = int(max(end_ns.max(initial=0), 0)) + 1
-    shifted_begin, shifted_end = begin_ns + owner * span, end_ns + owner * span
-    reach = np.maximum.accumulate(shifted_end) if len(shifted_end) else shifted_end
-    fresh = np.ones(len(owner), dtype=bool)
-    fresh[1:] = shifted_begin[1:] > reach[:-1]
-    first = np.flatnonzero(fresh)
-    run_owner = owner[first]
-    run_begin = begin_ns[first]
-    run_end = (np.maximum.reduceat(shifted_end, first) - run_owner * span) if len(first) else first
+    span = int(max(end[keep].max(initial=0), 0)) + 1
+    shifted_begin, shifted_end = merged_runs(ready[keep], end[keep], node[keep], span)
+    run_owner = shifted_begin // span
+    run_begin, run_end = shifted_begin - run_owner * span, shifted_end - run_owner * span
     weight = weights[run_owner]
     by_begin, by_end = np.argsort(run_begin, kind="stable"), np.argsort(run_end, kind="stable")
     begin_at, end_at = run_begin[by_begin], run_end[by_end]
@@ -122,6 +112,22 @@ def ranks_in_flight(result, weights: np.ndarray, node: np.ndarray, comm: np.ndar
         )
 
     return at
+
+
+def merged_runs(begin_ns: np.ndarray, end_ns: np.ndarray, owner: np.ndarray, span_ns: int):
+    """The union of each node's intervals [begin_ns, end_ns) (`owner`: each interval's node), in one
+    pass: every node's times are shifted by node x `span_ns` (which exceeds every time), so a running
+    maximum of the ends never crosses from one node to the next and an interval past it starts a new
+    run. Returns the runs' (begin, end) on that shifted axis, sorted (node = begin // span_ns)."""
+    shifted_begin, shifted_end = begin_ns + owner * span_ns, end_ns + owner * span_ns
+    order = np.argsort(shifted_begin, kind="stable")
+    shifted_begin, shifted_end = shifted_begin[order], shifted_end[order]
+    reach = np.maximum.accumulate(shifted_end) if len(shifted_end) else shifted_end
+    fresh = np.ones(len(shifted_begin), dtype=bool)
+    fresh[1:] = shifted_begin[1:] > reach[:-1]
+    first = np.flatnonzero(fresh)
+    run_end = np.maximum.reduceat(shifted_end, first) if len(first) else shifted_begin[first]
+    return shifted_begin[first], run_end
 
 
 def concurrent_costs(result, base_cost_ns: np.ndarray, factor: ConcurrencyFactor) -> np.ndarray:

@@ -33,7 +33,7 @@ import numpy as np
 
 from prism_megatron.config import MODELLED_PREFIX
 from prism_megatron.graph.schema import NodeType
-from prism_megatron.sim.concurrency import flat_ops
+from prism_megatron.sim.concurrency import flat_ops, merged_runs
 
 DEVICE_KEY = "device"
 """Key of the capture's device (`--prism-device`, e.g. "model:h100") in a graph's `metadata.extra`;
@@ -80,15 +80,7 @@ def covered_ns(begin_ns, end_ns, owner, span_ns: int):
     """A function (node, from, to) -> ns of [from, to) inside the union of that node's intervals
     [begin_ns, end_ns) (`owner`: each interval's node). `span_ns` exceeds every time, so shifting
     each node's times by node x span keeps the nodes apart on one axis."""
-    shifted_begin, shifted_end = begin_ns + owner * span_ns, end_ns + owner * span_ns
-    order = np.argsort(shifted_begin, kind="stable")
-    shifted_begin, shifted_end = shifted_begin[order], shifted_end[order]
-    reach = np.maximum.accumulate(shifted_end) if len(shifted_end) else shifted_end
-    fresh = np.ones(len(shifted_begin), dtype=bool)
-    fresh[1:] = shifted_begin[1:] > reach[:-1]
-    first = np.flatnonzero(fresh)
-    run_begin = shifted_begin[first]
-    run_end = np.maximum.reduceat(shifted_end, first) if len(first) else run_begin
+    run_begin, run_end = merged_runs(begin_ns, end_ns, owner, span_ns)
     before = np.concatenate([[0], np.cumsum(run_end - run_begin)])  # covered length of runs < k
 
     def up_to(x: np.ndarray) -> np.ndarray:
