@@ -86,6 +86,7 @@ struct DeviceOp {
   int64_t timeout_ns = 0;
   WorkSpec describe;  // kind, seq, group and ranks, for messages
   bool reported = false;  // the watchdog's own: its failure or timeout was raised once already
+  uint64_t run = 0;       // the run it was issued in (run_generation): an earlier run's op blames no later run
 
   std::mutex mu;
   std::exception_ptr error;  // set by the helper thread: the real part or the check failed
@@ -126,6 +127,14 @@ struct RunFailure {
 RunFailure& run_failure() {
   static auto* instance = new RunFailure();
   return *instance;
+}
+
+// Counts the runs clear_device_failure began. An op of an earlier run can still be on the
+// watchdog's list when the next run's device fails (done, but not looked at yet): a sticky device
+// error raises from every query, and the message must name an op of the run that failed.
+std::atomic<uint64_t>& run_generation() {
+  static std::atomic<uint64_t> generation{0};
+  return generation;
 }
 
 void fail_run(const std::string& message) {
@@ -171,6 +180,9 @@ class Watchdog {
         // Done first: the helper thread sets an op's error before it releases the op's flag, so a
         // done op's failure is already visible below.
         bool done = false;
+        if (op->run != run_generation().load()) {
+          op->reported = true;  // an earlier run's: it fails no later one
+        }
         try {
           done = op->queue->query(*op->done);
         } catch (...) {
@@ -241,6 +253,7 @@ void clear_device_failure() {
   RunFailure& failure = run_failure();
   std::lock_guard<std::mutex> lock(failure.mu);
   failure.error = nullptr;
+  run_generation().fetch_add(1);
   timeline::clear_abort();
 }
 
@@ -478,6 +491,7 @@ c10::intrusive_ptr<c10d::Work> PrismBackend::launch_on_device(device::Queue* que
   op->log_id = spec.log_id;
   op->issue_host_ns = clock::now_ns();
   op->timeout_ns = timeout_ns_;
+  op->run = run_generation().load();
   op->describe.kind = spec.kind;
   op->describe.seq = spec.seq;
   op->describe.group = spec.group;

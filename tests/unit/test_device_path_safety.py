@@ -109,3 +109,49 @@ def test_a_device_error_the_watchdog_meets_fails_the_run_with_the_device_s_messa
     assert "test device reported an error while ALL_REDUCE seq 0" in text
     assert "an illegal memory access was encountered" in text
     assert "--prism-timeout" not in text  # the device's error, not the 5 s timeout after it
+
+
+def test_a_device_error_names_an_op_of_the_run_that_failed_not_one_an_earlier_run_left_behind():
+    """A sticky device error raises from every query the watchdog makes, the oldest op on its list
+    first: an op of an earlier run (still in flight, or done and not looked at yet) must not be the
+    one the new run's failure names."""
+    from prism_megatron import _C
+
+    def hour_long(group):
+        schedule = ReplaySchedule(
+            virtual_rank=SELF,
+            collectives={group: [ScheduledOp(OpKind.ALL_REDUCE, 16, arrival_offset_ns=3600_000 * MS, cost_ns=0)]},
+            p2p={},
+            iteration_time_ns=100 * MS,
+        )
+        replay.set_mode("replay")
+        replay.load_schedule(schedule)
+        replay.mark_iteration_start()
+
+    _C.backend.clear_device_failure()
+    try:
+        with test_device.active_device():
+            backend.activate(world_size=WORLD, virtual_rank=SELF, real_ranks=[SELF], timeout_s=5.0)
+            try:
+                hour_long(DP)
+                dist.all_reduce(torch.ones(4), group=dist.new_group(list(DP)))  # left in flight
+            finally:
+                backend.deactivate()
+            replay.reset()
+            backend.activate(world_size=WORLD, virtual_rank=SELF, real_ranks=[SELF], timeout_s=5.0)
+            try:
+                hour_long(TP)
+                tp = dist.new_group(list(TP))
+                dist.all_reduce(torch.ones(4), group=tp)
+                with test_device.device_error("an illegal memory access was encountered"):
+                    time.sleep(0.5)
+                with pytest.raises(dist.DistBackendError) as raised:
+                    dist.all_reduce(torch.ones(4), group=tp)
+            finally:
+                backend.deactivate()
+    finally:
+        replay.reset()
+        _C.backend.clear_device_failure()
+    text = str(raised.value)
+    assert "reported an error while ALL_REDUCE seq 0 on group" in text
+    assert "[0, 1, 2, 3]" in text.splitlines()[0] and "[3, 7, 11, 15]" not in text.splitlines()[0]
