@@ -279,6 +279,9 @@ c10::intrusive_ptr<c10d::Work> PrismBackend::launch(OpPlan plan) {
     }
   }
   device::Queue* queue = spec.error ? nullptr : queue_for(plan.device);
+  if (has_virtual && queue == nullptr && timing.arrival_offset_ns != replay::kUnscheduled) {
+    record.engine_done_ns = spec.deadline_ns;  // a scheduled op's completion, on the host path
+  }
   if (queue != nullptr) {  // its times are marks on the device timeline, where its streams get
     record.issue_mark = timeline::mark_on(queue, queue->current_stream());
     record.start_mark = has_virtual ? timeline::reserve(queue) : record.issue_mark;

@@ -37,7 +37,7 @@ def format_summary(outcome: RunOutcome) -> str:
         if agreement.replayed_s is not None:
             lines.append(
                 f"real rank {agreement.virtual_rank}: emulated against that schedule replayed with the "
-                f"iteration's own compute: {describe(agreement, replayed=True)}"
+                f"iteration's own measurements: {describe(agreement, replayed=True)}"
             )
     for rank, data in sorted(outcome.results.items()):
         between = _between_iterations(data.get("prism_phase") or {})

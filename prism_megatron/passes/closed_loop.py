@@ -182,10 +182,14 @@ class ClosedLoop:
         with more work after the last op they share (the last pipeline stage's optimizer step)."""
         return self.result.finish_ns(self.virtual_rank)
 
-    def replayed_ns(self, compute_ns: Mapping[int, Sequence[int]]) -> dict[int, int]:
-        """The current schedule replayed with one iteration's own compute spans (`replayed.py`):
-        what that iteration should have taken on each real rank, had every op completed as the
-        schedule says. Every real rank's loop simulates the same job, so each can replay them all.
+    def replayed_ns(
+        self,
+        compute_ns: Mapping[int, Sequence[int]],
+        costs: Mapping[int, Mapping[str, int]] | None = None,
+    ) -> dict[int, int]:
+        """The current schedule replayed with one iteration's own compute spans and costs of the ops
+        among real ranks (`replayed.py`): what that iteration should have taken on each real rank,
+        had every op completed as the schedule says. Every real rank's loop simulates the same job, so each can replay them all.
 
         Call it before `resimulate`, while `result` is the simulation of the schedules the
         iteration ran.
@@ -193,7 +197,16 @@ class ClosedLoop:
         Args:
             compute_ns: real rank -> its measured spans in the iteration
                 (`graph.capture.compute_durations`); every real rank's, this one's included.
+            costs: what each real rank measured of the ops among real ranks in the iteration
+                (virtual rank -> `RealCosts.latest()`); they cost that in the replay, by the rule
+                `real_op_costs` gives the simulation.
         """
+        op_costs: dict[int, dict[int, int]] = {}
+        if costs:
+            by_role = self.real_op_costs(costs)
+            op_costs = {
+                rank: by_role.get(role, {}) for rank, (role, _) in self.real_ops.items() if rank in compute_ns
+            }
         for rank in compute_ns:
             if rank not in self.indices:
                 self.indices[rank] = ScheduleIndex(self.result, rank, self.real_ranks)
@@ -202,6 +215,7 @@ class ClosedLoop:
             compute_ns=compute_ns,
             arrivals_ns={rank: self.indices[rank].arrivals(self.result) for rank in compute_ns},
             shared={rank: keys for rank, (_, keys) in self.real_ops.items()},
+            op_costs_ns=op_costs,
         )
 
     def fold(

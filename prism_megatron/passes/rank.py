@@ -292,11 +292,12 @@ class EmulatePhase(_RecordingPhase):
         if self.real_costs is not None:
             self.real_costs.add(iteration.events)
         spans = compute_durations(streams) if reason is None else None
-        durations, costs, all_spans = self.exchange(number, spans)
+        durations, costs, all_spans, latest = self.exchange(number, spans)
         if reason is None:
             if None not in all_spans.values():  # every real rank's iteration matched the graph
                 # Before re-simulating: the loop's result is still the schedule this iteration ran.
-                self.replayed_ns[number] = self.loop.replayed_ns(all_spans)[self.virtual_rank]
+                replayed = self.loop.replayed_ns(all_spans, latest if self.real_costs is not None else None)
+                self.replayed_ns[number] = replayed[self.virtual_rank]
             self.loop.resimulate(durations, costs if self.real_costs is not None else None)
             self.loaded = self.loop.schedule()
             replay.load_schedule(self.loaded)
@@ -305,19 +306,27 @@ class EmulatePhase(_RecordingPhase):
 
     def exchange(
         self, number: int, spans: list[int] | None
-    ) -> tuple[dict[str, list[int]], dict[int, dict[str, int]], dict[int, list[int] | None]]:
+    ) -> tuple[
+        dict[str, list[int]],
+        dict[int, dict[str, int]],
+        dict[int, list[int] | None],
+        dict[int, dict[str, int]],
+    ]:
         """Publish this rank's measurements after iteration `number` and wait for every other real
         rank's (see closed_loop.py): durations by role, costs of the ops among real ranks by
-        virtual rank (this rank's included), and each real rank's compute spans in the iteration
-        itself by virtual rank (`spans`; None where the iteration did not match the graph)."""
+        virtual rank (this rank's included; the median of the last iterations, and the iteration's
+        own), and each real rank's compute spans in the iteration itself by virtual rank (`spans`;
+        None where the iteration did not match the graph)."""
         own_costs = self.real_costs.current() if self.real_costs is not None else {}
+        own_latest = self.real_costs.latest() if self.real_costs is not None else {}
         durations: dict[str, list[int]] = {}
         costs: dict[int, dict[str, int]] = {self.virtual_rank: own_costs}
+        latest: dict[int, dict[str, int]] = {self.virtual_rank: own_latest}
         all_spans: dict[int, list[int] | None] = {self.virtual_rank: spans}
         if self.store is None or len(self.real_ranks) < 2:
-            return durations, costs, all_spans
+            return durations, costs, all_spans, latest
         data = {"role": self.loop.role, "durations": self.loop.current, "real_costs": own_costs,
-                "spans": spans}  # fmt: skip
+                "latest_costs": own_latest, "spans": spans}  # fmt: skip
         self.store.set(_shared_key(self.virtual_rank, number), json.dumps(data))
         others = [rank for rank in self.real_ranks if rank != self.virtual_rank]
         keys = [_shared_key(rank, number) for rank in others]
@@ -326,10 +335,11 @@ class EmulatePhase(_RecordingPhase):
             data = json.loads(raw)
             durations[data["role"]] = data["durations"]
             costs[rank] = data["real_costs"]
+            latest[rank] = data["latest_costs"]
             all_spans[rank] = data["spans"]
         if number - 2 >= NUM_WARMUP:  # every rank read it before the iteration that just ended began
             self.store.delete_key(_shared_key(self.virtual_rank, number - 2))
-        return durations, costs, all_spans
+        return durations, costs, all_spans, latest
 
     def summary(self) -> dict[str, Any]:
         return {

@@ -128,6 +128,10 @@ class RealCosts:
                 values.setdefault(key, []).append(cost)
         return {key: round(statistics.median(v)) for key, v in values.items()}
 
+    def latest(self) -> dict[str, int]:
+        """Per instance, what this rank measured in its last iteration (the replay's costs)."""
+        return dict(self._window[-1]) if self._window else {}
+
 
 def shared_costs(
     published: Mapping[int, Mapping[str, int]], holders: Mapping[str, Sequence[int]]

@@ -14,7 +14,9 @@ Like compared with like is the schedule replayed with what the iteration itself 
 real rank's ops in the simulation's order, each compute op taking the span that rank measured in
 the iteration, each op with other participants completing at the latest of its own post, its
 virtual members' arrival in the schedule and its real members' posts in this replay, plus the op's
-simulated cost. The difference between the emulated iteration and this replay is the emulation's
+simulated cost; an op among real ranks, which runs for real, costs what the real ranks measured of
+it in that same iteration where they did (`real_costs.py`: on the CPU device, gloo through the
+host, whose time varies from one iteration to the next as compute does). The difference between the emulated iteration and this replay is the emulation's
 own error: ops that completed later than the rule (ops among real ranks that took longer than
 their charge, late wake-ups) and host work inside ops. The difference between the replay and the
 schedule's simulation is the compute drift.
@@ -53,6 +55,7 @@ def replayed_finish_ns(
     compute_ns: Mapping[int, Sequence[int]],
     arrivals_ns: Mapping[int, Mapping[int, int]],
     shared: Mapping[int, Mapping[str, Sequence[int]]],
+    op_costs_ns: Mapping[int, Mapping[int, int]] | None = None,
 ) -> dict[int, int]:
     """Each real rank's finish, from the iteration start, replaying its ops in `result`.
 
@@ -64,6 +67,8 @@ def replayed_finish_ns(
             as its replay schedule has it (`ScheduleIndex.arrivals`).
         shared: real rank -> {instance key: positions} of its ops among real ranks
             (`real_costs.op_keys`); an op waits for every replayed rank that holds its key.
+        op_costs_ns: real rank -> {position: cost} of its ops among real ranks, as measured in the
+            iteration; other ops cost what the simulation says.
 
     An op with neither virtual members nor another replayed real member keeps the simulated arrival
     of its other members, if any arrived after this rank did in the simulation.
@@ -72,6 +77,7 @@ def replayed_finish_ns(
         ValueError: a rank's spans are not one per compute op.
     """
     timelines = {rank: result.timeline(rank) for rank in compute_ns}
+    costs = op_costs_ns or {}
     spans: dict[int, dict[int, int]] = {}
     for rank, timeline in timelines.items():
         compute = [p for p, t in enumerate(timeline) if t.op.type == NodeType.COMPUTE]
@@ -134,7 +140,8 @@ def replayed_finish_ns(
                 arrived_ns = others_ns(stream.virtual_rank, p, t)
                 if arrived_ns is None:
                     return False
-                ends.append(max(post_ns, arrived_ns) + (t.end_ns - t.ready_ns))
+                cost_ns = costs.get(stream.virtual_rank, {}).get(p, t.end_ns - t.ready_ns)
+                ends.append(max(post_ns, arrived_ns) + cost_ns)
         end_ns = max(ends)
         for p in batch:
             done[(stream.virtual_rank, stream.name, timeline[p].index)] = end_ns

@@ -41,6 +41,12 @@ class OpEvent:
             on the host path; -1 when it has none, or on a device. With virtual members too, the
             op completes later still, at the replay engine's time; this is what the real members
             took.
+        engine_done_ns: when the replay engine completed it (its virtual members' arrival in the
+            replay schedule plus its cost), on the host path; -1 without virtual members, for an op
+            no schedule holds (the capture pass), or on a device. Where the program
+            asked for the op later than that, it saw it complete later (`complete_ns`): the host
+            work in between (torch's Python after the issue, the local part) is the program's, and
+            the graph gives it to the compute after the op (`graph.capture`).
     """
 
     kind: OpKind
@@ -55,6 +61,7 @@ class OpEvent:
     async_op: bool
     has_virtual: bool
     real_done_ns: int = -1
+    engine_done_ns: int = -1
 
     def on_timeline(self) -> OpEvent:
         """The event with its times read on the device timeline (a modelled GPU's time, where one is
@@ -65,7 +72,10 @@ class OpEvent:
             return self
         issue, start = timeline.map_time(self.issue_ns), timeline.map_time(self.start_ns)
         complete = self.complete_ns if self.complete_ns < 0 else timeline.map_time(self.complete_ns)
-        return dataclasses.replace(self, issue_ns=issue, start_ns=start, complete_ns=complete)
+        # A modelled device's ops complete at its modelled times; host work has no place there.
+        return dataclasses.replace(
+            self, issue_ns=issue, start_ns=start, complete_ns=complete, engine_done_ns=-1
+        )
 
     @classmethod
     def from_native(cls, raw: tuple) -> OpEvent:

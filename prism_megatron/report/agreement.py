@@ -15,9 +15,11 @@ of the median iteration.
 The same holds within one iteration: the schedule was simulated with the spans measured before it,
 and a real rank's compute drifts from one iteration to the next while its virtual peers keep to
 the schedule. So each iteration is also compared with its schedule replayed with the compute the
-real ranks measured in that very iteration (`passes/replayed.py`): that difference is the
-emulation's own error (ops completing later than the schedule says, host work inside ops); the
-difference between the two comparisons is the compute drift. The simulated time is the rank's own
+real ranks measured in that very iteration, and with what they measured of the ops among them
+where those ran through the host (`passes/replayed.py`; a gloo exchange between two processes takes
+0.4 to 8 ms from one iteration to the next on a shared machine): that difference is the emulation's
+own error (ops completing later than the schedule says, host work inside ops); the difference
+between the two comparisons is the drift of the measured inputs. The simulated time is the rank's own
 finish in the schedule's simulation, as the emulated time is the rank's own start to end.
 """
 
@@ -147,7 +149,7 @@ def agreements(results: Mapping[int, Mapping[str, Any]]) -> tuple[RankAgreement,
 
 def describe(agreement: RankAgreement, *, replayed: bool = False) -> str:
     """'+0.42 % (-1.10 .. +2.31 %, 5 iterations)': against the schedule's simulation, or with
-    `replayed` against its replay with the iteration's own compute ('-' when there is none)."""
+    `replayed` against its replay with the iteration's own measurements ('-' when there is none)."""
     if replayed:
         if agreement.replayed_median_pct is None:
             return "-"

@@ -155,7 +155,8 @@ def _agreement(report: RunReport) -> list[str]:
         "Each emulated iteration after warm-up against the rank's simulated time in the replay "
         "schedule it ran (the closed loop re-simulates from the measured spans between iterations), "
         "and against that schedule replayed with the compute the real ranks measured in the iteration "
-        "itself (what is left is the emulation's own error; the gap between the two is compute drift). "
+        "itself and, on the CPU device, the times they measured of the ops among them (what is left is "
+        "the emulation's own error; the gap between the two is the drift of those measurements). "
         "The closed loop's last schedule is the simulation from the last measurements.",
         "",
         *_table(

@@ -70,6 +70,32 @@ def test_compute_intervals_are_the_gaps_on_the_clock_for_the_timeline():
     assert compute_intervals(it) == [(us(0), us(100)), (us(130), us(250)), (us(260), us(400))]
 
 
+def test_host_work_after_the_engine_completed_a_blocking_op_is_compute_that_follows_it():
+    """The engine completes the first op at 110 us, but the program asks for it only at 130 us
+    (torch's Python after the issue, the local part): those 20 us are the program's host work and
+    belong to the compute after the op, not to no span at all. The second op's virtual members
+    arrived late: the engine completed it at 260 us, when the program saw it."""
+    late_ask = dataclasses.replace(collective(OpKind.ALL_REDUCE, (0, 1), 100, 130), engine_done_ns=us(110))
+    waited = dataclasses.replace(
+        collective(OpKind.ALL_REDUCE, (0, 2), 250, 260), start_ns=us(255), engine_done_ns=us(260)
+    )
+    it = iteration([late_ask, waited], end_us=400)
+    assert compute_intervals(it) == [(us(0), us(100)), (us(110), us(250)), (us(260), us(400))]
+    assert printed(iteration_streams(it, GroupNames(WORLD, 0)))[COMPUTE_STREAM][2] == "c:compute 140us"
+    # A real part that finished after the engine's time ends the op there (what the real members took).
+    mixed = dataclasses.replace(late_ask, real_done_ns=us(125))
+    assert compute_intervals(iteration([mixed], end_us=200))[1] == (us(125), us(200))
+
+
+def test_a_capture_keeps_the_engine_and_real_part_times_of_its_ops(tmp_path):
+    event = dataclasses.replace(
+        collective(OpKind.ALL_REDUCE, (0, 1), 100, 130), real_done_ns=us(120), engine_done_ns=us(110)
+    )
+    original = RankCapture(0, "pp0-tp0src", (iteration([event], end_us=200),), num_warmup=0)
+    path = original.save(str(tmp_path / "capture-00000.json"))
+    assert RankCapture.load(path) == original
+
+
 def test_p2p_ops_of_one_communicator_call_are_one_batch_and_the_stream_resumes_when_it_returned():
     # send_forward_recv_backward: both posted in one call that returned at 80 us.
     events = [p2p(OpKind.SEND, 4, 50, 52), p2p(OpKind.RECV, 4, 51, 60), p2p(OpKind.SEND, 4, 150, 151)]

@@ -120,7 +120,9 @@ def test_a_device_error_names_an_op_of_the_run_that_failed_not_one_an_earlier_ru
     def hour_long(group):
         schedule = ReplaySchedule(
             virtual_rank=SELF,
-            collectives={group: [ScheduledOp(OpKind.ALL_REDUCE, 16, arrival_offset_ns=3600_000 * MS, cost_ns=0)]},
+            collectives={
+                group: [ScheduledOp(OpKind.ALL_REDUCE, 16, arrival_offset_ns=3600_000 * MS, cost_ns=0)]
+            },
             p2p={},
             iteration_time_ns=100 * MS,
         )

@@ -101,3 +101,24 @@ def test_each_iteration_is_compared_with_the_ranks_own_simulated_finish_not_the_
     loop = _loop(WhatIf(stragglers={7168: 3.0}), virtual_rank=0)
     assert loop.finish_ns == max(t.end_ns for t in loop.result.timeline(0))
     assert loop.finish_ns < loop.iteration_time_ns
+
+
+def test_an_op_among_real_ranks_costs_in_the_replay_what_they_measured_of_it_in_that_iteration():
+    loop = _loop()
+    spans = {rank: _simulated_spans(loop, rank) for rank in REAL}
+    finish = {rank: loop.result.finish_ns(rank) for rank in REAL}
+    timeline = loop.result.timeline(0)
+    norm = next(
+        p for p, t in enumerate(timeline) if t.op.type == NodeType.COLLECTIVE and t.op.group == "world"
+    )
+    _, keys = loop.real_ops[0]
+    key = next(k for k, positions in keys.items() if norm in positions)
+    simulated_ns = timeline[norm].end_ns - timeline[norm].ready_ns
+    # Both real ranks measured the grad-norm all-reduce (real part through the host) 3 ms above its cost.
+    slow = {rank: {key: simulated_ns + 3_000_000} for rank in REAL}
+    assert loop.replayed_ns(spans, slow) == {rank: finish[rank] + 3_000_000 for rank in REAL}
+    # Below the network model's cost, an op with virtual members keeps that cost (real_op_costs).
+    fast = {rank: {key: 1} for rank in REAL}
+    assert loop.replayed_ns(spans, fast) == finish
+    # A measurement only one of its real members published is not used.
+    assert loop.replayed_ns(spans, {0: slow[0]}) == finish

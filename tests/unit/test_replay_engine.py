@@ -278,3 +278,23 @@ def test_wait_until_ns_returns_at_the_deadline():
     deadline = time.monotonic_ns() + 20 * MS
     replay.wait_until_ns(deadline)
     assert 0 <= time.monotonic_ns() - deadline < SLACK_NS
+
+
+def test_the_log_keeps_when_the_engine_completed_a_scheduled_op_apart_from_when_the_program_saw_it(activate):
+    """The engine completes the op at its arrival plus its cost; the program asks 20 ms later and sees
+    it complete then. The log keeps both (graph/capture.py gives the host work in between to the
+    compute after the op); an op no schedule holds, as in the capture pass, has no engine time."""
+    activate(mode="replay")
+    group = dist.new_group(list(TP))
+    op = ScheduledOp(OpKind.ALL_REDUCE, 16, arrival_offset_ns=10 * MS, cost_ns=2 * MS)
+    replay.load_schedule(ReplaySchedule(virtual_rank=SELF, collectives={TP: (op,)}, p2p={}))
+    replay.start_recording()
+    start = iteration_start_ns()
+    work = dist.all_reduce(torch.ones(4), group=group, async_op=True)
+    time.sleep(0.032)
+    work.wait()
+    dist.all_reduce(torch.ones(4), group=group)  # beyond the schedule
+    scheduled, unscheduled = replay.stop_recording()
+    assert scheduled.engine_done_ns == start + 12 * MS
+    assert scheduled.complete_ns >= scheduled.engine_done_ns + 20 * MS
+    assert unscheduled.engine_done_ns == -1 and unscheduled.complete_ns >= 0
