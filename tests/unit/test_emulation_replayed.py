@@ -77,16 +77,23 @@ def test_a_span_the_virtual_peers_wait_out_costs_nothing_and_one_after_the_last_
     assert loop.finish_ns == finish
 
 
-def test_a_real_rank_waits_in_the_replay_for_the_other_real_rank_it_shares_ops_with():
+def _simulated_job():
+    """The loop, each real rank's simulated spans and finish, and rank 0's grad-norm all-reduce (the
+    world's, which both real ranks join): its position in rank 0's timeline."""
     loop = _loop()
     spans = {rank: _simulated_spans(loop, rank) for rank in REAL}
     finish = {rank: loop.result.finish_ns(rank) for rank in REAL}
-    # Rank 0 computes its last span before the grad-norm all-reduce (which both real ranks join) 5 ms
-    # longer: rank 1024 waits for it there, as it would in the emulation.
     timeline = loop.result.timeline(0)
     norm = next(
         p for p, t in enumerate(timeline) if t.op.type == NodeType.COLLECTIVE and t.op.group == "world"
     )
+    return loop, spans, finish, norm
+
+
+def test_a_real_rank_waits_in_the_replay_for_the_other_real_rank_it_shares_ops_with():
+    loop, spans, finish, norm = _simulated_job()
+    # Rank 0 computes its last span before the grad-norm all-reduce 5 ms longer: rank 1024 waits for
+    # it there, as it would in the emulation.
     before = max(i for i, p in enumerate(_compute_positions(loop, 0)) if p < norm)
     slow = list(spans[0])
     slow[before] += 5_000_000
@@ -104,16 +111,11 @@ def test_each_iteration_is_compared_with_the_ranks_own_simulated_finish_not_the_
 
 
 def test_an_op_among_real_ranks_costs_in_the_replay_what_they_measured_of_it_in_that_iteration():
-    loop = _loop()
-    spans = {rank: _simulated_spans(loop, rank) for rank in REAL}
-    finish = {rank: loop.result.finish_ns(rank) for rank in REAL}
-    timeline = loop.result.timeline(0)
-    norm = next(
-        p for p, t in enumerate(timeline) if t.op.type == NodeType.COLLECTIVE and t.op.group == "world"
-    )
+    loop, spans, finish, norm = _simulated_job()
     _, keys = loop.real_ops[0]
     key = next(k for k, positions in keys.items() if norm in positions)
-    simulated_ns = timeline[norm].end_ns - timeline[norm].ready_ns
+    op = loop.result.timeline(0)[norm]
+    simulated_ns = op.end_ns - op.ready_ns
     # Both real ranks measured the grad-norm all-reduce (real part through the host) 3 ms above its cost.
     slow = {rank: {key: simulated_ns + 3_000_000} for rank in REAL}
     assert loop.replayed_ns(spans, slow) == {rank: finish[rank] + 3_000_000 for rank in REAL}
