@@ -42,8 +42,9 @@ struct OpRecord {
   // apart from the replay engine's deadline.
   int64_t real_done_ns = -1;
   // When the replay engine completes it (its virtual members' arrival in the replay schedule plus
-  // its cost), on the host path (-1: no virtual member, an op no schedule holds, or on a device). The op is seen complete later where the program
-  // asks for it later: that host work then belongs to the compute after it (graph/capture.py).
+  // its cost), on the host path (-1: no virtual member, an op no schedule holds, or on a device).
+  // The program sees the op complete later where it asks later: that host work belongs to the
+  // compute after the op (graph/capture.py).
   int64_t engine_done_ns = -1;
   // On a device (device_queue.h) the three times are marks on the device timeline (timeline.h),
   // read when the recording is exported; -1: the time above is a host time.

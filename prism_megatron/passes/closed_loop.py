@@ -189,7 +189,8 @@ class ClosedLoop:
     ) -> dict[int, int]:
         """The current schedule replayed with one iteration's own compute spans and costs of the ops
         among real ranks (`replayed.py`): what that iteration should have taken on each real rank,
-        had every op completed as the schedule says. Every real rank's loop simulates the same job, so each can replay them all.
+        had every op completed as the schedule says. Every real rank's loop simulates the same job,
+        so each can replay them all.
 
         Call it before `resimulate`, while `result` is the simulation of the schedules the
         iteration ran.

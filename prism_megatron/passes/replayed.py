@@ -16,10 +16,11 @@ the iteration, each op with other participants completing at the latest of its o
 virtual members' arrival in the schedule and its real members' posts in this replay, plus the op's
 simulated cost; an op among real ranks, which runs for real, costs what the real ranks measured of
 it in that same iteration where they did (`real_costs.py`: on the CPU device, gloo through the
-host, whose time varies from one iteration to the next as compute does). The difference between the emulated iteration and this replay is the emulation's
-own error: ops that completed later than the rule (ops among real ranks that took longer than
-their charge, late wake-ups) and host work inside ops. The difference between the replay and the
-schedule's simulation is the compute drift.
+host, whose time varies from one iteration to the next as compute does). The difference between
+the emulated iteration and this replay is the emulation's own error: ops that completed later than
+the rule (late wake-ups, a real part that ended after the op was charged) and host work inside
+ops. The difference between the replay and the schedule's simulation is the drift of the measured
+inputs.
 
 The semantics are the simulator's (`sim/reference.py`): a stream runs its ops in order, coalesced
 ops post together and the stream goes on when all of them completed, an op waits for its

@@ -43,10 +43,10 @@ class OpEvent:
             took.
         engine_done_ns: when the replay engine completed it (its virtual members' arrival in the
             replay schedule plus its cost), on the host path; -1 without virtual members, for an op
-            no schedule holds (the capture pass), or on a device. Where the program
-            asked for the op later than that, it saw it complete later (`complete_ns`): the host
-            work in between (torch's Python after the issue, the local part) is the program's, and
-            the graph gives it to the compute after the op (`graph.capture`).
+            no schedule holds (the capture pass), or on a device. Where the program asked for the
+            op later than that, it saw it complete later (`complete_ns`): the host work in between
+            (torch's Python after the issue, the local part) is the program's, and the graph gives
+            it to the compute after the op (`graph.capture`).
     """
 
     kind: OpKind

@@ -88,17 +88,22 @@ def test_an_op_on_a_stream_being_captured_into_a_graph_is_refused_with_one_clear
     assert torch.equal(t, torch.full((4,), 4.0))
 
 
-def test_a_device_error_the_watchdog_meets_fails_the_run_with_the_device_s_message(world):
-    replay.set_mode("replay")
+def _hour_long_iteration(group):
+    """Begin an iteration whose one all-reduce on `group` has its virtual members arrive in an hour."""
     schedule = ReplaySchedule(
         virtual_rank=SELF,
-        collectives={TP: [ScheduledOp(OpKind.ALL_REDUCE, 16, arrival_offset_ns=3600_000 * MS, cost_ns=0)]},
+        collectives={group: [ScheduledOp(OpKind.ALL_REDUCE, 16, arrival_offset_ns=3600_000 * MS, cost_ns=0)]},
         p2p={},
         iteration_time_ns=100 * MS,
     )
+    replay.set_mode("replay")
     replay.load_schedule(schedule)
-    tp = dist.new_group(list(TP))
     replay.mark_iteration_start()
+
+
+def test_a_device_error_the_watchdog_meets_fails_the_run_with_the_device_s_message(world):
+    tp = dist.new_group(list(TP))
+    _hour_long_iteration(TP)
     dist.all_reduce(torch.ones(4), group=tp)  # in flight for an hour on the device
     with test_device.device_error("an illegal memory access was encountered"):
         time.sleep(1.0)  # the watchdog looks every 20 ms; its thread must survive the error
@@ -117,32 +122,19 @@ def test_a_device_error_names_an_op_of_the_run_that_failed_not_one_an_earlier_ru
     one the new run's failure names."""
     from prism_megatron import _C
 
-    def hour_long(group):
-        schedule = ReplaySchedule(
-            virtual_rank=SELF,
-            collectives={
-                group: [ScheduledOp(OpKind.ALL_REDUCE, 16, arrival_offset_ns=3600_000 * MS, cost_ns=0)]
-            },
-            p2p={},
-            iteration_time_ns=100 * MS,
-        )
-        replay.set_mode("replay")
-        replay.load_schedule(schedule)
-        replay.mark_iteration_start()
-
     _C.backend.clear_device_failure()
     try:
         with test_device.active_device():
             backend.activate(world_size=WORLD, virtual_rank=SELF, real_ranks=[SELF], timeout_s=5.0)
             try:
-                hour_long(DP)
+                _hour_long_iteration(DP)
                 dist.all_reduce(torch.ones(4), group=dist.new_group(list(DP)))  # left in flight
             finally:
                 backend.deactivate()
             replay.reset()
             backend.activate(world_size=WORLD, virtual_rank=SELF, real_ranks=[SELF], timeout_s=5.0)
             try:
-                hour_long(TP)
+                _hour_long_iteration(TP)
                 tp = dist.new_group(list(TP))
                 dist.all_reduce(torch.ones(4), group=tp)
                 with test_device.device_error("an illegal memory access was encountered"):
