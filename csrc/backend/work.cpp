@@ -191,6 +191,7 @@ void PrismWork::run_locked(int64_t timeout_ns) {
 }
 
 bool PrismWork::wait(std::chrono::milliseconds timeout) {
+  replay::op_log().waited(spec_.log_id, clock::now_ns());  // where the program's compute stopped
   run(static_cast<int64_t>(timeout.count()) * 1'000'000);
   std::lock_guard<std::mutex> lock(mutex_);
   if (exception_) {

@@ -81,11 +81,15 @@ void OpLog::complete_marked(int64_t id, int64_t mark, bool ok) {
   settle_locked(id, -1, mark, ok);
 }
 
-void OpLog::real_part_done(int64_t id, int64_t t_ns) {
+void OpLog::real_part_done(int64_t id, int64_t t_ns) { note_first(id, &OpRecord::real_done_ns, t_ns); }
+
+void OpLog::waited(int64_t id, int64_t t_ns) { note_first(id, &OpRecord::wait_ns, t_ns); }
+
+void OpLog::note_first(int64_t id, int64_t OpRecord::*field, int64_t t_ns) {
   std::lock_guard<std::mutex> lock(mu_);
   auto note = [&](OpRecord& record) {
-    if (record.real_done_ns < 0) {
-      record.real_done_ns = t_ns;
+    if (record.*field < 0) {
+      record.*field = t_ns;
     }
   };
   if (OpRecord* record = find_locked(id)) {

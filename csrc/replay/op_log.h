@@ -46,6 +46,10 @@ struct OpRecord {
   // The program sees the op complete later where it asks later: that host work belongs to the
   // compute after the op (graph/capture.py).
   int64_t engine_done_ns = -1;
+  // When the program first waited on the op (Work::wait), on the host path (-1: it never did, or
+  // on a device). An async op's wait can end long after the program reached it; the compute before
+  // it ends here, not at the completion (graph/capture.py).
+  int64_t wait_ns = -1;
   // On a device (device_queue.h) the three times are marks on the device timeline (timeline.h),
   // read when the recording is exported; -1: the time above is a host time.
   int64_t issue_mark = -1;
@@ -67,6 +71,8 @@ class OpLog {
   void complete_marked(int64_t id, int64_t mark, bool ok);
   // The op `id`'s real part completed at t_ns (host time; the first report counts).
   void real_part_done(int64_t id, int64_t t_ns);
+  // The program began to wait on the op `id` at t_ns (host time; the first wait counts).
+  void waited(int64_t id, int64_t t_ns);
 
   // Human-readable: the last ops (oldest first) with their state and times relative to now.
   std::string dump(int64_t now_ns) const;
@@ -97,6 +103,8 @@ class OpLog {
  private:
   OpRecord* find_locked(int64_t id);
   void settle_locked(int64_t id, int64_t t_ns, int64_t mark, bool ok);
+  // Sets the record's `field` to t_ns unless an earlier call did.
+  void note_first(int64_t id, int64_t OpRecord::*field, int64_t t_ns);
 
   mutable std::mutex mu_;
   size_t capacity_ = 512;

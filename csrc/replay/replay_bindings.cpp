@@ -132,7 +132,7 @@ py::list export_records(const std::vector<OpRecord>& records) {
     }
     out.append(py::make_tuple(static_cast<int32_t>(r.kind), members, r.peer, r.seq, r.size_bytes, r.dtype, r.issue_ns,
                               r.start_ns, r.complete_ns, r.async_op, r.has_virtual, r.real_done_ns,
-                              r.engine_done_ns));
+                              r.engine_done_ns, r.wait_ns));
   }
   return out;
 }

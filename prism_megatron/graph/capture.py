@@ -16,9 +16,11 @@ the compute stream (CPU clock on CPU; CUDA events would feed the same walk on GP
   op on one per direction (`async-p2p-send`, `async-p2p-recv`: a send and a receive posted together,
   as context parallelism's ring posts them, progress together; on one stream each rank's send would
   wait for its peer's receive queued behind the peer's own send), after the
-  compute that preceded its issue, and a WAIT on the compute stream where it completed: on CPU, the
-  prism backend completes an op with instant peers when the program waits on it, so its completion
-  time is the program's wait. A WAIT that falls after the iteration's end is put at the end;
+  compute that preceded its issue, and a WAIT on the compute stream where the program began to
+  wait on it (`OpEvent.wait_ns`, recorded by the backend's `Work.wait`), the compute resuming when
+  it completed. Where no wait was recorded (the program asked through a future), the WAIT is where
+  it completed: on CPU, the prism backend completes an op with instant peers when the program
+  waits on it. A WAIT that falls after the iteration's end is put at the end;
 * the gaps between them on the compute stream are COMPUTE spans, one before every op (possibly of
   0 ns) and one closing the iteration, so every iteration has the same structure and durations can
   be compared position by position.
@@ -28,10 +30,10 @@ Collectives are named by group kind (`group_kind_of`), p2p peers by (group kind,
 warm-up iterations, checks the others agree op for op, and takes the median of each compute span.
 Limits: an async op waited in a later iteration (a parameter all-gather overlapped with the next
 forward) is waited at the end of its own; p2p ops left pending by an overlapping schedule
-(`overlap_p2p_comm`) count as waited when their call returned; an async op whose real peers (other
-ranks of the same capture pass) arrive after the program began to wait on it completes with them,
-so the span before its wait includes that wait (the median over iterations bounds one such
-outlier; ranks of one pass are alike, so they arrive close together).
+(`overlap_p2p_comm`) count as waited when their call returned; where the program's wait on an
+async op was not recorded and its real peers (other ranks of the same capture pass) arrived after
+the program began to wait, the span before its wait includes that wait (the median over
+iterations bounds one such outlier; ranks of one pass are alike, so they arrive close together).
 """
 
 from __future__ import annotations
@@ -145,7 +147,7 @@ class RankCapture:
 
 def _event_row(e: OpEvent) -> list:
     return [int(e.kind), list(e.group), e.peer, e.seq, e.size_bytes, e.dtype, e.issue_ns, e.start_ns,
-            e.complete_ns, e.async_op, e.has_virtual, e.real_done_ns, e.engine_done_ns]  # fmt: skip
+            e.complete_ns, e.async_op, e.has_virtual, e.real_done_ns, e.engine_done_ns, e.wait_ns]  # fmt: skip
 
 
 def _event_from_row(row: list) -> OpEvent:
@@ -176,8 +178,12 @@ def _points(iteration: CapturedIteration) -> list[_Point]:
         elif event.async_op:
             done_ns = event.complete_ns if 0 <= event.complete_ns <= iteration.end_ns else iteration.end_ns
             done_ns = max(done_ns, event.issue_ns)
+            reached_ns, resume_ns = done_ns, done_ns
+            if event.wait_ns >= 0:  # the program's wait, recorded: the compute stopped there
+                reached_ns = min(max(event.wait_ns, event.issue_ns), iteration.end_ns)
+                resume_ns = max(reached_ns, min(done_ns, _blocking_end_ns(event)))
             points.append(_Point(event.issue_ns, order, event.issue_ns, "post", (event,)))
-            points.append(_Point(done_ns, order, done_ns, "wait", (event,)))
+            points.append(_Point(reached_ns, order, resume_ns, "wait", (event,)))
         else:
             points.append(_Point(event.issue_ns, order, _blocking_end_ns(event), "blocking", (event,)))
     for call, members in batches.items():

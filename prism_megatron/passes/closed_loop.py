@@ -23,12 +23,13 @@ than the target's network. Each real rank publishes what it measured of them wit
 them those costs instead of the network model's (`real_costs.py`), so the simulation describes the
 job the emulation runs and each emulated iteration can be compared with it.
 
-One span cannot be measured in replay mode: the compute before waiting on an async op (a TP
-all-reduce overlapped with the weight-gradient GEMM) when the op completed at its scheduled time.
-The backend completes it when the program waits on it or when the replay schedule says, whichever
-is later, so such a completion hides when the program began to wait. Folding it would count the
-wait as compute, the next schedule would make the peers later still, and spans would only ever
-grow; `blocked_waits` finds these and the loop keeps their previous value.
+The compute before waiting on an async op (a TP all-reduce overlapped with the weight-gradient
+GEMM) ends where the program began to wait, which the backend records (`OpEvent.wait_ns`). Where
+it was not recorded (the program asked through a future), the span ends at the completion, and
+when the op completed at its scheduled time that hides when the program began to wait. Folding
+it would count the wait as compute, the next schedule would make the peers later still, and spans
+would only ever grow (a virtual straggler, whose compute is the measured one times its factor,
+the fastest); `blocked_waits` finds these and the loop keeps their previous value.
 """
 
 from __future__ import annotations
@@ -320,8 +321,8 @@ def blocked_waits(
     for event in collectives:
         index = slot_index[event.group]
         slot_index[event.group] += 1
-        if event not in posted or not event.has_virtual:
-            continue
+        if event not in posted or not event.has_virtual or event.wait_ns >= 0:
+            continue  # a recorded wait ends its span where the program began to wait
         ops = schedule.collectives.get(event.group, ())
         cost_ns = max(ops[index].cost_ns, 0) if index < len(ops) else 0
         if event.complete_ns <= event.start_ns + cost_ns + WAIT_TOLERANCE_NS:

@@ -47,6 +47,10 @@ class OpEvent:
             op later than that, it saw it complete later (`complete_ns`): the host work in between
             (torch's Python after the issue, the local part) is the program's, and the graph gives
             it to the compute after the op (`graph.capture`).
+        wait_ns: when the program first waited on it (``Work.wait``), on the host path; -1 where it
+            never did (it asked through ``is_completed`` or a future, or the op ran inside a
+            coalesced batch), or on a device. An async op's compute stream stops here, not at the
+            completion: a wait that returned late was waiting, not computing.
     """
 
     kind: OpKind
@@ -62,6 +66,7 @@ class OpEvent:
     has_virtual: bool
     real_done_ns: int = -1
     engine_done_ns: int = -1
+    wait_ns: int = -1
 
     def on_timeline(self) -> OpEvent:
         """The event with its times read on the device timeline (a modelled GPU's time, where one is
@@ -72,9 +77,10 @@ class OpEvent:
             return self
         issue, start = timeline.map_time(self.issue_ns), timeline.map_time(self.start_ns)
         complete = self.complete_ns if self.complete_ns < 0 else timeline.map_time(self.complete_ns)
+        wait = self.wait_ns if self.wait_ns < 0 else timeline.map_time(self.wait_ns)
         # A modelled device's ops complete at its modelled times; host work has no place there.
         return dataclasses.replace(
-            self, issue_ns=issue, start_ns=start, complete_ns=complete, engine_done_ns=-1
+            self, issue_ns=issue, start_ns=start, complete_ns=complete, engine_done_ns=-1, wait_ns=wait
         )
 
     @classmethod

@@ -210,7 +210,13 @@ def test_a_virtual_straggler_slows_the_real_ranks_as_the_simulation_says(run_dir
     base, slowed = read_json(run_dir / "report.json"), read_json(tmp_path / "report.json")
     assert slowed["simulated_iteration_time_s"] > 1.5 * base["simulated_iteration_time_s"]
     assert slowed["iteration_time_s"] > 1.5 * base["iteration_time_s"]
-    assert slowed["iteration_time_s"] == pytest.approx(slowed["simulated_iteration_time_s"], rel=0.25)
+    # Each emulated iteration against the simulation of the schedule it ran. After the first, the
+    # closed loop folds what rank 8 measured, and rank 9 computes three times that: on a shared host
+    # the measured compute drifts from the capture's (10-30 % here), so the job's time moves with it
+    # and the capture's simulation is no fixed yardstick; the schedule each iteration ran is.
+    for rank in REAL_RANKS:
+        agreement = slowed["agreement"][str(rank)]
+        assert abs(agreement["median_difference_pct"]) < 5, agreement
 
 
 @pytest.mark.slow

@@ -89,7 +89,10 @@ def test_host_work_after_the_engine_completed_a_blocking_op_is_compute_that_foll
 
 def test_a_capture_keeps_the_engine_and_real_part_times_of_its_ops(tmp_path):
     event = dataclasses.replace(
-        collective(OpKind.ALL_REDUCE, (0, 1), 100, 130), real_done_ns=us(120), engine_done_ns=us(110)
+        collective(OpKind.ALL_REDUCE, (0, 1), 100, 130),
+        real_done_ns=us(120),
+        engine_done_ns=us(110),
+        wait_ns=us(105),
     )
     original = RankCapture(0, "pp0-tp0src", (iteration([event], end_us=200),), num_warmup=0)
     path = original.save(str(tmp_path / "capture-00000.json"))
@@ -114,6 +117,26 @@ def test_an_async_op_runs_on_a_side_stream_and_the_compute_stream_waits_where_it
         "async-tp": ["AR tp#0 1KiB Float <compute:0"],
     }
     assert streams["async-tp"][0].deps == (Dep(COMPUTE_STREAM, 0),)
+
+
+def test_an_async_ops_wait_begins_where_the_program_waited_and_compute_resumes_at_its_completion():
+    """The program waited at 180 us; the op completed at 300 us (its virtual peer was late, the
+    engine's time), and the program saw it at 310 us. The 120 us in between were a wait, not compute;
+    the 10 us after the engine's time are the program's host work, in the compute that follows."""
+    event = dataclasses.replace(
+        collective(OpKind.ALL_REDUCE, (0, 1), 100, 310, async_op=True),
+        wait_ns=us(180),
+        engine_done_ns=us(300),
+    )
+    it = iteration([event], end_us=500)
+    assert printed(iteration_streams(it, GroupNames(WORLD, 0)))[COMPUTE_STREAM] == [
+        "c:compute 100us", "c:compute 80us", "w <async-tp:0", "c:compute 200us",
+    ]  # fmt: skip
+    assert compute_intervals(it) == [(us(0), us(100)), (us(100), us(180)), (us(300), us(500))]
+    # Waited after the engine's time: the span runs to the wait, and the wait itself (the op's host
+    # work, 1 us) is the program's, so the compute resumes at once.
+    late = dataclasses.replace(event, wait_ns=us(400), complete_ns=us(401))
+    assert compute_intervals(iteration([late], end_us=500))[1:] == [(us(100), us(400)), (us(400), us(500))]
 
 
 def test_an_async_op_not_waited_within_the_iteration_is_waited_at_its_end():

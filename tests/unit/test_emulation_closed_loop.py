@@ -129,7 +129,7 @@ def _async_iteration(complete_after_start_us: float):
 
 
 def test_a_wait_that_ended_at_the_scheduled_completion_is_not_measured_as_compute():
-    from prism_megatron.graph.capture import GroupNames, iteration_streams
+    from prism_megatron.graph.capture import GroupNames, compute_durations, iteration_streams
     from prism_megatron.passes.closed_loop import blocked_waits
     from prism_megatron.replay import OpKind, ReplaySchedule, ScheduledOp
 
@@ -141,6 +141,14 @@ def test_a_wait_that_ended_at_the_scheduled_completion_is_not_measured_as_comput
         streams = iteration_streams(iteration, GroupNames(world, 0), posted=posted)
         # compute ops: [0] before the post, [1] from the post to the wait, [2] after the wait
         assert blocked_waits(iteration, streams, posted, schedule) == ({1} if blocked else set())
+    # Where the backend recorded the program's wait, the span before it ends there: nothing to keep.
+    iteration = _async_iteration(10 + 30)
+    waited = dataclasses.replace(iteration.events[0], wait_ns=iteration.start_ns + 150_000)
+    iteration = dataclasses.replace(iteration, events=(waited,))
+    posted = {}
+    streams = iteration_streams(iteration, GroupNames(world, 0), posted=posted)
+    assert blocked_waits(iteration, streams, posted, schedule) == set()
+    assert compute_durations(streams)[1] == 50_000  # from the post at 100 us to the wait at 150 us
 
 
 def test_kept_spans_stay_at_the_value_the_simulation_used():

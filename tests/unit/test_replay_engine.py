@@ -292,9 +292,11 @@ def test_the_log_keeps_when_the_engine_completed_a_scheduled_op_apart_from_when_
     start = iteration_start_ns()
     work = dist.all_reduce(torch.ones(4), group=group, async_op=True)
     time.sleep(0.032)
+    waited_ns = time.monotonic_ns()
     work.wait()
     dist.all_reduce(torch.ones(4), group=group)  # beyond the schedule
     scheduled, unscheduled = replay.stop_recording()
     assert scheduled.engine_done_ns == start + 12 * MS
     assert scheduled.complete_ns >= scheduled.engine_done_ns + 20 * MS
+    assert waited_ns <= scheduled.wait_ns <= scheduled.complete_ns  # where the program began to wait
     assert unscheduled.engine_done_ns == -1 and unscheduled.complete_ns >= 0
