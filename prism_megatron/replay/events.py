@@ -47,9 +47,10 @@ class OpEvent:
             op later than that, it saw it complete later (`complete_ns`): the host work in between
             (torch's Python after the issue, the local part) is the program's, and the graph gives
             it to the compute after the op (`graph.capture`).
-        wait_ns: when the program first waited on it (``Work.wait``), on the host path; -1 where it
-            never did (it asked through ``is_completed`` or a future, or the op ran inside a
-            coalesced batch), or on a device. An async op's compute stream stops here, not at the
+        wait_ns: when the program first waited on it (``Work.wait``; in a coalesced batch, each
+            op's wait begins when the batch's wait reaches it), on the host path; -1 where it never
+            did (it asked through ``is_completed`` or a future), for the p2p ops the pipeline
+            interceptor serves itself (`record_p2p`), or on a device. An async op's compute stream stops here, not at the
             completion: a wait that returned late was waiting, not computing.
     """
 
