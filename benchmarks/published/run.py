@@ -6,8 +6,11 @@
 Each row is a shipped configuration (`launch/configs/*.args`) run as `prism-megatron emulate ...
 --prism-device model:h100`: the built-in entry's real program at full size on fake tensors, every
 op timed by prism's GPU model, the graph simulated over the DGX H100 preset. Per row: the published
-TFLOP/s per GPU, the predicted one (the report's `modelled.tflops_per_gpu`), the error, the time by
-kind, the seconds the prediction took. Writes benchmarks/results/<date>-published.md and .json.
+TFLOP/s per GPU, the predicted one, the error, the time by kind, the seconds the prediction took.
+The predicted throughput is the modelled iteration counted in the source's own FLOP count
+(`FLOPS_CONVENTIONS`: both sources count the attention scores whole, where the report's
+`modelled.tflops_per_gpu` follows Megatron-LM core_v0.16.1 and counts them half), so that the error
+is the iteration time's; the report's throughput is kept beside it. Writes benchmarks/results/<date>-published.md and .json.
 `--runs DIR` skips the captures (written as <date>-published-resimulated.md and .json): each row's
 graph in DIR/<row>/ (a `--keep DIR` of an earlier run) is simulated again with the current
 simulation, over the cluster and with the model FLOPs its report.json recorded (seconds: the
@@ -37,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import os
 import statistics
@@ -48,6 +52,7 @@ from pathlib import Path
 
 from benchmarks import common
 from prism_megatron.megatron.job.configs import read_config
+from prism_megatron.report.flops import model_flops_per_iteration
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIGS = REPO / "launch" / "configs"
@@ -61,25 +66,98 @@ class PublishedRow:
     """The configuration's file name without .args."""
     tflops_per_gpu: float
     source: str
+    flops: str
+    """The source's FLOP count (a key of `FLOPS_CONVENTIONS`): the predicted throughput is given in it."""
     tp_comm_overlap: bool = False
     """Run with --tp-comm-overlap, as the published run was (see the module docstring)."""
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class FlopsConvention:
+    causal: bool
+    """The attention scores counted half (`prism_megatron.report.flops`, `causal`)."""
+    source: str
+
+
+FLOPS_CONVENTIONS = {
+    "megatron-lm-2024": FlopsConvention(
+        causal=False,
+        source="Megatron-LM's num_floating_point_operations at commit f2e5db402c (2024-07-15), the commit "
+        "that added the table: 12 B s L h^2 (1 + g/a + s/h + ...), the s/h term over the whole score "
+        "matrix (the causal halving came in 2025; core_v0.16.1, whose count prism reports, has it)",
+    ),
+    "palm-mfu": FlopsConvention(
+        causal=False,
+        source="Table 4 gives MFU and states no formula; PaLM (Chowdhery et al. 2022, appendix B), "
+        "which defined MFU, counts 6N + 12 L H Q T per token, the whole score matrix",
+    ),
+}
+
+
 _README = "Megatron-LM README, Performance Benchmarking table (images/model_table.png), H100"
 _LLAMA = "Llama 3 Herd of Models (arXiv 2407.21783), Table 4, H100"
+_README_FLOPS, _LLAMA_FLOPS = "megatron-lm-2024", "palm-mfu"
 ROWS = (
-    PublishedRow(name="gpt-1.7b-48gpus", tflops_per_gpu=408.8, source=_README),
-    PublishedRow(name="gpt-7.1b-96gpus", tflops_per_gpu=465.9, source=_README, tp_comm_overlap=True),
-    PublishedRow(name="gpt-16b-192gpus", tflops_per_gpu=489.1, source=_README, tp_comm_overlap=True),
-    PublishedRow(name="gpt-32b-384gpus", tflops_per_gpu=459.6, source=_README, tp_comm_overlap=True),
-    PublishedRow(name="gpt-70b-768gpus", tflops_per_gpu=419.7, source=_README, tp_comm_overlap=True),
-    PublishedRow(name="gpt-119b-1536gpus", tflops_per_gpu=420.5, source=_README, tp_comm_overlap=True),
-    PublishedRow(name="gpt-177b-2304gpus", tflops_per_gpu=432.8, source=_README, tp_comm_overlap=True),
-    PublishedRow(name="gpt-314b-3072gpus", tflops_per_gpu=474.4, source=_README, tp_comm_overlap=True),
-    PublishedRow(name="gpt-462b-6144gpus", tflops_per_gpu=459.9, source=_README, tp_comm_overlap=True),
-    PublishedRow(name="llama3-405b-8192gpus", tflops_per_gpu=430.0, source=_LLAMA),
-    PublishedRow(name="llama3-405b-16384gpus", tflops_per_gpu=400.0, source=_LLAMA),
-    PublishedRow(name="llama3-405b-16384gpus-cp16", tflops_per_gpu=380.0, source=_LLAMA),
+    PublishedRow(name="gpt-1.7b-48gpus", tflops_per_gpu=408.8, source=_README, flops=_README_FLOPS),
+    PublishedRow(
+        name="gpt-7.1b-96gpus",
+        tflops_per_gpu=465.9,
+        source=_README,
+        flops=_README_FLOPS,
+        tp_comm_overlap=True,
+    ),
+    PublishedRow(
+        name="gpt-16b-192gpus",
+        tflops_per_gpu=489.1,
+        source=_README,
+        flops=_README_FLOPS,
+        tp_comm_overlap=True,
+    ),
+    PublishedRow(
+        name="gpt-32b-384gpus",
+        tflops_per_gpu=459.6,
+        source=_README,
+        flops=_README_FLOPS,
+        tp_comm_overlap=True,
+    ),
+    PublishedRow(
+        name="gpt-70b-768gpus",
+        tflops_per_gpu=419.7,
+        source=_README,
+        flops=_README_FLOPS,
+        tp_comm_overlap=True,
+    ),
+    PublishedRow(
+        name="gpt-119b-1536gpus",
+        tflops_per_gpu=420.5,
+        source=_README,
+        flops=_README_FLOPS,
+        tp_comm_overlap=True,
+    ),
+    PublishedRow(
+        name="gpt-177b-2304gpus",
+        tflops_per_gpu=432.8,
+        source=_README,
+        flops=_README_FLOPS,
+        tp_comm_overlap=True,
+    ),
+    PublishedRow(
+        name="gpt-314b-3072gpus",
+        tflops_per_gpu=474.4,
+        source=_README,
+        flops=_README_FLOPS,
+        tp_comm_overlap=True,
+    ),
+    PublishedRow(
+        name="gpt-462b-6144gpus",
+        tflops_per_gpu=459.9,
+        source=_README,
+        flops=_README_FLOPS,
+        tp_comm_overlap=True,
+    ),
+    PublishedRow(name="llama3-405b-8192gpus", tflops_per_gpu=430.0, source=_LLAMA, flops=_LLAMA_FLOPS),
+    PublishedRow(name="llama3-405b-16384gpus", tflops_per_gpu=400.0, source=_LLAMA, flops=_LLAMA_FLOPS),
+    PublishedRow(name="llama3-405b-16384gpus-cp16", tflops_per_gpu=380.0, source=_LLAMA, flops=_LLAMA_FLOPS),
 )
 
 
@@ -111,23 +189,42 @@ def predict(row: PublishedRow, *, gpu: str, work_dir: str) -> dict:
         seconds,
         predicted,
         mfu=modelled.get("mfu"),
-        iteration_s=modelled.get("iteration_time_s"),
+        iteration_s=modelled["iteration_time_s"],
+        world_size=report["target"]["world_size"],
         critical_role=modelled.get("critical_role"),
         by_kind=modelled.get("time_by_kind_s"),
     )
 
 
+@functools.cache
+def source_flops(row: PublishedRow, *, causal: bool) -> float:
+    """Model FLOPs of one iteration of the row's configuration, the attention scores counted half
+    (`causal`) or whole."""
+    from prism_megatron.megatron.job.job import job_from_flags
+
+    target = job_from_flags(read_config(CONFIGS / f"{row.name}.args")).target
+    return model_flops_per_iteration(target.model, target.global_batch_size, causal=causal)
+
+
 def _predicted_row(
-    row, seconds: float, predicted: float, *, mfu, iteration_s, critical_role, by_kind
+    row, seconds: float, prism_tflops: float, *, mfu, iteration_s, world_size, critical_role, by_kind
 ) -> dict:
-    """A predicted row's record: its numbers against the published throughput."""
+    """A predicted row's record: the predicted iteration as throughput in the source's own FLOP
+    count (`row.flops`), against the published throughput; prism's count and the other one beside."""
+    causal = FLOPS_CONVENTIONS[row.flops].causal
+    judged, other = (
+        source_flops(row, causal=c) / (iteration_s * world_size) / 1e12 for c in (causal, not causal)
+    )
     return {
         "name": row.name,
         "ok": True,
         "seconds": round(seconds, 1),
         "published_tflops": row.tflops_per_gpu,
-        "predicted_tflops": round(predicted, 1),
-        "error_pct": round(100 * (predicted / row.tflops_per_gpu - 1), 1),
+        "predicted_tflops": round(judged, 1),
+        "error_pct": round(100 * (judged / row.tflops_per_gpu - 1), 1),
+        "flops_convention": row.flops,
+        "error_pct_other_count": round(100 * (other / row.tflops_per_gpu - 1), 1),
+        "prism_tflops": round(prism_tflops, 1),
         "mfu": mfu,
         "iteration_time_s": iteration_s,
         "critical_role": critical_role,
@@ -181,6 +278,7 @@ def resimulate(row: PublishedRow, *, runs_dir: str) -> dict:
         predicted,
         mfu=predicted / modelled["peak_tflops"] if modelled.get("peak_tflops") else None,
         iteration_s=iteration_s,
+        world_size=report["target"]["world_size"],
         critical_role=critical.role,
         by_kind=by_kind,
     )
@@ -234,15 +332,24 @@ def markdown(rows: list[dict], summary: dict, env: dict, gpu: str, resimulated: 
         "(Transformer Engine's userbuffers, modelled as `prism_megatron/megatron/run/tp_overlap.py` "
         "says); the Llama 3 rows (no source at hand states such an overlap) and TP 1 run without it.",
         "",
-        "| row | published TFLOP/s/GPU | predicted | error | iteration | time by kind (critical role) | seconds |",
-        "|---|---|---|---|---|---|---|",
+        "Throughput is compared in each source's own FLOP count (`FLOPS_CONVENTIONS`): the predicted "
+        "iteration's throughput counted as the published one was, so that the error is the iteration "
+        "time's. Both sources count the attention scores whole: "
+        + "; ".join(f"{name}: {c.source}" for name, c in FLOPS_CONVENTIONS.items())
+        + ". Beside it, the error with the scores counted half (`other count`) and prism's own "
+        "throughput (`prism`, the count of Megatron-LM core_v0.16.1 that the report gives).",
+        "",
+        "| row | published TFLOP/s/GPU | predicted | error | error, other count | prism | iteration "
+        "| time by kind (critical role) | seconds |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         if not r["ok"]:
-            lines.append(f"| {r['name']} | - | failed: {r['error']} | - | - | - | {r['seconds']} |")
+            lines.append(f"| {r['name']} | - | failed: {r['error']} | - | - | - | - | - | {r['seconds']} |")
             continue
         lines.append(
             f"| {r['name']} | {r['published_tflops']} | {r['predicted_tflops']} | {r['error_pct']:+.1f} % | "
+            f"{r['error_pct_other_count']:+.1f} % | {r['prism_tflops']} | "
             f"{r['iteration_time_s'] * 1e3:.0f} ms | {_kinds(r)} | {r['seconds']} |"
         )
     median = summary["median_abs_error_pct"]

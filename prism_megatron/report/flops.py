@@ -24,6 +24,12 @@ With MHA, F_dense = 4h and no MoE this is 72 B s L h^2 (1 + s/(12h) + V/(12 L h)
 paper without activation recomputation (model FLOPs, not hardware FLOPs) and with causal attention
 counted half. Not covered: multi-latent attention, multi-token prediction, linear attention, hybrid
 Mamba models.
+
+`causal=False` counts the q s term over the whole s x s matrix (2 q s): Megatron-LM's formula did so
+until early 2025 (`12 B s L h^2 (1 + g/a + s/h + ...)` at commit f2e5db402c of 2024-07-15, which
+published the README's H100 performance table; the halving is in by mid-2025), and so does PaLM's
+MFU (Chowdhery et al. 2022, appendix B: 6N + 12 L H Q T per token). A throughput published under
+that count is compared with the same count, never with this module's default.
 """
 
 from __future__ import annotations
@@ -31,9 +37,10 @@ from __future__ import annotations
 from prism_megatron.target import ModelShape
 
 
-def model_flops_per_iteration(shape: ModelShape, global_batch_size: int) -> float:
+def model_flops_per_iteration(shape: ModelShape, global_batch_size: int, *, causal: bool = True) -> float:
     """FLOPs of one iteration over `global_batch_size` sequences (see the module docstring); `shape`
-    is the target job's (`prism_megatron.target.ModelShape`).
+    is the target job's (`prism_megatron.target.ModelShape`). `causal=False` counts the attention
+    scores whole, as Megatron-LM did until 2025 and PaLM's MFU does.
 
     Raises:
         ValueError: a size the formula needs is not given (names the flags), or a batch below 1.
@@ -56,7 +63,7 @@ def model_flops_per_iteration(shape: ModelShape, global_batch_size: int) -> floa
     routed = (shape.moe_ffn_hidden_size or ffn) * shape.moe_router_topk
     shared = shape.moe_shared_expert_intermediate_size or 0
     mlp = h * f * (ffn * dense_layers + (routed + shared) * moe_layers)
-    attention = layers * (h * (q + 2 * kv) + q * s + q * h)
+    attention = layers * (h * (q + 2 * kv) + q * s * (1 if causal else 2) + q * h)
     logits = h * shape.padded_vocab_size
     return 6.0 * global_batch_size * s * (mlp + attention + logits)
 

@@ -29,6 +29,27 @@ def test_a_dense_multi_head_model_is_narayanan_eq3_without_recomputation_and_cau
     assert model_flops_per_iteration(ModelShape(**GPT3), B) == pytest.approx(expected, rel=1e-12)
 
 
+def test_the_whole_score_count_is_megatron_lm_s_formula_of_2024():
+    """Megatron-LM's num_floating_point_operations at f2e5db402c (2024-07-15), the commit of the
+    README's H100 table, written out: 12 B s L h^2 ((1 + g/a + s/h) q/h + f/h * topk * gated + V/(2 L h))."""
+    shape = dict(GPT3, num_query_groups=8, ffn_hidden_size=3 * 12288, swiglu=True)
+    layers, h, s, vocab = (
+        GPT3["num_layers"],
+        GPT3["hidden_size"],
+        GPT3["seq_length"],
+        GPT3["padded_vocab_size"],
+    )
+    heads, groups, ffn = GPT3["num_attention_heads"], 8, 3 * 12288
+    megatron_2024 = (
+        12 * B * s * layers * h * h
+        * ((1 + groups / heads + s / h) + ffn / h * 3 / 2 + vocab / (2 * layers * h))
+    )  # fmt: skip
+    whole = model_flops_per_iteration(ModelShape(**shape), B, causal=False)
+    assert whole == pytest.approx(megatron_2024, rel=1e-12)
+    halved = model_flops_per_iteration(ModelShape(**shape), B)
+    assert whole - halved == pytest.approx(6 * B * s * layers * h * s, rel=1e-12)
+
+
 def test_grouped_query_attention_projects_fewer_keys_and_values():
     mha = model_flops_per_iteration(ModelShape(**GPT3), B)
     gqa = model_flops_per_iteration(ModelShape(**GPT3, num_query_groups=8), B)
