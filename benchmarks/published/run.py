@@ -361,7 +361,7 @@ def markdown(rows: list[dict], summary: dict, env: dict, gpu: str, resimulated: 
         f"- median |error| <= {TARGET_MEDIAN_PCT:.0f} %: {met(summary['median_within_5pct'])} "
         f"({'n/a' if median is None else f'{median:.1f} %'})",
         f"- seconds per prediction: max {summary['max_seconds']}, all rows {summary['total_seconds']} "
-        "(a shared, loaded 2-core machine: wall times are noisy)",
+        "(wall times: the load at the start is on the machine line)",
     ]
     return "\n".join(lines) + "\n"
 
