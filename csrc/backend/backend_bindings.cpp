@@ -139,6 +139,9 @@ void bind(py::module_& m) {
   m.def("set_consistency_deferred", &set_consistency_deferred, py::arg("deferred"),
         "Defer the consistency check among real members (issued after the real op, checked later).");
   m.def("consistency_deferred", &consistency_deferred);
+  m.def("set_poll_real_waits", &set_poll_real_waits, py::arg("poll"),
+        "Wait for real parts polling with sched_yield instead of blocking (a process with its own core).");
+  m.def("poll_real_waits", &poll_real_waits);
   m.def("settle_consistency_checks", [](double timeout_s) {
     py::gil_scoped_release no_gil;
     settle_consistency_checks(static_cast<int64_t>(timeout_s * 1e9));

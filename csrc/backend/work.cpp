@@ -10,6 +10,9 @@
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <c10/util/Exception.h>
 
+#include <sched.h>
+
+#include <atomic>
 #include <condition_variable>
 #include <cstdio>
 #include <deque>
@@ -22,6 +25,23 @@
 namespace prism::backend {
 
 namespace {
+
+std::atomic<bool>& polling() {
+  static std::atomic<bool> poll{false};
+  return poll;
+}
+
+// Wait for one real step until limit_ns (at least 1 ms more): polled (set_poll_real_waits), then
+// gloo's own wait, which returns at once for a completed op and raises its error or the timeout.
+void wait_real_step(c10d::Work& work, int64_t limit_ns) {
+  if (polling().load(std::memory_order_relaxed)) {
+    while (!work.isCompleted() && clock::now_ns() < limit_ns) {
+      sched_yield();
+    }
+  }
+  const int64_t remaining_ns = std::max<int64_t>(limit_ns - clock::now_ns(), 1'000'000);
+  work.wait(std::chrono::milliseconds((remaining_ns + 999'999) / 1'000'000));
+}
 
 // Drives, in submission order, the works whose futures somebody holds.
 class Completer {
@@ -162,8 +182,7 @@ void PrismWork::run_locked(int64_t timeout_ns) {
     const bool has_real_part = next_step_ < spec_.real_steps.size();
     for (; next_step_ < spec_.real_steps.size(); ++next_step_) {
       auto& step = spec_.real_steps[next_step_];
-      const int64_t remaining_ns = std::max<int64_t>(limit_ns - clock::now_ns(), 1'000'000);
-      step.work->wait(std::chrono::milliseconds((remaining_ns + 999'999) / 1'000'000));
+      wait_real_step(*step.work, limit_ns);
       if (step.then) {
         step.then();
       }
@@ -324,5 +343,9 @@ c10::intrusive_ptr<c10::ivalue::Future> CoalescedWork::getFuture() {
       },
       tensors_type);
 }
+
+void set_poll_real_waits(bool poll) { polling().store(poll); }
+
+bool poll_real_waits() { return polling().load(); }
 
 }  // namespace prism::backend

@@ -181,6 +181,7 @@ def activate(
     check_consistency: bool = True,
     roles: Sequence[Hashable] | None = None,
     cost_model: CostModel | None = None,
+    poll_real_waits: bool = False,
 ) -> Activation:
     """Make this process virtual rank ``virtual_rank`` of a ``world_size``-rank job on ``prism``.
 
@@ -203,6 +204,10 @@ def activate(
             member's data come from a real member of the same role.
         cost_model: an object with ``cost_lines(kind, members)`` (the network model); consulted for
             each group with virtual members as it is created.
+        poll_real_waits: wait for the real parts of ops (gloo among real members) by polling with
+            sched_yield instead of blocking: a peer's completion is seen sooner (two pinned processes,
+            a 4-byte all-reduce: p50 0.9 -> 0.4 ms). Only for a process with cores of its own: where
+            processes share cores it takes the others' CPU.
 
     Raises:
         ValueError: on a bad argument, when torch.distributed is already initialised, or when
@@ -239,6 +244,7 @@ def activate(
     replay.reset()  # a fresh engine and op log: sequence numbers count from this activation
     _C.backend.clear_device_failure()  # a device run that failed before does not fail this one
     _C.backend.set_consistency_deferred(False)  # checked before every real op until a pass defers
+    _C.backend.set_poll_real_waits(bool(poll_real_waits))
     timeline.use_cuda(device == "cuda")
     timeline.set_timeout_s(timeout_s)
     _C.backend.configure(

@@ -88,8 +88,10 @@ def init_virtual_world(
     timeout_s: float = 300.0,
     roles: list | None = None,
     force_fake: bool = False,
+    poll_real_waits: bool = False,
 ) -> VirtualWorld:
     """Initialise torch.distributed as virtual rank `real_ranks[physical_rank]` of a W-rank world.
+    `poll_real_waits`: see `prism_megatron.backend.activate` (a process with cores of its own).
 
     Raises:
         ValueError: a real rank outside [0, W), or more physical ranks than real ranks.
@@ -119,6 +121,7 @@ def init_virtual_world(
             data_policy=data_policy,
             timeout_s=timeout_s,
             roles=roles,
+            poll_real_waits=poll_real_waits,
         )
     else:
         import torch.testing._internal.distributed.fake_pg as fake_pg  # registers the 'fake' backend

@@ -33,7 +33,12 @@ def test_taking_a_share_sets_threads_and_affinity_and_restoring_gives_them_back(
         if len(allowed) > 1:
             assert share.pinned and os.sched_getaffinity(0) == set(share.cores) and len(share.cores) == 1
             assert share.cores == (sorted(allowed)[1],)
-        assert share.as_dict() == {"threads": 1, "cores": list(share.cores), "pinned": share.pinned}
+        assert share.as_dict() == {
+            "threads": 1,
+            "cores": list(share.cores),
+            "pinned": share.pinned,
+            "own_cores": False,  # no LOCAL_WORLD_SIZE: whether others share its core is unknown
+        }
     finally:
         share.restore()
     assert os.sched_getaffinity(0) == allowed and torch.get_num_threads() == threads
@@ -49,3 +54,21 @@ def test_a_modelled_gpu_s_process_is_not_pinned_so_captures_at_once_do_not_share
     finally:
         share.restore()
     assert os.sched_getaffinity(0) == allowed and torch.get_num_threads() == threads
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="needs sched_setaffinity")
+@pytest.mark.parametrize("extra", [0, 1])
+def test_cores_are_its_own_only_when_the_machine_s_processes_fit_on_its_cores(extra):
+    """Own cores let the backend poll for real peers; with one process more than cores, two share."""
+    allowed = os.sched_getaffinity(0)
+    if len(allowed) < 2:
+        pytest.skip("needs two cores to pin one process to one")
+    environ = {"LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": str(len(allowed) + extra)}
+    share = cpu_share.take(EmulationConfig(cpu_threads_per_rank=1), environ)
+    try:
+        assert share.pinned and share.own_cores == (extra == 0)
+    finally:
+        share.restore()
+    modelled = cpu_share.take(EmulationConfig(device="model:h100", cpu_threads_per_rank=1), environ)
+    modelled.restore()
+    assert not modelled.own_cores  # not pinned: it shares whatever it runs on

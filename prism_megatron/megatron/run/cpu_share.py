@@ -8,6 +8,8 @@ So each real process takes `EmulationConfig.resolved_cpu_threads` intra-op threa
 run on more cores than that, as many cores of its own, chosen by its local rank (the physical rank
 on this machine), before any process group exists so that gloo's threads inherit the affinity.
 `CpuShare.restore` gives back what the process had (tests run several passes in one process).
+Where each local process gets cores no other one runs on (`CpuShare.own_cores`), its waits for
+real peers poll instead of blocking.
 
 On a modelled GPU (`--prism-device model:<gpu>`) no process is pinned: its times are the GPU
 model's, not the CPU's, so it has no share to keep fixed, and the capture passes that run at the same
@@ -32,11 +34,19 @@ class CpuShare:
     cores: tuple[int, ...]
     """The cores it may run on afterwards (all it was allowed when it was not pinned)."""
     pinned: bool
-    previous_threads: int
-    previous_cores: tuple[int, ...]
+    own_cores: bool = False
+    """Pinned, and no other process of this machine's job (LOCAL_WORLD_SIZE) runs on its cores: it
+    may poll for its real peers instead of blocking (`prism_megatron.backend.activate`)."""
+    previous_threads: int = 0
+    previous_cores: tuple[int, ...] = ()
 
     def as_dict(self) -> dict[str, object]:
-        return {"threads": self.threads, "cores": list(self.cores), "pinned": self.pinned}
+        return {
+            "threads": self.threads,
+            "cores": list(self.cores),
+            "pinned": self.pinned,
+            "own_cores": self.own_cores,
+        }
 
     def restore(self) -> None:
         """The threads and cores the process had before `take` (safe to call twice)."""
@@ -65,10 +75,12 @@ def take(emulation: EmulationConfig, environ: dict[str, str] | None = None) -> C
     cores = cores_for(allowed, int(environ.get("LOCAL_RANK", "0")), threads) if pin else None
     if cores is not None:
         os.sched_setaffinity(0, set(cores))
+    local_processes = int(environ.get("LOCAL_WORLD_SIZE", "0") or 0)
     return CpuShare(
         threads=threads,
         cores=cores if cores is not None else tuple(allowed),
         pinned=cores is not None,
+        own_cores=cores is not None and 0 < local_processes * threads <= len(allowed),
         previous_threads=previous_threads,
         previous_cores=tuple(allowed),
     )

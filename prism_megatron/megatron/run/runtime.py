@@ -151,6 +151,7 @@ class Runtime:
                 data_policy=config.emulation.data_policy,
                 timeout_s=config.emulation.timeout_s,
                 roles=[layout.role_of(r) for r in range(layout.world_size)],
+                poll_real_waits=self.cpu is not None and self.cpu.own_cores,
             )
             virtual_backend = self.world.backend
             self.phase = rank_phase.make_phase(

@@ -1,0 +1,59 @@
+"""A process with cores of its own waits for its real peers by polling (`poll_real_waits`).
+
+Two real processes all-reduce among themselves; one arrives 50 ms late. The waiting side polls the
+gloo op with sched_yield instead of blocking in it: the result is the sum, the wait ends only once
+the late peer has arrived, and a later activation without the option blocks again.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import time
+
+import torch
+import torch.distributed as dist
+
+from prism_megatron import _C, backend
+
+LATE_S = 0.05
+
+
+def _worker(physical_rank: int, num_processes: int) -> None:
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size=num_processes,
+        is_master=physical_rank == 0, timeout=datetime.timedelta(seconds=60), wait_for_workers=False,
+    )  # fmt: skip
+    backend.activate(
+        world_size=4, virtual_rank=physical_rank, real_ranks=[0, 1],
+        real_store=dist.PrefixStore("prism/", store), timeout_s=30.0, poll_real_waits=True,
+    )  # fmt: skip
+    try:
+        assert _C.backend.poll_real_waits()
+        group = dist.new_group([0, 1])
+        store.set(f"ready/{physical_rank}", "1")
+        store.wait([f"ready/{r}" for r in range(num_processes)])
+        if physical_rank == 1:
+            time.sleep(LATE_S)
+        start = time.monotonic()
+        tensor = torch.full((4,), float(physical_rank + 1))
+        dist.all_reduce(tensor, group=group)
+        waited = time.monotonic() - start
+        assert tensor.tolist() == [3.0] * 4
+        if physical_rank == 0:
+            assert waited >= 0.8 * LATE_S, (
+                f"the polled wait ended {waited * 1e3:.1f} ms in, before the peer came"
+            )
+    finally:
+        store.set(f"checked/{physical_rank}", "1")
+        store.wait([f"checked/{r}" for r in range(num_processes)])
+        backend.deactivate()
+    backend.activate(world_size=2, virtual_rank=0, real_ranks=[0])
+    try:
+        assert not _C.backend.poll_real_waits(), "every activation sets the option again"
+    finally:
+        backend.deactivate()
+
+
+def test_a_polled_wait_gives_the_real_result_once_the_late_peer_arrives(run_processes):
+    run_processes(_worker, 2, timeout_s=120)
