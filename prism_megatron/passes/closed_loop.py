@@ -2,8 +2,8 @@
 
 Each real rank simulates the job from the execution graph and loads its own replay schedule before
 the first iteration. After every emulated iteration past warm-up it folds the compute spans it
-measured into its role's durations (`Problem.with_compute_durations`; the median of the last few
-iterations, so one noisy iteration does not steer the next), and into every role of its class
+measured into its role's durations (`Problem.with_compute_durations`; the spans of the median of the
+last few iterations, so one noisy iteration does not steer the next), and into every role of its class
 (roles that run the same program, `graph.classes.spread`: each span at its place in that role's
 order), re-simulates (one node per role unless a what-if makes ranks differ: milliseconds) and
 loads the new schedule. Its virtual peers of the same class (its data-parallel peers, the other
@@ -37,7 +37,6 @@ from __future__ import annotations
 import collections
 import dataclasses
 import os
-import statistics
 from collections.abc import Collection, Mapping, Sequence
 
 from prism_megatron import files
@@ -238,8 +237,8 @@ class ClosedLoop:
         return reason
 
     def measure(self, streams: Mapping[str, Sequence[Op]], keep: Collection[int] = ()) -> str | None:
-        """Take one measured iteration into this role's durations (`current`, the median of the
-        window), without re-simulating.
+        """Take one measured iteration into this role's durations (`current`, the spans of the
+        window's median iteration, `median_iteration`), without re-simulating.
 
         Args:
             keep: positions (among the compute ops) whose measurement cannot be trusted; they keep
@@ -254,7 +253,7 @@ class ClosedLoop:
         for position in keep:
             measured[position] = self.current[position]
         self.measured.append(measured)
-        self.current = [round(statistics.median(values)) for values in zip(*self.measured, strict=True)]
+        self.current = list(median_iteration(self.measured))
         return None
 
     def resimulate(
@@ -299,6 +298,21 @@ class ClosedLoop:
                     floor_ns = int(model_ns[base + position]) if is_mixed(key) else 0
                     out.setdefault(role, {})[position] = max(shared[key], floor_ns)
         return out
+
+
+def median_iteration(window: Sequence[Sequence[int]]) -> Sequence[int]:
+    """The spans of the window's median iteration: the one whose total compute is the median (the
+    larger of the two middle ones in an even window).
+
+    One iteration's spans, not each span's median: compute on a host varies from span to span, and
+    where two real ranks meet the later arrival sets the time, so spans that are each their median
+    describe a quieter iteration than any the ranks ran and every emulated iteration runs over its
+    schedule. The demo's two real ranks (one pipeline, polling their real peers), three runs each:
+    median per-iteration difference against the schedule's simulation +1.45 to +2.46 % with
+    per-span medians, +0.18 to +1.15 % with this.
+    """
+    ranked = sorted(range(len(window)), key=lambda i: (sum(window[i]), i))
+    return window[ranked[len(ranked) // 2]]
 
 
 def blocked_waits(

@@ -11,7 +11,7 @@ import dataclasses
 import pytest
 
 from prism_megatron.graph import COMPUTE_STREAM, LayoutWorld, NodeType, save_graph
-from prism_megatron.passes.closed_loop import ClosedLoop, load_or_build_graph
+from prism_megatron.passes.closed_loop import ClosedLoop, load_or_build_graph, median_iteration
 from prism_megatron.passes.schedule_index import ScheduleIndex
 from prism_megatron.sim import (
     AlphaBetaCost,
@@ -83,6 +83,14 @@ def test_the_loop_takes_the_median_of_the_last_measurements():
         loop.fold(slowed(streams, factor))
     assert loop.iteration_time_ns == simulate(GRAPH, WORLD, COST).iteration_time_ns
     assert loop.num_folded == 3
+
+
+def test_the_spans_folded_are_one_measured_iteration_not_each_span_s_median():
+    """Per-span medians ([2, 3] here) make an iteration quieter than any the rank ran; the loop takes
+    the iteration whose total is the window's median (the later of two in an even window)."""
+    assert median_iteration([[3, 1], [1, 3], [2, 4]]) == [1, 3]
+    assert median_iteration([[5, 5], [1, 1]]) == [5, 5]
+    assert median_iteration([[7, 7]]) == [7, 7]
 
 
 def test_an_iteration_with_other_ops_than_the_graph_is_not_folded():
