@@ -202,6 +202,7 @@ def test_a_context_parallel_block_is_charged_as_one_flash_kernel_each_way(causal
 
     from prism_megatron.megatron.layers import attention_blocks
     from prism_megatron.megatron.run.modelled_device import ModelledDevice
+    from prism_megatron.passes.memory import LiveStorageTracker
 
     s, b, heads, groups, d = 1024, 1, 16, 4, 128
     device = ModelledDevice("h100")
@@ -214,11 +215,24 @@ def test_a_context_parallel_block_is_charged_as_one_flash_kernel_each_way(causal
         q = torch.empty(s, b, heads, d, dtype=torch.bfloat16)
         k, v = (torch.empty(s, b, groups, d, dtype=torch.bfloat16) for _ in range(2))
         before = device.by_kind_ns()
-        out, lse = attention_blocks.block_forward(q, k, v, 0.1, mask)
-        after_forward = device.by_kind_ns()
-        attention_blocks.block_backward(q, k, v, out, lse, lse, 0.1, mask)
+        with LiveStorageTracker(fake_storage=True) as tracked:
+            out, lse = attention_blocks.block_forward(q, k, v, 0.1, mask)
+            after_forward = device.by_kind_ns()
+            grads = attention_blocks.block_backward(q, k, v, out, lse, lse, 0.1, mask)
         after_backward = device.by_kind_ns()
+    # Like the flash kernel, a block allocates its outputs only, never the [b, n, s, s] scores.
+    outputs = sum(t.numel() * t.element_size() for t in (out, lse, *grads))
+    assert tracked.report().peak_bytes == outputs < b * heads * s * s * 4
     assert attention_blocks.block_kernel is None  # only while the device is active
+    # Not worked out on fake tensors, but the outputs are those the maths gives (small real ones here).
+    small = [torch.randn(8, b, n, d, dtype=torch.bfloat16) for n in (heads, groups, groups)]
+    real_out, real_lse = attention_blocks.block_forward(*small, 0.1, mask)
+    real_grads = attention_blocks.block_backward(*small, real_out, real_lse, real_lse, 0.1, mask)
+    for fake, real in zip((out, lse, *grads), (real_out, real_lse, *real_grads), strict=True):
+        assert fake.dtype == real.dtype and fake.dim() == real.dim()
+        scaled = [s if size == 8 else size for size in real.shape]  # sequence 8 -> s
+        assert list(fake.shape) == scaled
+        assert sorted(range(fake.dim()), key=fake.stride) == sorted(range(real.dim()), key=real.stride)
     assert after_forward["attention"] - before.get("attention", 0) == forward > 0
     assert after_backward["attention"] - after_forward["attention"] == backward > forward
     for kind in ("gemm", "memory"):

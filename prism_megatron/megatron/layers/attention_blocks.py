@@ -17,8 +17,10 @@ keeping it (flash attention keeps its RNG state the same way).
 
 On a modelled GPU (`--prism-device model:<gpu>`) a GPU runs each block as one flash-attention kernel
 (Transformer Engine's context-parallel attention calls its fused kernel per block): the modelled device
-sets `block_kernel`, and each block's ops run inside the scope it returns, charged as that kernel and
-not op by op. None elsewhere.
+sets `block_kernel`, and each block runs inside the scope it returns, charged as that kernel. Its
+tensors are fake (shapes, no values), so the block is not worked out op by op there: it allocates only
+the outputs the kernel writes (`_outputs_only`), as flash attention does, not the scores, and a 16-way
+context-parallel rank's capture spends its time on the rest of the program. None elsewhere.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 
 block_kernel: Callable[..., AbstractContextManager[None]] | None = None
 """Set by a modelled device: (q, k, mask, backward) -> the scope its block's ops run in."""
@@ -93,7 +96,16 @@ def block_forward(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One block's (output [sq, b, n, dv] float32, log-sum-exp [b, n, sq] float32)."""
     with _kernel(q, k, mask, backward=False):
+        if _outputs_only(q):
+            sq, b, n, _ = q.shape
+            out = q.new_empty((b, n, sq, v.shape[3]), dtype=torch.float32).permute(2, 0, 1, 3)
+            return out, q.new_empty((b, n, sq), dtype=torch.float32)
         return _block_forward(q, k, v, scale, mask)
+
+
+def _outputs_only(q: torch.Tensor) -> bool:
+    """A modelled GPU's block (`block_kernel` set) on fake tensors: nothing to compute but shapes."""
+    return block_kernel is not None and isinstance(q, FakeTensor)
 
 
 def _block_forward(q, k, v, scale: float, mask: BlockMask) -> tuple[torch.Tensor, torch.Tensor]:
@@ -121,6 +133,13 @@ def block_backward(
     """Gradients (dq [sq, b, n, d], dk and dv [sk, b, g, d], float32) of one block, given the merged
     log-sum-exp of its query rows and delta = rowsum(dout * merged output), both [b, n, sq]."""
     with _kernel(q, k, mask, backward=True):
+        if _outputs_only(q):
+            (sq, b, n, d), sk, g = q.shape, k.shape[0], k.shape[2]
+            dq = q.new_empty((b, n, sq, d), dtype=torch.float32).permute(2, 0, 1, 3)
+            dk, dv = (
+                x.new_empty((b, g, sk, x.shape[3]), dtype=torch.float32).permute(2, 0, 1, 3) for x in (k, v)
+            )
+            return dq, dk, dv
         return _block_backward(q, k, v, dout, lse, delta, scale, mask)
 
 
