@@ -232,7 +232,7 @@ RealStep PrismBackend::consistency_step(const OpPlan& plan, int64_t seq, const a
     }
     return RealStep{c10::make_intrusive<DoneWork>(), nullptr};
   }
-  return RealStep{std::move(work), std::move(check)};
+  return RealStep{std::move(work), std::move(check), completes_unwaited(replay::OpKind::kAllGather)};
 }
 
 c10::intrusive_ptr<c10d::Work> PrismBackend::launch(OpPlan plan) {
@@ -309,7 +309,7 @@ c10::intrusive_ptr<c10d::Work> PrismBackend::launch(OpPlan plan) {
       }
       if (real_part && plan.issue_real) {
         if (auto real_work = plan.issue_real()) {  // null: this op needs nothing real after all
-          spec.real_steps.push_back(RealStep{std::move(real_work), nullptr});
+          spec.real_steps.push_back(RealStep{std::move(real_work), nullptr, completes_unwaited(plan.kind)});
         }
       }
       if (deferred) {

@@ -31,11 +31,18 @@ std::atomic<bool>& polling() {
   return poll;
 }
 
-// Wait for one real step until limit_ns (at least 1 ms more): polled (set_poll_real_waits), then
-// gloo's own wait, which returns at once for a completed op and raises its error or the timeout.
-void wait_real_step(c10d::Work& work, int64_t limit_ns) {
-  if (polling().load(std::memory_order_relaxed)) {
-    while (!work.isCompleted() && clock::now_ns() < limit_ns) {
+// Longest a real step is polled before the wait blocks: a guard, should a kind taken for pollable
+// stop completing on its own in another torch release (the wait then still ends, this much late).
+constexpr int64_t kMaxPollNs = 50'000'000;
+
+// Wait for one real step until limit_ns (at least 1 ms more): polled where it may be
+// (set_poll_real_waits, RealStep::pollable), then gloo's own wait, which returns at once for a
+// completed op and raises its error or the timeout.
+void wait_real_step(RealStep& step, int64_t limit_ns) {
+  c10d::Work& work = *step.work;
+  if (step.pollable && polling().load(std::memory_order_relaxed)) {
+    const int64_t poll_until = std::min(limit_ns, clock::now_ns() + kMaxPollNs);
+    while (!work.isCompleted() && clock::now_ns() < poll_until) {
       sched_yield();
     }
   }
@@ -182,7 +189,7 @@ void PrismWork::run_locked(int64_t timeout_ns) {
     const bool has_real_part = next_step_ < spec_.real_steps.size();
     for (; next_step_ < spec_.real_steps.size(); ++next_step_) {
       auto& step = spec_.real_steps[next_step_];
-      wait_real_step(*step.work, limit_ns);
+      wait_real_step(step, limit_ns);
       if (step.then) {
         step.then();
       }
@@ -342,6 +349,21 @@ c10::intrusive_ptr<c10::ivalue::Future> CoalescedWork::getFuture() {
         return c10::IValue(outputs);
       },
       tensors_type);
+}
+
+bool completes_unwaited(replay::OpKind kind) {
+  switch (kind) {
+    case replay::OpKind::kAllReduce:
+    case replay::OpKind::kAllGather:
+    case replay::OpKind::kBroadcast:
+    case replay::OpKind::kBarrier:
+    case replay::OpKind::kAllToAll:
+    case replay::OpKind::kGather:
+    case replay::OpKind::kReduce:
+      return true;
+    default:  // reduce-scatter, send, recv, scatter: finished inside gloo's wait()
+      return false;
+  }
 }
 
 void set_poll_real_waits(bool poll) { polling().store(poll); }

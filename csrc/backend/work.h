@@ -26,7 +26,14 @@ namespace prism::backend {
 struct RealStep {
   c10::intrusive_ptr<c10d::Work> work;
   std::function<void()> then;  // may throw (e.g. the consistency check); may be empty
+  // Its work completes on gloo's own threads, so it may be polled (set_poll_real_waits). Not so for
+  // gloo's reduce-scatter, send and recv, which run or finish inside wait(): polled, they never end.
+  bool pollable = false;
 };
+
+// Whether gloo completes an op of this kind without the caller's wait() (torch 2.13, measured:
+// all-reduce, all-gather, broadcast, barrier, all-to-all, gather and reduce do).
+bool completes_unwaited(replay::OpKind kind);
 
 struct WorkSpec {
   c10d::OpType op_type = c10d::OpType::UNKNOWN;

@@ -2,7 +2,8 @@
 
 Two real processes all-reduce among themselves; one arrives 50 ms late. The waiting side polls the
 gloo op with sched_yield instead of blocking in it: the result is the sum, the wait ends only once
-the late peer has arrived, and a later activation without the option blocks again.
+the late peer has arrived, and a later activation without the option blocks again. Ops that gloo
+only finishes inside wait() (reduce-scatter) are not polled.
 """
 
 from __future__ import annotations
@@ -40,6 +41,14 @@ def _worker(physical_rank: int, num_processes: int) -> None:
         dist.all_reduce(tensor, group=group)
         waited = time.monotonic() - start
         assert tensor.tolist() == [3.0] * 4
+        # gloo runs a reduce-scatter (and a send or recv) inside wait(): polled, it would never end
+        # and only the 30 s timeout would stop the loop. Those are waited on at once.
+        for dtype in (torch.float32, torch.bfloat16):
+            chunk = torch.empty(2, dtype=dtype)
+            start = time.monotonic()
+            dist.reduce_scatter_tensor(chunk, torch.arange(4, dtype=dtype) * (physical_rank + 1), group=group)
+            assert time.monotonic() - start < 5.0, "the reduce-scatter was polled until the timeout"
+            assert chunk.float().tolist() == [3.0 * (2 * physical_rank + i) for i in range(2)]
         if physical_rank == 0:
             assert waited >= 0.8 * LATE_S, (
                 f"the polled wait ended {waited * 1e3:.1f} ms in, before the peer came"
