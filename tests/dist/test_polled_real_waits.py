@@ -8,23 +8,19 @@ only finishes inside wait() (reduce-scatter) are not polled.
 
 from __future__ import annotations
 
-import datetime
-import os
 import time
 
 import torch
 import torch.distributed as dist
 
 from prism_megatron import _C, backend
+from tests.dist.stores import finish_together, shared_store
 
 LATE_S = 0.05
 
 
 def _worker(physical_rank: int, num_processes: int) -> None:
-    store = dist.TCPStore(
-        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size=num_processes,
-        is_master=physical_rank == 0, timeout=datetime.timedelta(seconds=60), wait_for_workers=False,
-    )  # fmt: skip
+    store = shared_store(physical_rank, num_processes)
     backend.activate(
         world_size=4, virtual_rank=physical_rank, real_ranks=[0, 1],
         real_store=dist.PrefixStore("prism/", store), timeout_s=30.0, poll_real_waits=True,
@@ -54,8 +50,7 @@ def _worker(physical_rank: int, num_processes: int) -> None:
                 f"the polled wait ended {waited * 1e3:.1f} ms in, before the peer came"
             )
     finally:
-        store.set(f"checked/{physical_rank}", "1")
-        store.wait([f"checked/{r}" for r in range(num_processes)])
+        finish_together(store, physical_rank, num_processes)
         backend.deactivate()
     backend.activate(world_size=2, virtual_rank=0, real_ranks=[0])
     try:

@@ -9,24 +9,19 @@ between the two, which is what the closed loop folds for an op with virtual memb
 
 from __future__ import annotations
 
-import datetime
-import os
-
 import torch
 import torch.distributed as dist
 
 from prism_megatron import backend, replay
 from prism_megatron.replay.schedule import OpKind, ReplaySchedule, ScheduledOp
+from tests.dist.stores import finish_together, shared_store
 
 GROUP = (0, 1, 2, 3)  # real 0 and 1, virtual 2 and 3
 MS = 1_000_000
 
 
 def _worker(physical_rank: int, num_processes: int) -> None:
-    store = dist.TCPStore(
-        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size=num_processes,
-        is_master=physical_rank == 0, timeout=datetime.timedelta(seconds=60), wait_for_workers=False,
-    )  # fmt: skip
+    store = shared_store(physical_rank, num_processes)
     backend.activate(
         world_size=8, virtual_rank=physical_rank, real_ranks=[0, 1],
         real_store=dist.PrefixStore("prism/", store), timeout_s=30.0, mode="replay",
@@ -47,8 +42,7 @@ def _worker(physical_rank: int, num_processes: int) -> None:
         )
         assert event.complete_ns >= event.issue_ns + 30 * MS, "the op completes at the engine's time"
     finally:
-        store.set(f"checked/{physical_rank}", "1")
-        store.wait([f"checked/{r}" for r in range(num_processes)])
+        finish_together(store, physical_rank, num_processes)
         backend.deactivate()
 
 
