@@ -10,7 +10,8 @@ TFLOP/s per GPU, the predicted one, the error, the time by kind, the seconds the
 The predicted throughput is the modelled iteration counted in the source's own FLOP count
 (`FLOPS_CONVENTIONS`: both sources count the attention scores whole, where the report's
 `modelled.tflops_per_gpu` follows Megatron-LM core_v0.16.1 and counts them half), so that the error
-is the iteration time's; the report's throughput is kept beside it. Writes benchmarks/results/<date>-published.md and .json.
+is the iteration time's; the report's throughput is kept beside it. Writes
+benchmarks/results/<date>-published.md and .json.
 `--runs DIR` skips the captures (written as <date>-published-resimulated.md and .json): each row's
 graph in DIR/<row>/ (a `--keep DIR` of an earlier run) is simulated again with the current
 simulation, over the cluster and with the model FLOPs its report.json recorded (seconds: the
@@ -66,10 +67,14 @@ class PublishedRow:
     """The configuration's file name without .args."""
     tflops_per_gpu: float
     source: str
-    flops: str
-    """The source's FLOP count (a key of `FLOPS_CONVENTIONS`): the predicted throughput is given in it."""
+    """One of `SOURCE_FLOPS`' keys."""
     tp_comm_overlap: bool = False
     """Run with --tp-comm-overlap, as the published run was (see the module docstring)."""
+
+    @property
+    def flops(self) -> str:
+        """The source's FLOP count (a key of `FLOPS_CONVENTIONS`): the predicted throughput is given in it."""
+        return SOURCE_FLOPS[self.source]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -96,68 +101,21 @@ FLOPS_CONVENTIONS = {
 
 _README = "Megatron-LM README, Performance Benchmarking table (images/model_table.png), H100"
 _LLAMA = "Llama 3 Herd of Models (arXiv 2407.21783), Table 4, H100"
-_README_FLOPS, _LLAMA_FLOPS = "megatron-lm-2024", "palm-mfu"
+SOURCE_FLOPS = {_README: "megatron-lm-2024", _LLAMA: "palm-mfu"}
+"""Each source's FLOP count."""
 ROWS = (
-    PublishedRow(name="gpt-1.7b-48gpus", tflops_per_gpu=408.8, source=_README, flops=_README_FLOPS),
-    PublishedRow(
-        name="gpt-7.1b-96gpus",
-        tflops_per_gpu=465.9,
-        source=_README,
-        flops=_README_FLOPS,
-        tp_comm_overlap=True,
-    ),
-    PublishedRow(
-        name="gpt-16b-192gpus",
-        tflops_per_gpu=489.1,
-        source=_README,
-        flops=_README_FLOPS,
-        tp_comm_overlap=True,
-    ),
-    PublishedRow(
-        name="gpt-32b-384gpus",
-        tflops_per_gpu=459.6,
-        source=_README,
-        flops=_README_FLOPS,
-        tp_comm_overlap=True,
-    ),
-    PublishedRow(
-        name="gpt-70b-768gpus",
-        tflops_per_gpu=419.7,
-        source=_README,
-        flops=_README_FLOPS,
-        tp_comm_overlap=True,
-    ),
-    PublishedRow(
-        name="gpt-119b-1536gpus",
-        tflops_per_gpu=420.5,
-        source=_README,
-        flops=_README_FLOPS,
-        tp_comm_overlap=True,
-    ),
-    PublishedRow(
-        name="gpt-177b-2304gpus",
-        tflops_per_gpu=432.8,
-        source=_README,
-        flops=_README_FLOPS,
-        tp_comm_overlap=True,
-    ),
-    PublishedRow(
-        name="gpt-314b-3072gpus",
-        tflops_per_gpu=474.4,
-        source=_README,
-        flops=_README_FLOPS,
-        tp_comm_overlap=True,
-    ),
-    PublishedRow(
-        name="gpt-462b-6144gpus",
-        tflops_per_gpu=459.9,
-        source=_README,
-        flops=_README_FLOPS,
-        tp_comm_overlap=True,
-    ),
-    PublishedRow(name="llama3-405b-8192gpus", tflops_per_gpu=430.0, source=_LLAMA, flops=_LLAMA_FLOPS),
-    PublishedRow(name="llama3-405b-16384gpus", tflops_per_gpu=400.0, source=_LLAMA, flops=_LLAMA_FLOPS),
-    PublishedRow(name="llama3-405b-16384gpus-cp16", tflops_per_gpu=380.0, source=_LLAMA, flops=_LLAMA_FLOPS),
+    PublishedRow(name="gpt-1.7b-48gpus", tflops_per_gpu=408.8, source=_README),
+    PublishedRow(name="gpt-7.1b-96gpus", tflops_per_gpu=465.9, source=_README, tp_comm_overlap=True),
+    PublishedRow(name="gpt-16b-192gpus", tflops_per_gpu=489.1, source=_README, tp_comm_overlap=True),
+    PublishedRow(name="gpt-32b-384gpus", tflops_per_gpu=459.6, source=_README, tp_comm_overlap=True),
+    PublishedRow(name="gpt-70b-768gpus", tflops_per_gpu=419.7, source=_README, tp_comm_overlap=True),
+    PublishedRow(name="gpt-119b-1536gpus", tflops_per_gpu=420.5, source=_README, tp_comm_overlap=True),
+    PublishedRow(name="gpt-177b-2304gpus", tflops_per_gpu=432.8, source=_README, tp_comm_overlap=True),
+    PublishedRow(name="gpt-314b-3072gpus", tflops_per_gpu=474.4, source=_README, tp_comm_overlap=True),
+    PublishedRow(name="gpt-462b-6144gpus", tflops_per_gpu=459.9, source=_README, tp_comm_overlap=True),
+    PublishedRow(name="llama3-405b-8192gpus", tflops_per_gpu=430.0, source=_LLAMA),
+    PublishedRow(name="llama3-405b-16384gpus", tflops_per_gpu=400.0, source=_LLAMA),
+    PublishedRow(name="llama3-405b-16384gpus-cp16", tflops_per_gpu=380.0, source=_LLAMA),
 )
 
 

@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
 
-from benchmarks.published.run import FLOPS_CONVENTIONS, ROWS, PublishedRow, main, resimulate, source_flops
+from benchmarks.published.run import FLOPS_CONVENTIONS, ROWS, main, resimulate, source_flops
 from prism_megatron.graph import COMPUTE_STREAM, ExecutionGraph, GraphMetadata, LayoutWorld, save_graph
 from prism_megatron.graph.printable import parse_op
 from prism_megatron.graph.schema import RoleGraph
 from prism_megatron.topology import Layout
 
 FLOPS = 6e15
+
+
+def _row(name: str):
+    return next(r for r in ROWS if r.name == name)
 
 
 def _kept_run(root, name: str, device: str) -> None:
@@ -37,10 +42,10 @@ def _kept_run(root, name: str, device: str) -> None:
 
 @pytest.mark.parametrize("device", ["model:h100", "cpu"])
 def test_a_kept_run_is_simulated_again_with_its_device_cluster_and_flops(tmp_path, device):
-    modelled = PublishedRow(
-        name="gpt-1.7b-48gpus", tflops_per_gpu=1000.0, source="s", flops="megatron-lm-2024"
+    modelled, other = (
+        dataclasses.replace(_row(name), tflops_per_gpu=1000.0)
+        for name in ("gpt-1.7b-48gpus", "gpt-7.1b-96gpus")
     )
-    other = PublishedRow(name="gpt-7.1b-96gpus", tflops_per_gpu=1000.0, source="s", flops="megatron-lm-2024")
     _kept_run(tmp_path, modelled.name, "model:h100")
     _kept_run(tmp_path, other.name, device)
     contended = resimulate(modelled, runs_dir=str(tmp_path))
@@ -64,7 +69,7 @@ def test_each_published_row_is_judged_in_its_source_s_flop_count():
     """The README's table was measured with Megatron-LM's count of 2024 (scores whole): at the same
     iteration its throughput is 12 % above prism's core_v0.16.1 count for the 1.7B row (s / h = 2)."""
     assert {r.flops for r in ROWS} <= set(FLOPS_CONVENTIONS)
-    row = next(r for r in ROWS if r.name == "gpt-1.7b-48gpus")
+    row = _row("gpt-1.7b-48gpus")
     whole, halved = source_flops(row, causal=False), source_flops(row, causal=True)
     assert whole / halved == pytest.approx(1 + 2 / (8 + 4 + 2 + 131072 / (24 * 2048)), rel=1e-9)
 
@@ -74,7 +79,7 @@ def test_runs_refuses_a_missing_folder_and_reports_a_row_it_lacks(tmp_path, caps
         main(["--runs", str(tmp_path / "none"), "--out-dir", str(tmp_path)])
     assert "--runs" in capsys.readouterr().err
     missing = resimulate(
-        PublishedRow(name="gpt-1.7b-48gpus", tflops_per_gpu=1.0, source="s", flops="megatron-lm-2024"),
+        _row("gpt-1.7b-48gpus"),
         runs_dir=str(tmp_path),
     )
     assert not missing["ok"] and "no kept run" in missing["error"]
