@@ -27,7 +27,8 @@ struct RealStep {
   c10::intrusive_ptr<c10d::Work> work;
   std::function<void()> then;  // may throw (e.g. the consistency check); may be empty
   // Its work completes on gloo's own threads, so it may be polled (set_poll_real_waits). Not so for
-  // gloo's reduce-scatter, send and recv, which run or finish inside wait(): polled, they never end.
+  // gloo's reduce-scatter, send and recv, which run or finish inside wait(): polled, they would only
+  // complete once polling gave up.
   bool pollable = false;
 };
 

@@ -1,8 +1,8 @@
 """An emulated iteration's replay schedule, replayed with the compute that iteration measured.
 
 The closed loop gives each emulated iteration a replay schedule: the simulation of the job with the
-compute spans measured so far (those of the median of the last few iterations). The simulated time of that
-schedule is what the iteration should take only if the real ranks compute as they did before. A
+compute spans measured so far (those of the median of the last few iterations). The simulated time
+of that schedule is what the iteration should take only if the real ranks compute as they did before. A
 real rank's compute drifts from one iteration to the next (on a shared host by tens of percent),
 and the virtual peers do not follow it within the iteration: they arrive when the schedule says.
 A rank that computes longer than scheduled arrives late and carries the whole difference; one that

@@ -50,8 +50,8 @@ class OpEvent:
         wait_ns: when the program first waited on it (``Work.wait``; in a coalesced batch, each
             op's wait begins when the batch's wait reaches it), on the host path; -1 where it never
             did (it asked through ``is_completed`` or a future), for the p2p ops the pipeline
-            interceptor serves itself (`record_p2p`), or on a device. An async op's compute stream stops here, not at the
-            completion: a wait that returned late was waiting, not computing.
+            interceptor serves itself (`record_p2p`), or on a device. An async op's compute stream
+            stops here, not at the completion: a wait that returned late was waiting, not computing.
     """
 
     kind: OpKind
