@@ -201,6 +201,48 @@ def test_rope_is_one_kernel_each_way(unfused):
     _same_compute(step, unfused)
 
 
+def test_a_microbatch_s_activations_die_with_its_backward_and_a_freed_stage_output_keeps_its_price():
+    """The hooks keep prices, never tensors: a hook that reached its own tensor would be a cycle
+    through autograd's C++ nodes that Python never frees, and on a pipeline stage every microbatch's
+    activations would stay (the modelled peak then grew with the microbatch count). The layer's
+    output is freed after the forward, as Megatron's pipeline frees a stage's sent output; its
+    bias-dropout-add backward is still priced at the forward's size."""
+    import gc
+    import weakref
+
+    from megatron.core.pipeline_parallel.schedules import custom_backward, deallocate_output_tensor
+
+    args = pretrain_args.parse(list(MODEL))
+    config = model.transformer_config(args)
+    device = RecordingDevice("h100")
+    produced: list[weakref.ref] = []
+    with one_rank(), device.active():
+        spec = parallel_spec.decoder_spec(get_gpt_layer_local_spec(), config, vp_stage=None, modelled=True)
+        block = TransformerBlock(config, spec, post_layer_norm=False)
+        modelled_fusions.install(device, [block], None, modelled_fusions.Fusions.from_args(args))
+
+        def keep_a_weak_reference(module, inputs, output):
+            tensor = modelled_fusions._first(output)
+            if tensor is not None:
+                produced.append(weakref.ref(tensor))
+
+        for module in block.modules():
+            module.register_forward_hook(keep_a_weak_reference)
+        rotary = RotaryEmbedding(HIDDEN // HEADS, rotary_percent=1.0)(SEQUENCE)
+        hidden = torch.randn(SEQUENCE, 1, HIDDEN, dtype=torch.bfloat16, requires_grad=True)
+        del device.fused_prices[:]
+        out = block(hidden, attention_mask=None, rotary_pos_emb=rotary)
+        deallocate_output_tensor(out, deallocate_pipeline_outputs=True)
+        custom_backward(out, torch.ones(SEQUENCE, 1, HIDDEN, dtype=torch.bfloat16))
+        del out, hidden
+        gc.collect()
+        alive = [ref() for ref in produced if ref() is not None]
+    assert len(produced) > 10 and alive == []
+    bda = fused.bias_dropout_add_time(step_gpu(), tokens=SEQUENCE, hidden=HIDDEN, dtype=torch.bfloat16,
+                                      bias=True, dropout=True, backward=True)  # fmt: skip
+    assert device.fused_prices.count(bda) == 2  # both branches, the layer output's included
+
+
 @pytest.mark.parametrize("granularity", ["selective", "full"])
 def test_recomputed_layers_are_charged_fused_again(granularity):
     recompute = ("--recompute-granularity", granularity)

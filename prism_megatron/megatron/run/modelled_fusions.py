@@ -168,7 +168,12 @@ def _on_grad(tensor: torch.Tensor | None, action) -> None:
     A tensor made inside a recomputed (checkpointed) forward's first run does not require grad: no
     hook there; the recomputation in the backward registers its own. A checkpoint's input (core
     attention's q, k, v under selective recompute) does: its hook fires when the checkpoint's
-    backward has made its gradient, where the fused kernel's backward starts."""
+    backward has made its gradient, where the fused kernel's backward starts.
+
+    `action` must not hold `tensor` or anything of its autograd graph (price it up front, keep the
+    number): the hook lives in the graph's C++ nodes, which Python's garbage collector cannot see
+    through, so a hook that reaches its own tensor is a cycle never freed, and every microbatch's
+    activations would stay for the rest of the run (the peak then grows with the microbatch count)."""
     if tensor is not None and tensor.requires_grad:
         tensor.register_hook(lambda grad: action())
 
@@ -230,8 +235,8 @@ def _hook_activation(device: ModelledDevice, mlp: MLP) -> None:
         forward.close()
         x = _first(args)
         if x is not None:
-            tokens = x.numel() // x.shape[-1]
-            _on_grad(x, lambda: backward.open(price(tokens, x.shape[-1], x.dtype, is_backward=True)))
+            time_ns = price(x.numel() // x.shape[-1], x.shape[-1], x.dtype, is_backward=True)
+            _on_grad(x, lambda: backward.open(time_ns))
 
     mlp.linear_fc1.register_forward_hook(fc1_post)
     mlp.linear_fc2.register_forward_pre_hook(fc2_pre)
@@ -262,7 +267,8 @@ def _hook_bias_dropout_add(device: ModelledDevice, layer: TransformerLayer) -> N
         def end_reached(x: torch.Tensor | None) -> None:
             forward.close()
             if x is not None and "bias" in shape:
-                _on_grad(x, lambda: backward.open(price(x, is_backward=True)))
+                time_ns = price(x, is_backward=True)
+                _on_grad(x, lambda: backward.open(time_ns))
 
         branch.register_forward_hook(branch_post)
         if end_is_layer:
@@ -297,12 +303,13 @@ def _hook_rope(device: ModelledDevice, attention: Attention) -> None:
     def qkv_post(module, args, output):
         qkv = _first(output)
         forward.open(price(qkv, is_backward=False))
+        backward_ns = price(qkv, is_backward=True)
         opened = [False]
 
         def open_backward():
             if not opened[0]:
                 opened[0] = True
-                backward.open(price(qkv, is_backward=True))
+                backward.open(backward_ns)
 
         pending.append(open_backward)
         _on_grad(qkv, backward.close)
@@ -332,15 +339,15 @@ def _hook_cross_entropy(device: ModelledDevice, gpt: GPTModel) -> None:
         logits = _first(output)
         forward.open(price(logits, is_backward=False))
         _on_grad(logits, backward.close)
-        shape["logits"] = logits
+        pending["backward_ns"] = price(logits, is_backward=True)
 
     def model_post(module, args, output):
         forward.close()
-        logits = shape.pop("logits", None)
-        if logits is not None:
-            _on_grad(_first(output), lambda: backward.open(price(logits, is_backward=True)))
+        backward_ns = pending.pop("backward_ns", None)
+        if backward_ns is not None:
+            _on_grad(_first(output), lambda: backward.open(backward_ns))
 
-    shape: dict[str, torch.Tensor] = {}
+    pending: dict[str, int] = {}
     gpt.output_layer.register_forward_hook(logits_post)
     gpt.register_forward_hook(model_post)
 
