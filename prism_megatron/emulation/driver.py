@@ -262,18 +262,41 @@ def capture(plan: RunPlan, progress: Progress, walls: dict[str, float]) -> None:
 
 
 def capture_at_once(plan: RunPlan) -> int:
-    """How many capture passes run at the same time: on a modelled GPU, one per core this process
-    may use (each pass is one process that computes nothing in real time: what it records is the GPU
-    model's time, not the CPU's, so passes sharing the machine record the same graph); else one, as
-    a measured pass must have the machine's share to itself."""
+    """How many capture passes run at the same time: on a modelled GPU, as many as memory allows
+    (`MODELLED_PASS_BYTES` each), at least one per core this process may use; else one, as a measured
+    pass must have the machine's share to itself.
+
+    A modelled pass computes nothing in real time (what it records is the GPU model's time, not the
+    CPU's), so passes sharing the machine record the same graph, and more passes than cores finish
+    sooner: three passes on two cores in one round of 1.5 pass-times instead of two rounds."""
     if not plan.modelled:
         return 1
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, cores)
+    available = _available_memory_bytes()
+    by_memory = available // MODELLED_PASS_BYTES if available is not None else 0
+    return max(1, cores, by_memory)
+
+
+MODELLED_PASS_BYTES = 2 << 30
+"""Memory set aside per modelled capture pass run at once: over four times the largest measured
+(a 462B pipeline stage at full size, 2026-12-03: 0.44 GiB resident; fake tensors hold no data)."""
+
+
+def _available_memory_bytes() -> int | None:
+    """MemAvailable of /proc/meminfo; None where there is no such file."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
 
 
 def simulate(plan: RunPlan, graph: ExecutionGraph, progress: Progress, walls: dict[str, float]):
-    """Simulate one iteration of the whole job; write the real ranks' replay schedules."""
+    """Simulate one iteration of the whole job; write the real ranks' replay schedules (not on a
+    modelled GPU: no pass replays them there, and a 16,384-GPU job's took seconds to write)."""
     from prism_megatron.sim import DeadlockError, SimulationFault, WhatIf, replay_schedules
     from prism_megatron.sim import simulate as simulate_graph
 
@@ -285,10 +308,11 @@ def simulate(plan: RunPlan, graph: ExecutionGraph, progress: Progress, walls: di
         )
     except (DeadlockError, SimulationFault, ValueError) as exc:
         raise RunFailed(f"the graph does not simulate: {exc}") from exc
-    directory = plan.path(files.SIMULATION_DIR)
-    os.makedirs(directory, exist_ok=True)
-    for rank, schedule in replay_schedules(result, plan.real_ranks).items():
-        schedule.save(files.schedule_path(directory, rank))
+    if not plan.modelled:
+        directory = plan.path(files.SIMULATION_DIR)
+        os.makedirs(directory, exist_ok=True)
+        for rank, schedule in replay_schedules(result, plan.real_ranks).items():
+            schedule.save(files.schedule_path(directory, rank))
     walls["simulate"] = progress.end(f"predicted {result.iteration_time_ns / 1e6:.2f} ms per iteration")
     return result
 

@@ -5,7 +5,7 @@ the report and the commands that read a run folder back all build their paths he
     <run>/plots/<name>.png                        the report's plots
     <run>/spans/simulated.json                    the simulated virtual tracks the timeline draws
     <run>/graph/graph.json                        the execution graph (--prism-graph, simulate)
-    <run>/simulation/schedule-<rank>.json         replay schedules of the real ranks
+    <run>/simulation/schedule-<rank>.json         replay schedules of the real ranks (none modelled)
     <run>/capture/capture-<rank>.json             what each slice rank recorded (rank-<rank>.json beside)
     <run>/rank-<rank>.json                        each real rank's results
     <run>/ops/rank-<rank>.json                    each real rank's measured op log

@@ -268,6 +268,7 @@ def _run_with_passes_at_once(out: Path, at_once: int, monkeypatch) -> tuple[dict
     outcome = driver.run(plan, Progress(quiet=True))
     assert outcome.ok, outcome.report.failure
     captures = {p.name: p.read_bytes() for p in sorted((out / "capture").glob("capture-*.json"))}
+    assert not (out / "simulation").exists()  # no replay schedules: nothing replays on a model
     with open(out / "report.json", encoding="utf-8") as f:
         return json.load(f), captures
 

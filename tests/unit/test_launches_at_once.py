@@ -90,3 +90,24 @@ def test_a_failed_launch_is_raised_and_stops_the_one_beside_it(stand_in, tmp_pat
 def test_at_once_below_one_is_refused(tmp_path):
     with pytest.raises(ValueError, match="at_once must be >= 1, got 0"):
         _run(tmp_path, [], at_once=0)
+
+
+@pytest.mark.parametrize(
+    ("modelled", "cores", "available", "expected"),
+    [
+        (False, 16, 64 << 30, 1),  # a measured pass has the machine's share to itself
+        (True, 2, 24 << 30, 12),  # modelled: as many as memory holds (2 GiB each) ...
+        (True, 2, 3 << 30, 2),  # ... at least one per core
+        (True, 4, None, 4),  # no /proc/meminfo: one per core
+    ],
+)
+def test_modelled_capture_passes_run_as_many_at_once_as_memory_allows(
+    monkeypatch, modelled, cores, available, expected
+):
+    from types import SimpleNamespace
+
+    from prism_megatron.emulation import driver
+
+    monkeypatch.setattr(driver.os, "sched_getaffinity", lambda pid: set(range(cores)), raising=False)
+    monkeypatch.setattr(driver, "_available_memory_bytes", lambda: available)
+    assert driver.capture_at_once(SimpleNamespace(modelled=modelled)) == expected
