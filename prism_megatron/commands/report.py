@@ -80,7 +80,7 @@ def missing_artefacts(run_dir: str, doc: dict) -> list[str]:
 
 def _simulated_from_graph(run_dir: str, report):
     """Virtual tracks simulated from graph/ when the run saved none (None otherwise)."""
-    from prism_megatron.report.timeline import SimulatedTracks, represented_ranks
+    from prism_megatron.report.timeline import DEFAULT_MAX_VIRTUAL_TRACKS, SimulatedTracks, timeline_ranks
 
     graph_dir = os.path.join(run_dir, files.GRAPH_DIR)
     if os.path.exists(os.path.join(run_dir, files.SIMULATED_SPANS_FILE)) or not os.path.isdir(graph_dir):
@@ -104,7 +104,10 @@ def _simulated_from_graph(run_dir: str, report):
         compute_slowdown=compute_slowdown_of(device),
     )
     print(f"virtual tracks: simulated {graph_dir} over cluster {cluster!r} (the run saved none)")
-    return SimulatedTracks.from_result(result, represented_ranks(result, report.real_ranks))
+    ranks = timeline_ranks(
+        result, report.real_ranks, modelled=report.modelled is not None, limit=DEFAULT_MAX_VIRTUAL_TRACKS
+    )
+    return SimulatedTracks.from_result(result, ranks)
 
 
 def _stragglers(text: str | None) -> dict[int, float]:

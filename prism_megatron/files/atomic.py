@@ -113,10 +113,14 @@ def write_json(
 
 STREAMED_LEVELS = 2
 """Compact JSON is written as `json.dump` writes it, byte for byte, but the top `STREAMED_LEVELS`
-levels of dicts and lists item by item and each item below them in one call of the C encoder:
+levels of dicts and lists item by item (the last level's list items `_ITEMS_PER_CALL` at a time)
+and each item below them in one call of the C encoder:
 `json.dump` itself streams through the pure-Python encoder, several times slower, and a modelled
 16,384-rank run's timeline (tens of MB: a dict of a list of events) spent seconds in it, while
 `json.dumps` of the whole would hold the document twice."""
+
+
+_ITEMS_PER_CALL = 1024
 
 
 def _dump_compact(doc: Any, f: IO[str], encoder: json.JSONEncoder, levels: int) -> None:
@@ -126,6 +130,15 @@ def _dump_compact(doc: Any, f: IO[str], encoder: json.JSONEncoder, levels: int) 
             f.write(f"{',' if number else ''}{encoder.encode(key)}:")
             _dump_compact(value, f, encoder, levels - 1)
         f.write("}")
+    elif levels == 1 and isinstance(doc, (list, tuple)):
+        # The last streamed level: items encoded `_ITEMS_PER_CALL` at a time, the chunk's brackets
+        # dropped (a timeline's hundreds of thousands of events cost one call each before).
+        f.write("[")
+        for start in range(0, len(doc), _ITEMS_PER_CALL):
+            if start:
+                f.write(",")
+            f.write(encoder.encode(doc[start : start + _ITEMS_PER_CALL])[1:-1])
+        f.write("]")
     elif levels and isinstance(doc, (list, tuple)):
         f.write("[")
         for number, value in enumerate(doc):

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 
 from prism_megatron.graph.printable import parse_op
-from prism_megatron.graph.schema import NodeType
+from prism_megatron.graph.schema import NodeType, Op
 from prism_megatron.graph.world import World, peer_of
 from prism_megatron.report.trace import Flow, FlowEnd
 from prism_megatron.sim.timeline import Span
@@ -96,10 +96,11 @@ def _measured_collectives(spans: Iterable[Span]) -> dict[tuple, list[tuple[Span,
 
 
 def _simulated_p2p(spans: list[Span], world: World) -> Iterator[tuple[str, tuple[int, int, int], Span]]:
+    parsed: dict[str, Op] = {}
     for span in spans:
         if span.category != "p2p" or "op" not in span.args:
             continue
-        op = parse_op(span.args["op"])
+        op = _parsed(parsed, span.args["op"])
         peer = peer_of(world, op.group, span.process, op.offset)
         if op.type == NodeType.SEND:
             yield "send", (span.process, peer, op.seq), span
@@ -109,10 +110,23 @@ def _simulated_p2p(spans: list[Span], world: World) -> Iterator[tuple[str, tuple
 
 def _simulated_collectives(spans: list[Span], world: World) -> dict[tuple, list[tuple[Span, int]]]:
     instances: dict[tuple, list[tuple[Span, int]]] = {}
+    parsed: dict[str, Op] = {}
+    groups: dict[tuple[str, int], tuple[int, ...]] = {}
     for span in spans:
         if span.category != "collective" or "op" not in span.args:
             continue
-        op = parse_op(span.args["op"])
-        members = world.group(op.group, span.process)
+        op = _parsed(parsed, span.args["op"])
+        members = groups.get((op.group, span.process))
+        if members is None:
+            members = groups[op.group, span.process] = world.group(op.group, span.process)
         instances.setdefault((op.group, members, op.seq), []).append((span, int(span.args["ready_ns"])))
     return instances
+
+
+def _parsed(cache: dict[str, Op], text: str) -> Op:
+    """`parse_op(text)`, once per distinct text: a modelled job's timeline repeats each role's ops
+    on every rank drawn, and parsing was most of the timeline's time."""
+    op = cache.get(text)
+    if op is None:
+        op = cache[text] = parse_op(text)
+    return op

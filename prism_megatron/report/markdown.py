@@ -83,7 +83,7 @@ def render_markdown(report: RunReport, outputs: Mapping[str, str], skipped: Mapp
         _roles(report),
         _iterations(report),
         _plots(outputs, skipped),
-        _timeline(outputs, skipped),
+        _timeline(outputs, skipped, modelled=report.modelled is not None),
         _settings(report),
     ]
     return "\n\n".join("\n".join(section).strip() for section in sections) + "\n"
@@ -291,14 +291,16 @@ def _plots(outputs: Mapping[str, str], skipped: Mapping[str, str]) -> list[str]:
     return lines
 
 
-def _timeline(outputs: Mapping[str, str], skipped: Mapping[str, str]) -> list[str]:
+def _timeline(outputs: Mapping[str, str], skipped: Mapping[str, str], *, modelled: bool = False) -> list[str]:
     lines = ["## Timeline", ""]
     if "timeline" in outputs:
         path = outputs["timeline"]
-        lines.append(
-            f"[{path}]({path}): a Chrome trace of the real ranks (measured) and of the virtual ranks "
-            "around them (replayed); open it in Perfetto (ui.perfetto.dev)."
+        drawn = (
+            "the simulated iteration of the captured ranks and of one rank per role, every time modelled"
+            if modelled
+            else "the real ranks (measured) and of the virtual ranks around them (replayed)"
         )
+        lines.append(f"[{path}]({path}): a Chrome trace of {drawn}; open it in Perfetto (ui.perfetto.dev).")
         if "op logs" in skipped:
             lines += ["", f"Note: {skipped['op logs']}."]
         return lines

@@ -14,6 +14,8 @@ the start of the last iteration the real ranks measured, so a real rank's wait l
 virtual peer it waited for. Which virtual ranks: by default each real rank's pipeline neighbours,
 tensor-parallel peers and data-, context- and expert-parallel neighbours, then one representative
 per role, at most `DEFAULT_MAX_VIRTUAL_TRACKS` (a trace of thousands of ranks helps nobody).
+On a modelled GPU no rank runs in real time: every track is the simulation's, named "modelled",
+the captured ranks first, then one representative per role (`modelled_ranks`).
 
 The simulated spans are saved in the run folder (`files.SIMULATED_SPANS_FILE`) when the report is written, so
 `prism-megatron report RUN_DIR` redraws the same virtual tracks without simulating again.
@@ -104,6 +106,24 @@ def represented_ranks(
     return chosen[:limit]
 
 
+def modelled_ranks(result: SimResult, captured_ranks: Iterable[int], limit: int) -> list[int]:
+    """The ranks a modelled GPU's timeline shows: the captured ranks, then one representative per
+    role. Every rank of a modelled run is simulated, and the ranks of a role share its modelled ops,
+    so `represented_ranks`' neighbours and peers would draw the same spans again (a 16,384-GPU
+    job's timeline was 1.3 million spans, 210 MB, most of them repeats)."""
+    world = result.problem.world
+    wanted = [*captured_ranks, *(world.representative(name) for name in result.problem.role_names)]
+    return list(dict.fromkeys(wanted))[:limit]
+
+
+def timeline_ranks(result: SimResult, real_ranks: Iterable[int], *, modelled: bool, limit: int) -> list[int]:
+    """The simulated ranks a timeline shows by default: `modelled_ranks` on a modelled GPU, else
+    `represented_ranks`."""
+    if modelled:
+        return modelled_ranks(result, real_ranks, limit)
+    return represented_ranks(result, real_ranks, limit=limit)
+
+
 def _group(world, kind: str, virtual_rank: int) -> tuple[int, ...]:
     try:
         return world.group(kind, virtual_rank)
@@ -120,9 +140,12 @@ def _neighbours(world, kind: str, virtual_rank: int) -> list[int]:
     return [members[i] for i in (at - 1, at + 1) if 0 <= i < len(members)]
 
 
-def process_name(virtual_rank: int, layout: Layout | None, *, real: bool, role: str | None = None) -> str:
-    """ "rank 7168 (tp=0 pp=14 dp=0) real" or "... virtual, replayed"; cp and ep shown when > 1."""
-    kind = "real" if real else "virtual, replayed"
+def process_name(
+    virtual_rank: int, layout: Layout | None, *, real: bool, role: str | None = None, modelled: bool = False
+) -> str:
+    """ "rank 7168 (tp=0 pp=14 dp=0) real", "... virtual, replayed" or, on a modelled GPU,
+    "... modelled"; cp and ep shown when > 1."""
+    kind = "modelled" if modelled else "real" if real else "virtual, replayed"
     if layout is None or not 0 <= virtual_rank < layout.world_size:
         return f"rank {virtual_rank}" + (f" ({role})" if role else "") + f" {kind}"
     coords = layout.coords(virtual_rank)
@@ -135,10 +158,14 @@ def timeline_trace(
     real_logs: Mapping[int, OpLog],
     simulated: SimulatedTracks | None,
     layout: Layout | None,
+    *,
+    modelled: bool = False,
 ) -> dict:
     """The Chrome/Perfetto trace of the real ranks' logs and the simulated virtual ranks.
 
     Every real rank gets its named track, empty when it left no log (a rank that died early).
+    `modelled`: a modelled GPU's run, whose every rank is simulated (pass no real ranks or logs):
+    the tracks are named "modelled".
     """
     starts = [t for log in real_logs.values() if (t := log.earliest_ns()) is not None]
     ends = [t for log in real_logs.values() if (t := log.latest_ns()) is not None]
@@ -160,7 +187,9 @@ def timeline_trace(
         origin_ns = _simulated_origin_ns(real_logs, run_start_ns) - run_start_ns
         for virtual_rank, role in simulated.roles.items():
             if virtual_rank not in names:
-                names[virtual_rank] = process_name(virtual_rank, layout, real=False, role=role)
+                names[virtual_rank] = process_name(
+                    virtual_rank, layout, real=False, role=role, modelled=modelled
+                )
         replayed = _shifted((s for s in simulated.spans if s.process not in real), origin_ns)
     world = LayoutWorld(layout) if layout is not None else None
     trace = chrome_trace(
@@ -204,9 +233,9 @@ def _simulated_origin_ns(real_logs: Mapping[int, OpLog], run_start_ns: int) -> i
 def _shifted(items: Iterable[Span], offset_ns: int) -> list[Span]:
     """The spans moved by `offset_ns` (with the last arrival a simulated span records)."""
     out = []
-    for s in items:
+    for s in items:  # Span(...), not dataclasses.replace: a modelled job's timeline has 10^5 spans
         args = {**s.args, "ready_ns": s.args["ready_ns"] + offset_ns} if "ready_ns" in s.args else s.args
         out.append(
-            dataclasses.replace(s, start_ns=s.start_ns + offset_ns, end_ns=s.end_ns + offset_ns, args=args)
+            Span(s.process, s.thread, s.name, s.category, s.start_ns + offset_ns, s.end_ns + offset_ns, args)
         )
     return out

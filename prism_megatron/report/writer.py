@@ -29,7 +29,7 @@ from prism_megatron.report.plots import PLOTS, NothingToPlot
 from prism_megatron.report.timeline import (
     DEFAULT_MAX_VIRTUAL_TRACKS,
     SimulatedTracks,
-    represented_ranks,
+    timeline_ranks,
     timeline_trace,
 )
 from prism_megatron.sim import SimResult
@@ -62,8 +62,9 @@ def write_report(
         sim_result: the simulation whose arrivals the replay engine played (for the virtual tracks).
         measured_ops: per real virtual rank, its `OpLog` or its list of `OpEvent`s.
         layout: the target job's layout (coordinates in track names); default from `report.target`.
-        virtual_ranks: the virtual ranks to draw; default `represented_ranks` (neighbours and peers
-            of the real ranks, one representative per role), at most `max_virtual_tracks`.
+        virtual_ranks: the virtual ranks to draw; default `timeline_ranks` (neighbours and peers
+            of the real ranks, one representative per role; on a modelled GPU the captured ranks
+            and one representative per role), at most `max_virtual_tracks`.
 
     Raises:
         SchemaError: the report does not follow the schema (nothing is written then).
@@ -81,7 +82,9 @@ def write_report(
         ranks = (
             list(virtual_ranks)
             if virtual_ranks is not None
-            else represented_ranks(sim_result, report.real_ranks, limit=max_virtual_tracks)
+            else timeline_ranks(
+                sim_result, report.real_ranks, modelled=report.modelled is not None, limit=max_virtual_tracks
+            )
         )
         simulated = SimulatedTracks.from_result(sim_result, ranks[:max_virtual_tracks])
         simulated.save(out_dir)
@@ -153,9 +156,16 @@ def render(
             continue
         _remove_stale(path)
     path = os.path.join(out_dir, files.TIMELINE_JSON)
+    modelled = report.modelled is not None  # every rank simulated: no real rank runs on a model
     if logs or simulated is not None:
         try:
-            trace = timeline_trace(report.real_ranks, logs, simulated, layout or _layout_of(report))
+            trace = timeline_trace(
+                () if modelled else report.real_ranks,
+                {} if modelled else logs,
+                simulated,
+                layout or _layout_of(report),
+                modelled=modelled,
+            )
             files.write_json(trace, path)
             relative["timeline"] = files.TIMELINE_JSON
         except OSError:
@@ -166,7 +176,7 @@ def render(
         skipped["timeline"] = "no real rank left an op log and the run has no simulated timeline"
     if "timeline" in skipped:
         _remove_stale(path)
-    without_log = [r for r in report.real_ranks if r not in logs]
+    without_log = [] if modelled else [r for r in report.real_ranks if r not in logs]
     if without_log and "timeline" in relative:
         skipped[OP_LOGS] = (
             f"no op log from real rank(s) {', '.join(map(str, without_log))}: their tracks are empty"

@@ -43,14 +43,24 @@ def default_ranks(result: SimResult, extra: Iterable[int] = ()) -> list[int]:
 
 def spans(result: SimResult, virtual_ranks: Iterable[int]) -> Iterator[Span]:
     """The spans of each rank's ops, rank by rank."""
+    described: dict[int, tuple[str, str, str]] = {}
+    """id(op) -> name, category, formatted op: the ranks of one role share their op objects."""
     for rank in virtual_ranks:
         for timing in result.timeline(rank):
             op = timing.op
-            name = op.name or (op.comm.name if op.comm is not None else op.type.name)
-            if op.type != NodeType.COMPUTE and op.name:
-                name = f"{op.comm.name if op.comm is not None else op.type.name}:{op.name}"
-            args = {"op": format_op(op), "ready_ns": timing.ready_ns}
-            yield Span(rank, timing.stream, name, _CATEGORY[op.type], timing.start_ns, timing.end_ns, args)
+            description = described.get(id(op))
+            if description is None:
+                description = described[id(op)] = (_name(op), _CATEGORY[op.type], format_op(op))
+            name, category, formatted = description
+            args = {"op": formatted, "ready_ns": timing.ready_ns}
+            yield Span(rank, timing.stream, name, category, timing.start_ns, timing.end_ns, args)
+
+
+def _name(op) -> str:
+    name = op.name or (op.comm.name if op.comm is not None else op.type.name)
+    if op.type != NodeType.COMPUTE and op.name:
+        name = f"{op.comm.name if op.comm is not None else op.type.name}:{op.name}"
+    return name
 
 
 def process_names(result: SimResult, virtual_ranks: Iterable[int]) -> dict[int, str]:

@@ -72,6 +72,9 @@ def test_json_options_compact_by_default_indented_and_default_on_request(tmp_pat
         [[{"x": 1}], [], ["y", 2.0]],
         "just a string",
         {"p": pathlib.PurePosixPath("/a/b")},
+        # lists longer than one encoder call's chunk (`atomic._ITEMS_PER_CALL`), at both levels
+        {"events": [{"i": i, "t": (i, None)} for i in range(2500)], "rows": [[i] for i in range(1025)]},
+        [[i, [i]] for i in range(2049)],
     ],
 )
 def test_compact_json_is_json_dump_s_bytes(tmp_path, doc):

@@ -248,6 +248,32 @@ def test_the_timeline_is_a_chrome_trace_with_a_track_per_real_and_represented_vi
     assert (1, "compute") in threads
 
 
+def test_a_modelled_run_s_timeline_draws_the_captured_ranks_and_one_rank_per_role_all_modelled(
+    tmp_path, sim_result
+):
+    from prism_megatron.report.modelled import ModelledReport
+
+    modelled = ModelledReport(
+        gpu="h100", gpu_name="H100 SXM", peak_tflops=989.0, iteration_time_s=0.5, tflops_per_gpu=None,
+        mfu=None, tokens_per_s_per_gpu=None, critical_role="pp0", time_by_kind_s={"gemm": 0.5},
+    )  # fmt: skip
+    report = _report(sim_result, modelled=modelled)
+    out, written = _write(tmp_path, sim_result, report, measured_ops={})  # no rank ran in real time
+    events = _trace(out)["traceEvents"]
+    processes = {e["pid"]: e["args"]["name"] for e in events if e["name"] == "process_name"}
+    world = sim_result.problem.world
+    representatives = {world.representative(name) for name in sim_result.problem.role_names}
+    assert set(processes) == {*REAL_RANKS, *representatives}  # no neighbours: a role's ranks repeat it
+    assert list(processes)[: len(REAL_RANKS)] == list(REAL_RANKS)
+    assert processes[0] == "rank 0 (tp=0 pp=0 dp=0) modelled"
+    assert all(name.endswith(" modelled") for name in processes.values())
+    spans = [e for e in events if e["ph"] == "X"]
+    assert {e["pid"] for e in spans} == set(processes)  # the captured ranks' tracks are not empty
+    assert "op logs" not in written.skipped
+    with open(os.path.join(out, "report.md")) as f:
+        assert "every time modelled" in f.read()
+
+
 def test_virtual_tracks_line_up_with_the_last_measured_iteration(tmp_path, sim_result):
     out, _ = _write(tmp_path, sim_result)
     spans = [e for e in _trace(out)["traceEvents"] if e["ph"] == "X"]
