@@ -53,6 +53,7 @@ from prism_megatron.graph.schema import (
     NodeType,
     Op,
     RoleGraph,
+    derived,
 )
 from prism_megatron.graph.world import World, group_kind_of, peer_spec
 from prism_megatron.replay.events import OpEvent
@@ -351,8 +352,7 @@ def compute_intervals(iteration: CapturedIteration, *, keep_empty: bool = False)
 def structure(streams: Mapping[str, Sequence[Op]]) -> dict[str, tuple[Op, ...]]:
     """The streams with every duration zeroed: what must agree between iterations."""
     return {
-        name: tuple(dataclasses.replace(op, duration_ns=0, overhead_ns=0) for op in ops)
-        for name, ops in streams.items()
+        name: tuple(derived(op, duration_ns=0, overhead_ns=0) for op in ops) for name, ops in streams.items()
     }
 
 
@@ -405,7 +405,9 @@ def compute_overheads(streams: Mapping[str, Sequence[Op]]) -> list[int]:
 
 def _with_span(op: Op, duration_ns: int, overhead_ns: int) -> Op:
     """A compute op with the median span and median overhead (the overhead never above the span)."""
-    return dataclasses.replace(op, duration_ns=duration_ns, overhead_ns=min(overhead_ns, duration_ns))
+    if duration_ns < 0:
+        raise ValueError(f"op {op.name!r}: a span of {duration_ns} ns")
+    return derived(op, duration_ns=duration_ns, overhead_ns=min(overhead_ns, duration_ns))
 
 
 def role_graph(capture: RankCapture, world: World, kinds: Sequence[str] = GROUP_KINDS) -> RoleGraph:

@@ -36,7 +36,16 @@ from prism_megatron import files
 from prism_megatron.graph.capture import COMPUTE_NAME, compute_durations, first_difference, structure
 from prism_megatron.graph.printable import format_op
 from prism_megatron.graph.schedule import IDLE, StageOrder, Step, one_f_one_b
-from prism_megatron.graph.schema import COMPUTE_STREAM, P2P, Dep, ExecutionGraph, NodeType, Op, RoleGraph
+from prism_megatron.graph.schema import (
+    COMPUTE_STREAM,
+    P2P,
+    Dep,
+    ExecutionGraph,
+    NodeType,
+    Op,
+    RoleGraph,
+    derived,
+)
 from prism_megatron.topology.equivalence import RoleClass
 
 PIPELINE_GROUP = "pp"
@@ -104,16 +113,15 @@ def _reassemble(items: Sequence[_Item], pieces: Sequence[int | Op]) -> dict[str,
             if any(d not in placed for d in items[item].deps):
                 raise ValueError(f"{format_op(op)!r} would come before the op it waits for")
             deps = tuple(placed[d] for d in items[item].deps)
+        seq = None
         if op.type == NodeType.COLLECTIVE:
             seq = collective_seq.get(op.group, 0)
             collective_seq[op.group] = seq + 1
-            op = dataclasses.replace(op, seq=seq)
         elif op.type in P2P:
             key = (op.type, op.group, op.offset)
             seq = p2p_seq.get(key, 0)
             p2p_seq[key] = seq + 1
-            op = dataclasses.replace(op, seq=seq)
-        op = dataclasses.replace(op, deps=deps)
+        op = derived(op, seq=seq, deps=deps)
         if item is not None:
             placed[item] = Dep(stream, len(streams.setdefault(stream, [])))
         streams[stream].append(op)
@@ -326,7 +334,9 @@ class ClassProgram:
 
 def with_span(op: Op, duration_ns: int) -> Op:
     """A compute op given another span; its host overhead (from the same work) kept within it."""
-    return dataclasses.replace(op, duration_ns=duration_ns, overhead_ns=min(op.overhead_ns, duration_ns))
+    if duration_ns < 0:
+        raise ValueError(f"op {op.name!r}: a span of {duration_ns} ns")
+    return derived(op, duration_ns=duration_ns, overhead_ns=min(op.overhead_ns, duration_ns))
 
 
 def class_graphs(role_class: RoleClass, captured: Mapping[str, RoleGraph]) -> dict[str, RoleGraph]:

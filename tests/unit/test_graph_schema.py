@@ -150,3 +150,17 @@ def test_a_reader_rejects_a_damaged_file(tmp_path):
 def test_a_reader_names_a_directory_without_a_graph(tmp_path):
     with pytest.raises(ValueError, match="no execution graph here"):
         load_graph(str(tmp_path))
+
+
+def test_derived_is_dataclasses_replace_for_what_it_changes_and_keeps_every_other_field():
+    import dataclasses
+
+    from prism_megatron.graph.schema import derived
+
+    op = Op(type=NodeType.SEND, name="act", duration_ns=7, overhead_ns=3, group="pp", offset=1,
+            size_bytes=64, dtype="BFloat16", seq=2, microbatch=5, coalesced=True, deps=(Dep("compute", 4),))  # fmt: skip
+    changes = {"duration_ns": 9, "overhead_ns": 1, "seq": 0, "deps": (Dep("compute", 1),)}
+    for name, value in changes.items():
+        assert derived(op, **{name: value}) == dataclasses.replace(op, **{name: value})
+    assert derived(op, **changes) == dataclasses.replace(op, **changes)
+    assert derived(op) == op and derived(op) is not op
