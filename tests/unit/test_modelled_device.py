@@ -295,3 +295,35 @@ def test_on_a_modelled_gpu_a_fake_tensor_s_device_is_what_the_fake_mode_says_and
         assert tracker.report().peak_bytes == 0
     with device.fake_mode:
         assert torch.ops.prim.device.default(x) == torch.device("cpu")  # the fake mode alone agrees
+
+
+@pytest.mark.parametrize("norm_type", ["RMSNorm", "LayerNorm"])
+def test_a_norm_on_a_modelled_gpu_keeps_what_the_fused_kernel_keeps_and_costs_the_same(norm_type):
+    """Saved for the backward: the input and one FP32 statistic per token (rsigma; LayerNorm's mean
+    too), as Transformer Engine's fused norm returns them, not torch's decomposed norm's FP32 copies;
+    the time charged is the fused kernel's either way, and the shapes and gradients are torch's."""
+    import torch
+
+    from prism_megatron.megatron.run.modelled_device import ModelledDevice, fuse_norms
+
+    tokens, hidden = 512, 1024
+    device = ModelledDevice("h100")
+    with device.active():
+        norm = getattr(torch.nn, norm_type)(hidden, dtype=torch.bfloat16)
+        assert fuse_norms(device, [norm]) == 1
+        x = torch.randn(tokens, 1, hidden, dtype=torch.bfloat16, requires_grad=True)
+        saved: list[torch.Tensor] = []
+        before = device.now_ns()
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+            y = norm(x)
+        forward_ns = device.now_ns() - before
+        y.backward(torch.ones_like(y))
+    assert y.shape == x.shape and y.dtype == x.dtype
+    assert x.grad.shape == x.shape and norm.weight.grad.shape == norm.weight.shape
+    stats = 2 if norm_type == "LayerNorm" else 1
+    assert sum(t.numel() * t.element_size() for t in saved) == tokens * hidden * 2 + stats * tokens * 4
+    fused_norm_ns = gpu_model.fused.norm_time(
+        device.gpu, tokens=tokens, hidden=hidden, dtype=torch.bfloat16, backward=False,
+        layer_norm=norm_type == "LayerNorm",
+    )  # fmt: skip
+    assert fused_norm_ns <= forward_ns <= fused_norm_ns + 10  # the fused kernel alone (marks add 1 ns)

@@ -357,7 +357,10 @@ NORM_TYPES: tuple[type, ...] = (torch.nn.RMSNorm, torch.nn.LayerNorm)
 def fuse_norms(device: ModelledDevice, model_chunks) -> int:
     """Charge every norm of the model (torch's RMSNorm and LayerNorm, the classes megatron-core's
     local spec and prism's sequence-parallel norm build) as Transformer Engine's fused norm kernel,
-    forward and backward (`gpu_model.fused.norm_time`), in place of the unfused ops torch runs.
+    forward and backward (`gpu_model.fused.norm_time`), in place of the unfused ops torch runs, and
+    keep what that kernel keeps for its backward (`_FusedNorm`), not the FP32 intermediates of
+    torch's decomposed RMSNorm (two FP32 copies of the input per norm; torch's LayerNorm is one op
+    that already keeps the input and its statistics).
 
     The forward is scoped by forward hooks; the backward by full backward hooks, which fire when the
     gradient of the norm's output arrives and when its input's is made: the ops between are the
@@ -384,8 +387,44 @@ def _norm_time(device: ModelledDevice, module: torch.nn.Module, x: torch.Tensor,
     )
 
 
+class _FusedNorm(torch.autograd.Function):
+    """A norm as Transformer Engine's fused kernel holds it, on fake tensors: the output and the
+    gradients have the shapes and dtypes of torch's norm; saved for the backward are the input and
+    one FP32 statistic per token (rsigma, and LayerNorm's mean), as TE's `rmsnorm_fwd` /
+    `layernorm_fwd` return them for their backward. Fake tensors have no values to compute."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, stats: int):
+        per_token = [x.new_empty(x.shape[:-1], dtype=torch.float32) for _ in range(stats)]
+        ctx.save_for_backward(x, *per_token)
+        ctx.weight_like = weight
+        ctx.bias_like = bias
+        return torch.empty_like(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        x = ctx.saved_tensors[0]
+        weight, bias = ctx.weight_like, ctx.bias_like
+        return (
+            torch.empty_like(x),
+            None if weight is None else torch.empty_like(weight),
+            None if bias is None else torch.empty_like(bias),
+            None,
+        )
+
+
 def _hook_norm(device: ModelledDevice, module: torch.nn.Module) -> None:
     open_scopes: list[contextlib.AbstractContextManager] = []
+    torch_forward = module.forward
+    layer_norm = isinstance(module, torch.nn.LayerNorm)
+
+    def fused_forward(x: torch.Tensor) -> torch.Tensor:
+        if not isinstance(x, FakeTensor):  # a real tensor's values are wanted: torch computes them
+            return torch_forward(x)
+        bias = getattr(module, "bias", None) if layer_norm else None
+        return _FusedNorm.apply(x, module.weight, bias, 2 if layer_norm else 1)
+
+    module.forward = fused_forward
 
     def forward_pre(mod, args):
         scope = device.fused_kernel(_norm_time(device, mod, args[0], backward=False))
