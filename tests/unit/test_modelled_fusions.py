@@ -375,3 +375,40 @@ def test_an_moe_model_s_chained_dense_and_expert_optimizers_each_get_their_fused
     chained = ChainedOptimizer.__new__(ChainedOptimizer)  # its `.optimizer` refuses more than one
     chained.chained_optimizers = [type("Wrapped", (), {"optimizer": inner})() for inner in (dense, expert)]
     assert modelled_fusions._torch_optimizers(chained) == [dense, expert]
+
+
+def _activations_kept_by_the_forward(fused_activation: bool) -> int:
+    """One SwiGLU layer's forward and backward on a modelled H100: the activations alive after the
+    forward (the backward still runs: what was not kept is made again, empty)."""
+    import gc
+
+    from prism_megatron.passes.memory import ACTIVATIONS, LiveStorageTracker
+
+    args = pretrain_args.parse([*MODEL, "--swiglu"])
+    config = model.transformer_config(args)
+    device = RecordingDevice("h100")
+    with one_rank(), device.active():
+        spec = parallel_spec.decoder_spec(get_gpt_layer_local_spec(), config, vp_stage=None, modelled=True)
+        block = TransformerBlock(config, spec, post_layer_norm=False)
+        modelled_fusions.install(
+            device, [block], None, dataclasses.replace(OFF, bias_activation=fused_activation)
+        )
+        rotary = RotaryEmbedding(HIDDEN // HEADS, rotary_percent=1.0)(SEQUENCE)
+        hidden = torch.randn(SEQUENCE, 1, HIDDEN, dtype=torch.bfloat16, requires_grad=True)
+        with LiveStorageTracker(fake_storage=True) as tracker:
+            out = block(hidden, attention_mask=None, rotary_pos_emb=rotary)
+            gc.collect()
+            kept = tracker.account.current[ACTIVATIONS]
+            out.sum().backward()
+    assert hidden.grad.shape == hidden.shape
+    return kept
+
+
+def test_a_fused_swiglu_keeps_only_its_input_for_the_backward():
+    """Between fc1 and fc2 the fused bias-SwiGLU kernel keeps its input (fc1's output plus bias);
+    megatron-core's unfused SwiGLU (what `--no-bias-swiglu-fusion` runs on a GPU too) also keeps the
+    SiLU output and the linear half plus its offset: two [s, ffn] bf16 tensors more."""
+    assert (
+        _activations_kept_by_the_forward(False) - _activations_kept_by_the_forward(True)
+        == 2 * SEQUENCE * FFN * 2
+    )

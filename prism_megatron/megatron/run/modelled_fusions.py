@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import weakref
 from typing import Any
 
 import torch
@@ -34,6 +35,7 @@ from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParall
 from megatron.core.transformer.attention import Attention
 from megatron.core.transformer.mlp import MLP
 from megatron.core.transformer.transformer_layer import TransformerLayer
+from torch._subclasses.fake_tensor import FakeTensor
 
 from prism_megatron.gpu_model import fused
 from prism_megatron.gpu_model.gemm import gemm_time
@@ -225,14 +227,21 @@ def _hook_activation(device: ModelledDevice, mlp: MLP) -> None:
             device.gpu, tokens=tokens, ffn_hidden=width, dtype=dtype, gated=gated, backward=is_backward
         )
 
+    saving: list[contextlib.AbstractContextManager] = []
+
     def fc1_post(module, args, output):
         out = _first(output)
         width = out.shape[-1] // (2 if gated else 1)  # the activation's width: fc2's input
         forward.open(price(out.numel() // out.shape[-1], width, out.dtype, is_backward=False))
         _on_grad(out, backward.close)
+        _stop_saving(saving)
+        if isinstance(out, FakeTensor):
+            saving.append(_saving_only(out))
+            saving[-1].__enter__()
 
     def fc2_pre(module, args):
         forward.close()
+        _stop_saving(saving)
         x = _first(args)
         if x is not None:
             time_ns = price(x.numel() // x.shape[-1], x.shape[-1], x.dtype, is_backward=True)
@@ -240,6 +249,40 @@ def _hook_activation(device: ModelledDevice, mlp: MLP) -> None:
 
     mlp.linear_fc1.register_forward_hook(fc1_post)
     mlp.linear_fc2.register_forward_pre_hook(fc2_pre)
+
+
+def _saving_only(kept: torch.Tensor) -> contextlib.AbstractContextManager:
+    """Saved-tensor hooks for the ops of a fused activation (fc1's output to fc2's input): a saved
+    tensor of `kept`'s storage, or of one as large (fc1's output plus its bias: the activation's input
+    where the linear has a bias), is kept, as the fused kernel keeps its input; anything else they save
+    (unfused SwiGLU's SiLU output and its linear half plus offset) is kept as its shape alone and made
+    again, empty, when the backward asks for it. Fake tensors have no values to lose; the GPU's fused
+    kernel works the rest out in registers."""
+    kept_ref = weakref.ref(kept)  # hold nothing: fc1's output dies at once where a bias is added
+    kept_bytes = kept.untyped_storage().nbytes()
+
+    def pack(tensor: torch.Tensor):
+        if not isinstance(tensor, FakeTensor):
+            return tensor
+        storage, alive = tensor.untyped_storage(), kept_ref()
+        if storage.nbytes() == kept_bytes or (
+            alive is not None and storage._cdata == alive.untyped_storage()._cdata
+        ):
+            return tensor
+        return (tuple(tensor.shape), tuple(tensor.stride()), tensor.dtype, tensor.device)
+
+    def unpack(packed):
+        if isinstance(packed, torch.Tensor):
+            return packed
+        shape, stride, dtype, device = packed
+        return torch.empty_strided(shape, stride, dtype=dtype, device=device)
+
+    return torch.autograd.graph.saved_tensors_hooks(pack, unpack)
+
+
+def _stop_saving(saving: list[contextlib.AbstractContextManager]) -> None:
+    while saving:
+        saving.pop().__exit__(None, None, None)
 
 
 def _hook_bias_dropout_add(device: ModelledDevice, layer: TransformerLayer) -> None:
