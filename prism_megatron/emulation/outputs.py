@@ -31,6 +31,7 @@ from prism_megatron.report import (
 )
 from prism_megatron.report.agreement import agreements
 from prism_megatron.report.model import CaptureSummary
+from prism_megatron.report.timeline import DEFAULT_MAX_VIRTUAL_TRACKS, modelled_ranks
 
 
 def rank_results(directory: str) -> dict[int, dict[str, Any]]:
@@ -196,5 +197,12 @@ def write_plain(
 
 def write_final(plan: RunPlan, report: RunReport, sim_result=None):
     """report.md, timeline.json, the plots, then report.json (last: see `write_report`); returns
-    what was written."""
-    return write_report(report, plan.out_dir, sim_result=sim_result, layout=plan.layout)
+    what was written. On a modelled GPU the timeline draws the ranks --prism-ranks names first (the
+    ranks the user asked about), then the captured ones and one per role (`modelled_ranks`)."""
+    virtual_ranks = None
+    if plan.modelled and sim_result is not None:
+        asked = [r for r in plan.real_ranks if r not in report.real_ranks]
+        virtual_ranks = modelled_ranks(sim_result, [*asked, *report.real_ranks], DEFAULT_MAX_VIRTUAL_TRACKS)
+    return write_report(
+        report, plan.out_dir, sim_result=sim_result, layout=plan.layout, virtual_ranks=virtual_ranks
+    )

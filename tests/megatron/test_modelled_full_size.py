@@ -179,10 +179,11 @@ def compare(a: Path, b: Path) -> tuple[int, dict]:
 def runs(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("modelled-runs")
     paths = {"a": root / "a", "again": root / "again", "no_overlap": root / "no-overlap"}
+    asked = ("--prism-ranks", "0,37")  # 37: not a captured rank (the timeline must draw it)
     reports = {
-        "a": emulate(paths["a"], "--overlap-grad-reduce"),
-        "again": emulate(paths["again"], "--overlap-grad-reduce"),
-        "no_overlap": emulate(paths["no_overlap"]),
+        "a": emulate(paths["a"], "--overlap-grad-reduce", *asked),
+        "again": emulate(paths["again"], "--overlap-grad-reduce", *asked),
+        "no_overlap": emulate(paths["no_overlap"], *asked),
     }
     return {"paths": paths, "reports": reports}
 
@@ -198,6 +199,18 @@ def test_a_modelled_run_reports_what_it_is(runs):
     assert set(parts) == {"gemm", "attention", "memory", "launch", "exposed_communication", "pipeline_bubble"}
     assert sum(parts.values()) == pytest.approx(modelled["iteration_time_s"], rel=1e-6)
     assert report["prism"]["cluster"]["cluster"] == "dgx-h100"
+
+
+def test_a_modelled_run_s_timeline_draws_the_asked_ranks_the_captured_ones_and_one_per_role(runs):
+    report = runs["reports"]["a"]
+    with open(runs["paths"]["a"] / "timeline.json", encoding="utf-8") as f:
+        events = json.load(f)["traceEvents"]
+    names = {e["pid"]: e["args"]["name"] for e in events if e["name"] == "process_name"}
+    drawn = list(names)
+    assert drawn[0] == 37 and drawn[1 : 1 + len(report["real_ranks"])] == report["real_ranks"]
+    assert 37 not in report["real_ranks"]  # asked for, not captured: drawn from the simulation
+    assert all(name.endswith(" modelled") for name in names.values())
+    assert {e["pid"] for e in events if e["ph"] == "X"} == set(drawn)  # no empty track
 
 
 def test_two_modelled_runs_give_identical_numbers(runs):
