@@ -403,8 +403,11 @@ def compute_overheads(streams: Mapping[str, Sequence[Op]]) -> list[int]:
     return [op.overhead_ns for ops in streams.values() for op in ops if op.type == NodeType.COMPUTE]
 
 
-def _with_span(op: Op, duration_ns: int, overhead_ns: int) -> Op:
-    """A compute op with the median span and median overhead (the overhead never above the span)."""
+def with_span(op: Op, duration_ns: int, overhead_ns: int | None = None) -> Op:
+    """A compute op given another span (a median, a pooled one) and overhead (default: its own),
+    the overhead never above the span."""
+    if overhead_ns is None:
+        overhead_ns = op.overhead_ns
     if duration_ns < 0:
         raise ValueError(f"op {op.name!r}: a span of {duration_ns} ns")
     return derived(op, duration_ns=duration_ns, overhead_ns=min(overhead_ns, duration_ns))
@@ -438,8 +441,7 @@ def role_graph(capture: RankCapture, world: World, kinds: Sequence[str] = GROUP_
     )
     streams = {
         name: tuple(
-            _with_span(op, next(medians), next(overheads)) if op.type == NodeType.COMPUTE else op
-            for op in ops
+            with_span(op, next(medians), next(overheads)) if op.type == NodeType.COMPUTE else op for op in ops
         )
         for name, ops in first.items()
     }

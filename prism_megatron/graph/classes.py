@@ -33,7 +33,13 @@ import statistics
 from collections.abc import Mapping, Sequence
 
 from prism_megatron import files
-from prism_megatron.graph.capture import COMPUTE_NAME, compute_durations, first_difference, structure
+from prism_megatron.graph.capture import (
+    COMPUTE_NAME,
+    compute_durations,
+    first_difference,
+    structure,
+    with_span,
+)
 from prism_megatron.graph.printable import format_op
 from prism_megatron.graph.schedule import IDLE, StageOrder, Step, one_f_one_b
 from prism_megatron.graph.schema import (
@@ -330,13 +336,6 @@ class ClassProgram:
             name: tuple(with_span(op, next(values)) if op.type == NodeType.COMPUTE else op for op in ops)
             for name, ops in self._layout(member).streams.items()
         }
-
-
-def with_span(op: Op, duration_ns: int) -> Op:
-    """A compute op given another span; its host overhead (from the same work) kept within it."""
-    if duration_ns < 0:
-        raise ValueError(f"op {op.name!r}: a span of {duration_ns} ns")
-    return derived(op, duration_ns=duration_ns, overhead_ns=min(op.overhead_ns, duration_ns))
 
 
 def class_graphs(role_class: RoleClass, captured: Mapping[str, RoleGraph]) -> dict[str, RoleGraph]:

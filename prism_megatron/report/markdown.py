@@ -296,7 +296,8 @@ def _timeline(outputs: Mapping[str, str], skipped: Mapping[str, str], *, modelle
     if "timeline" in outputs:
         path = outputs["timeline"]
         drawn = (
-            "the simulated iteration of the captured ranks and of one rank per role, every time modelled"
+            "the simulated iteration of the ranks asked for, the captured ones and one rank per role, "
+            "every time modelled"
             if modelled
             else "the real ranks (measured) and of the virtual ranks around them (replayed)"
         )

@@ -14,8 +14,9 @@ the start of the last iteration the real ranks measured, so a real rank's wait l
 virtual peer it waited for. Which virtual ranks: by default each real rank's pipeline neighbours,
 tensor-parallel peers and data-, context- and expert-parallel neighbours, then one representative
 per role, at most `DEFAULT_MAX_VIRTUAL_TRACKS` (a trace of thousands of ranks helps nobody).
-On a modelled GPU no rank runs in real time: every track is the simulation's, named "modelled",
-the captured ranks first, then one representative per role (`modelled_ranks`).
+On a modelled GPU no rank runs in real time: every track is the simulation's, named "modelled":
+the ranks --prism-ranks names (a run's report passes them), the captured ranks, then one
+representative per role (`modelled_ranks`).
 
 The simulated spans are saved in the run folder (`files.SIMULATED_SPANS_FILE`) when the report is written, so
 `prism-megatron report RUN_DIR` redraws the same virtual tracks without simulating again.
@@ -107,8 +108,8 @@ def represented_ranks(
 
 
 def modelled_ranks(result: SimResult, captured_ranks: Iterable[int], limit: int) -> list[int]:
-    """The ranks a modelled GPU's timeline shows: the captured ranks, then one representative per
-    role. Every rank of a modelled run is simulated, and the ranks of a role share its modelled ops,
+    """The ranks a modelled GPU's timeline shows: `captured_ranks` (the run passes the ranks asked
+    for first), then one representative per role. Every rank of a modelled run is simulated, and the ranks of a role share its modelled ops,
     so `represented_ranks`' neighbours and peers would draw the same spans again (a 16,384-GPU
     job's timeline was 1.3 million spans, 210 MB, most of them repeats)."""
     world = result.problem.world

@@ -10,7 +10,7 @@ import dataclasses
 from collections.abc import Iterable, Iterator
 
 from prism_megatron.graph.printable import format_op
-from prism_megatron.graph.schema import NodeType
+from prism_megatron.graph.schema import NodeType, Op
 from prism_megatron.sim.engine import SimResult
 
 _CATEGORY = {
@@ -56,7 +56,7 @@ def spans(result: SimResult, virtual_ranks: Iterable[int]) -> Iterator[Span]:
             yield Span(rank, timing.stream, name, category, timing.start_ns, timing.end_ns, args)
 
 
-def _name(op) -> str:
+def _name(op: Op) -> str:
     name = op.name or (op.comm.name if op.comm is not None else op.type.name)
     if op.type != NodeType.COMPUTE and op.name:
         name = f"{op.comm.name if op.comm is not None else op.type.name}:{op.name}"
