@@ -19,8 +19,10 @@ On a modelled GPU (`--prism-device model:<gpu>`) a GPU runs each block as one fl
 (Transformer Engine's context-parallel attention calls its fused kernel per block): the modelled device
 sets `block_kernel`, and each block runs inside the scope it returns, charged as that kernel. Its
 tensors are fake (shapes, no values), so the block is not worked out op by op there: it allocates only
-the outputs the kernel writes (`_outputs_only`), as flash attention does, not the scores, and a 16-way
-context-parallel rank's capture spends its time on the rest of the program. None elsewhere.
+the outputs the kernel writes (`outputs_only`), as flash attention does, not the scores, and a 16-way
+context-parallel rank's capture spends its time on the rest of the program. The device also sets
+`memory_kernel`, the scope of one memory-bound kernel of so many bytes: the ring (`ring.py`) charges
+Transformer Engine's merging and accumulating kernels with it. Both None elsewhere.
 """
 
 from __future__ import annotations
@@ -34,13 +36,18 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor
 
 block_kernel: Callable[..., AbstractContextManager[None]] | None = None
-"""Set by a modelled device: (q, k, mask, backward) -> the scope its block's ops run in."""
+"""Set by a modelled device: (q shape [sq, b, heads, d], k shape [sk, b, groups, d], dtype, mask,
+backward) -> the scope of the block's flash-attention kernel."""
+memory_kernel: Callable[[int], AbstractContextManager[None]] | None = None
+"""Set by a modelled device: bytes read and written -> the scope of one memory-bound kernel."""
 
 
 def _kernel(
     q: torch.Tensor, k: torch.Tensor, mask: BlockMask, *, backward: bool
 ) -> AbstractContextManager[None]:
-    return contextlib.nullcontext() if block_kernel is None else block_kernel(q, k, mask, backward=backward)
+    if block_kernel is None:
+        return contextlib.nullcontext()
+    return block_kernel(q.shape, k.shape, q.dtype, mask, backward=backward)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,14 +103,14 @@ def block_forward(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One block's (output [sq, b, n, dv] float32, log-sum-exp [b, n, sq] float32)."""
     with _kernel(q, k, mask, backward=False):
-        if _outputs_only(q):
+        if outputs_only(q):
             sq, b, n, _ = q.shape
             out = q.new_empty((b, n, sq, v.shape[3]), dtype=torch.float32).permute(2, 0, 1, 3)
             return out, q.new_empty((b, n, sq), dtype=torch.float32)
         return _block_forward(q, k, v, scale, mask)
 
 
-def _outputs_only(q: torch.Tensor) -> bool:
+def outputs_only(q: torch.Tensor) -> bool:
     """A modelled GPU's block (`block_kernel` set) on fake tensors: nothing to compute but shapes."""
     return block_kernel is not None and isinstance(q, FakeTensor)
 
@@ -133,7 +140,7 @@ def block_backward(
     """Gradients (dq [sq, b, n, d], dk and dv [sk, b, g, d], float32) of one block, given the merged
     log-sum-exp of its query rows and delta = rowsum(dout * merged output), both [b, n, sq]."""
     with _kernel(q, k, mask, backward=True):
-        if _outputs_only(q):
+        if outputs_only(q):
             (sq, b, n, d), sk, g = q.shape, k.shape[0], k.shape[2]
             dq = q.new_empty((b, n, sq, d), dtype=torch.float32).permute(2, 0, 1, 3)
             dk, dv = (

@@ -21,17 +21,30 @@ round the CP group in CP steps, as Transformer Engine's `AttnFuncWithCPAndKVP2P`
 
 What is kept for the backward is what Transformer Engine keeps: the queries, the last keys and values
 received, the output and the log-sum-exp.
+
+On a modelled GPU (fake tensors, `attention_blocks.outputs_only`) the ring sends and waits exactly as
+above, and what runs between the exchanges is what Transformer Engine launches there, charged kernel
+by kernel and not worked out (nothing to compute on fake tensors; a 16-way ring runs hundreds of ops
+a layer otherwise): per step one flash-attention kernel, whose output and log-sum-exp it keeps in the
+input's dtype (`out_per_step`); the log-sum-exp merged step by step (a clone, then one jit-fused
+correction each: read both, write one) and the outputs merged after the ring (one fused correction
+per step: the step's output and the log-sum-exp in, the output read and written, written alone at
+the first step); backward, per step one flash-attention backward kernel (which works out the row sums
+of dO * O itself) and the gradients accumulated in the input's dtype, copied at the first step and
+added after (read two, write one). Transformer Engine's `AttnFuncWithCPAndKVP2P` and its
+`flash_attn_fwd_*_correction` functions (`attention/dot_product_attention/context_parallel.py`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 
 import torch
 import torch.distributed as dist
 
-from prism_megatron.megatron.layers import all_to_all
+from prism_megatron.megatron.layers import all_to_all, attention_blocks
 from prism_megatron.megatron.layers.attention_blocks import (
     BlockMask,
     Merge,
@@ -126,6 +139,82 @@ def _split(kv: torch.Tensor, k_shape: torch.Size, v_shape: torch.Size) -> tuple[
     return kv[:k_numel].view(k_shape), kv[k_numel:].view(v_shape)
 
 
+def _rows(part: slice, num_rows: int) -> int:
+    return len(range(num_rows)[part])
+
+
+def _bytes(*shape: int, dtype: torch.dtype) -> int:
+    return math.prod(shape) * dtype.itemsize
+
+
+def _charge(num_bytes: int) -> None:
+    """One memory-bound kernel on the modelled GPU: nothing runs, its time is charged."""
+    with attention_blocks.memory_kernel(num_bytes):
+        pass
+
+
+def _modelled_forward(q, k, v, ring: Ring, causal: bool, dropout_p: float, seeds):
+    """The forward on a modelled GPU: the same exchanges, Transformer Engine's kernels charged (see the
+    module docstring). Returns (output [s, b, n, dv] in q's dtype, log-sum-exp [b, n, s] float32, the
+    last keys and values received)."""
+    s, b, n, _ = q.shape
+    half, value_dim = s // 2, v.shape[3]
+    lse_bytes = _bytes(b, n, 1, dtype=torch.float32)  # per query row
+    row_bytes = _bytes(b, n, value_dim, dtype=q.dtype)
+    buffers = [torch.cat((k.reshape(-1), v.reshape(-1)))]
+    steps, requests = [], []
+    for i in range(ring.size):
+        _wait(requests)
+        if i < ring.size - 1:
+            buffers.append(torch.empty_like(buffers[i]))
+            requests = exchange(ring, buffers[i], ring.next_rank, buffers[i + 1], ring.prev_rank)
+        step = _step(i, ring, half, causal, dropout_p, seeds[i])
+        rows, keys = _rows(step.rows, s), _rows(step.key_rows, s)
+        q_shape, k_shape = (rows, b, n, q.shape[3]), (keys, *k.shape[1:])
+        with attention_blocks.block_kernel(q_shape, k_shape, q.dtype, step.mask, backward=False):
+            kept = (q.new_empty((rows, b, n, value_dim)), q.new_empty((b, n, rows), dtype=torch.float32))
+        _charge(lse_bytes * rows * (2 if i == 0 else 3))  # the log-sum-exp: cloned, then corrected
+        steps.append((rows, kept))
+    out = q.new_empty((s, b, n, value_dim))
+    for i, (rows, _) in enumerate(steps):  # the output's correction by each step
+        _charge(row_bytes * rows * (2 if i == 0 else 3) + 2 * lse_bytes * rows)
+    return out, q.new_empty((b, n, s), dtype=torch.float32), buffers[-1]
+
+
+def _modelled_backward(ctx, q, kv, dout):
+    """The backward on a modelled GPU: the same exchanges, Transformer Engine's kernels charged."""
+    ring, (s, b, n, head_dim) = ctx.ring, q.shape
+    half = s // 2
+    buffers = [kv.new_empty((2, kv.numel())), kv.new_empty((2, kv.numel()))]
+    buffers[0][0].copy_(kv)
+    dq = torch.empty_like(q)
+    requests = []
+    for i in range(ring.size):
+        _wait(requests)
+        send, recv = buffers[i % 2], buffers[(i + 1) % 2]
+        if i == 0:
+            send, recv = send[0], recv[0]
+        if i == ring.size - 1:
+            send, recv = send[1], recv[1]
+        requests = exchange(ring, send, ring.prev_rank, recv, ring.next_rank)
+        forward_step = ring.size - 1 - i
+        step = _step(forward_step, ring, half, ctx.causal, ctx.dropout_p, ctx.seeds[forward_step])
+        rows, keys = _rows(step.rows, s), _rows(step.key_rows, s)
+        q_shape, k_shape = (rows, b, n, head_dim), (keys, *ctx.k_shape[1:])
+        with attention_blocks.block_kernel(q_shape, k_shape, q.dtype, step.mask, backward=True):
+            grads = [q.new_empty(shape) for shape in (q_shape, k_shape, (keys, *ctx.v_shape[1:]))]
+        moved = 2 if i == 0 else 3  # copied at the first step (read, write), added after
+        dq_bytes, dk_bytes, dv_bytes = (g.numel() * g.element_size() for g in grads)
+        _charge(dq_bytes * moved)
+        _wait(requests)
+        requests = []
+        _charge(dk_bytes * moved)
+        _charge(dv_bytes * moved)
+        del grads
+    dk, dv = _split(buffers[ring.size % 2][1], ctx.k_shape, ctx.v_shape)
+    return dq, dk, dv
+
+
 class RingAttention(torch.autograd.Function):
     """softmax(q k^T scale) v over the whole sequence, for a rank holding two chunks of q, k and v.
 
@@ -139,23 +228,14 @@ class RingAttention(torch.autograd.Function):
         dtype = q.dtype
         if a2a_group is not None:  # hierarchical CP: heads over the a2a level first, then the ring
             q, k, v = (all_to_all.seq_to_heads(x, a2a_group) for x in (q, k, v))
-        half = q.shape[0] // 2
-        buffers = [torch.cat((k.reshape(-1), v.reshape(-1)))]
-        merge, requests = Merge(), []
-        for i in range(ring.size):
-            _wait(requests)
-            if i < ring.size - 1:
-                buffers.append(torch.empty_like(buffers[i]))
-                requests = exchange(ring, buffers[i], ring.next_rank, buffers[i + 1], ring.prev_rank)
-            k_i, v_i = _split(buffers[i], k.shape, v.shape)
-            step = _step(i, ring, half, causal, dropout_p, seeds[i])
-            out, lse = block_forward(q[step.rows], k_i[step.key_rows], v_i[step.key_rows], scale, step.mask)
-            merge.add(step.rows, out, lse)
-        out, lse = merge.result(q.shape[0])
-        out = out.to(dtype)
+        if attention_blocks.outputs_only(q):
+            out, lse, last_kv = _modelled_forward(q, k, v, ring, causal, dropout_p, seeds)
+        else:
+            out, lse, last_kv = _forward(q, k, v, ring, scale, causal, dropout_p, seeds)
+            out = out.to(dtype)
         if a2a_group is not None:
             out = all_to_all.heads_to_seq(out, a2a_group)
-        ctx.save_for_backward(q, buffers[-1], out, lse)
+        ctx.save_for_backward(q, last_kv, out, lse)
         ctx.ring, ctx.scale, ctx.causal, ctx.dropout_p, ctx.seeds = ring, scale, causal, dropout_p, seeds
         ctx.k_shape, ctx.v_shape, ctx.a2a_group = k.shape, v.shape, a2a_group
         return out
@@ -163,41 +243,68 @@ class RingAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout):
         q, kv, out, lse = ctx.saved_tensors
-        ring, half, a2a_group = ctx.ring, q.shape[0] // 2, ctx.a2a_group
         dout = dout.reshape(out.shape)
+        a2a_group = ctx.a2a_group
         if a2a_group is not None:
             out, dout = all_to_all.seq_to_heads(out, a2a_group), all_to_all.seq_to_heads(dout, a2a_group)
-        row_delta = delta(out, dout)
-        buffers = [kv.new_empty((2, kv.numel())), kv.new_empty((2, kv.numel()))]
-        buffers[0][0].copy_(kv)
-        dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
-        requests = []
-        for i in range(ring.size):
-            _wait(requests)
-            send, recv = buffers[i % 2], buffers[(i + 1) % 2]
-            if i == 0:
-                send, recv = send[0], recv[0]
-            if i == ring.size - 1:
-                send, recv = send[1], recv[1]
-            requests = exchange(ring, send, ring.prev_rank, recv, ring.next_rank)
-            forward_step = ring.size - 1 - i
-            step = _step(forward_step, ring, half, ctx.causal, ctx.dropout_p, ctx.seeds[forward_step])
-            k_i, v_i = _split(buffers[i % 2][0], ctx.k_shape, ctx.v_shape)
-            dq_i, dk_i, dv_i = block_backward(
-                q[step.rows], k_i[step.key_rows], v_i[step.key_rows], dout[step.rows],
-                lse[..., step.rows], row_delta[..., step.rows], ctx.scale, step.mask,
-            )  # fmt: skip
-            dq[step.rows] += dq_i
-            _wait(requests)
-            requests = []
-            dkv = buffers[(i + 1) % 2][1]
-            if i == 0:
-                dkv.zero_()  # it held nothing yet: step 0 received keys and values only
-            dk, dv = _split(dkv, ctx.k_shape, ctx.v_shape)
-            dk[step.key_rows] += dk_i.to(dk.dtype)
-            dv[step.key_rows] += dv_i.to(dv.dtype)
-        dk, dv = _split(buffers[ring.size % 2][1], ctx.k_shape, ctx.v_shape)
-        dq = dq.to(q.dtype)
+        if attention_blocks.outputs_only(q):
+            dq, dk, dv = _modelled_backward(ctx, q, kv, dout)
+        else:
+            dq, dk, dv = _backward(ctx, q, kv, out, lse, dout)
         if a2a_group is not None:
             dq, dk, dv = (all_to_all.heads_to_seq(g, a2a_group) for g in (dq, dk, dv))
         return dq, dk, dv, None, None, None, None, None, None
+
+
+def _forward(q, k, v, ring: Ring, scale: float, causal: bool, dropout_p: float, seeds):
+    """The forward worked out: (output [s, b, n, dv] float32, log-sum-exp, the last keys and values)."""
+    half = q.shape[0] // 2
+    buffers = [torch.cat((k.reshape(-1), v.reshape(-1)))]
+    merge, requests = Merge(), []
+    for i in range(ring.size):
+        _wait(requests)
+        if i < ring.size - 1:
+            buffers.append(torch.empty_like(buffers[i]))
+            requests = exchange(ring, buffers[i], ring.next_rank, buffers[i + 1], ring.prev_rank)
+        k_i, v_i = _split(buffers[i], k.shape, v.shape)
+        step = _step(i, ring, half, causal, dropout_p, seeds[i])
+        out, lse = block_forward(q[step.rows], k_i[step.key_rows], v_i[step.key_rows], scale, step.mask)
+        merge.add(step.rows, out, lse)
+    out, lse = merge.result(q.shape[0])
+    return out, lse, buffers[-1]
+
+
+def _backward(ctx, q, kv, out, lse, dout):
+    """The backward worked out: dq, dk, dv in q's dtype."""
+    ring, half = ctx.ring, q.shape[0] // 2
+    row_delta = delta(out, dout)
+    buffers = [kv.new_empty((2, kv.numel())), kv.new_empty((2, kv.numel()))]
+    buffers[0][0].copy_(kv)
+    dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    requests = []
+    for i in range(ring.size):
+        _wait(requests)
+        send, recv = buffers[i % 2], buffers[(i + 1) % 2]
+        if i == 0:
+            send, recv = send[0], recv[0]
+        if i == ring.size - 1:
+            send, recv = send[1], recv[1]
+        requests = exchange(ring, send, ring.prev_rank, recv, ring.next_rank)
+        forward_step = ring.size - 1 - i
+        step = _step(forward_step, ring, half, ctx.causal, ctx.dropout_p, ctx.seeds[forward_step])
+        k_i, v_i = _split(buffers[i % 2][0], ctx.k_shape, ctx.v_shape)
+        dq_i, dk_i, dv_i = block_backward(
+            q[step.rows], k_i[step.key_rows], v_i[step.key_rows], dout[step.rows],
+            lse[..., step.rows], row_delta[..., step.rows], ctx.scale, step.mask,
+        )  # fmt: skip
+        dq[step.rows] += dq_i
+        _wait(requests)
+        requests = []
+        dkv = buffers[(i + 1) % 2][1]
+        if i == 0:
+            dkv.zero_()  # it held nothing yet: step 0 received keys and values only
+        dk, dv = _split(dkv, ctx.k_shape, ctx.v_shape)
+        dk[step.key_rows] += dk_i.to(dk.dtype)
+        dv[step.key_rows] += dv_i.to(dv.dtype)
+    dk, dv = _split(buffers[ring.size % 2][1], ctx.k_shape, ctx.v_shape)
+    return dq.to(q.dtype), dk, dv

@@ -48,6 +48,7 @@ or a handler in `op_fusions` re-prices one op. Per flag:
 |---|---|---|
 | norms | (always) | `fuse_norms` here |
 | attention | (always) | the attention op itself |
+| the context-parallel ring's merges and gradient accumulations | (always) | `layers/ring.py` (`memory_kernel`) |
 | gradient accumulation into FP32 main grads | `--no-gradient-accumulation-fusion` | `modelled_fusions` (`op_fusions`) |
 | bias + GeLU / bias + SwiGLU | `--no-bias-gelu-fusion` / `--no-bias-swiglu-fusion` | `modelled_fusions` |
 | bias + dropout + residual add | `--no-bias-dropout-fusion` | `modelled_fusions` |
@@ -189,24 +190,29 @@ class ModelledDevice:
         self._host_ns, self._model_ns = [0], [self.now_ns()]
         timeline.set_time_map(self.modelled_at, on_mark=self.tick)
         attention_blocks.block_kernel = self.attention_block
+        attention_blocks.memory_kernel = self.memory_kernel
         try:
             with self.fake_mode, _Timed(self) as timed, memory.carried_by(timed):
                 yield self
         finally:
-            attention_blocks.block_kernel = None
+            attention_blocks.block_kernel = attention_blocks.memory_kernel = None
             timeline.set_time_map(None)
 
     def attention_block(
-        self, q: torch.Tensor, k: torch.Tensor, mask, *, backward: bool
+        self, q_shape: torch.Size, k_shape: torch.Size, dtype: torch.dtype, mask, *, backward: bool
     ) -> contextlib.AbstractContextManager[None]:
         """One context-parallel attention block ([s, b, heads, d] queries, [s, b, groups, d] keys) as
         the flash-attention kernel a GPU runs for it (`layers/attention_blocks.py`)."""
-        sq, batch, heads, head_dim = q.shape
+        sq, batch, heads, head_dim = q_shape
         time_ns = gpu_model.attention_time(
-            self.gpu, batch=batch, num_heads=heads, num_kv_heads=k.shape[2], seq_q=sq, seq_kv=k.shape[0],
-            head_dim=head_dim, causal=mask.causal, dtype=q.dtype, backward=backward,
+            self.gpu, batch=batch, num_heads=heads, num_kv_heads=k_shape[2], seq_q=sq, seq_kv=k_shape[0],
+            head_dim=head_dim, causal=mask.causal, dtype=dtype, backward=backward,
         )  # fmt: skip
         return self.fused_kernel(time_ns, "attention")
+
+    def memory_kernel(self, num_bytes: int) -> contextlib.AbstractContextManager[None]:
+        """One memory-bound kernel reading and writing `num_bytes` in all (`gpu_model.fused`)."""
+        return self.fused_kernel(fused.memory_kernel_time(self.gpu, num_bytes))
 
     @contextlib.contextmanager
     def fused_kernel(self, time_ns: int, kind: str = "memory") -> Iterator[None]:
