@@ -41,10 +41,6 @@ MODEL_COPY_BYTES = 2
 DROPOUT_MASK_BYTES = 1
 
 
-def _size(dtype: torch.dtype) -> int:
-    return torch.empty((), dtype=dtype, device="meta").element_size()
-
-
 def memory_kernel_time(gpu: GpuSpec, num_bytes: int) -> int:
     """One memory-bound kernel moving `num_bytes` through HBM, in ns."""
     if num_bytes < 0:
@@ -55,7 +51,7 @@ def memory_kernel_time(gpu: GpuSpec, num_bytes: int) -> int:
 def norm_bytes(
     *, tokens: int, hidden: int, dtype: torch.dtype, backward: bool, layer_norm: bool = False
 ) -> int:
-    e = _size(dtype)
+    e = dtype.itemsize
     weights = (2 if layer_norm else 1) * hidden * e
     stats = (2 if layer_norm else 1) * tokens * FP32_BYTES
     if not backward:
@@ -79,7 +75,7 @@ def activation_time(
 
     `ffn_hidden` is the activation's width (the FC2 input), per tensor-parallel rank.
     """
-    e = _size(dtype)
+    e = dtype.itemsize
     width_in = ffn_hidden * (2 if gated else 1)
     if not backward:
         moved = tokens * width_in * e + width_in * e + tokens * ffn_hidden * e
@@ -92,13 +88,13 @@ def rope_time(
     gpu: GpuSpec, *, tokens: int, heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype
 ) -> int:
     """Fused rotary embedding of q and k (forward and backward cost the same), in ns."""
-    e = _size(dtype)
+    e = dtype.itemsize
     return memory_kernel_time(gpu, 2 * tokens * (heads + kv_heads) * head_dim * e)
 
 
 def cross_entropy_time(gpu: GpuSpec, *, tokens: int, vocab: int, dtype: torch.dtype, backward: bool) -> int:
     """Fused (vocab-parallel) softmax cross-entropy forward or backward, `vocab` per rank, in ns."""
-    e = _size(dtype)
+    e = dtype.itemsize
     if not backward:
         moved = tokens * vocab * e + 3 * tokens * FP32_BYTES
     else:
@@ -117,7 +113,7 @@ def bias_dropout_add_time(
     gpu: GpuSpec, *, tokens: int, hidden: int, dtype: torch.dtype, bias: bool, dropout: bool, backward: bool
 ) -> int:
     """Fused bias + dropout + residual add (Megatron's jit-fused `bias_dropout_add`), in ns."""
-    e = _size(dtype)
+    e = dtype.itemsize
     activations = tokens * hidden
     mask = activations * DROPOUT_MASK_BYTES if dropout else 0
     if not backward:

@@ -174,10 +174,6 @@ def dtype_rate_scale(gpu: GpuSpec, dtype: torch.dtype) -> float:
     return gpu.fp16_flops_per_s / gpu.bf16_flops_per_s if dtype == torch.float16 else 1.0
 
 
-def _element_size(dtype: torch.dtype) -> int:
-    return torch.empty((), dtype=dtype, device="meta").element_size()
-
-
 @functools.cache
 def gemm_time(
     gpu: GpuSpec, m: int, n: int, k: int, dtype: torch.dtype, *, batch: int = 1, accumulate_fp32: bool = False
@@ -197,7 +193,7 @@ def gemm_time(
         waves_k * 2 * tm * tn * (math.ceil(k / split) + cal.k_overhead) / rate * 1e9 + reduce_ns
         for split, waves_k, reduce_ns in _splits(gpu, m, n, k, batch, tiles, waves)
     )
-    size = _element_size(dtype)
+    size = dtype.itemsize
     c_bytes = 2 * FP32_BYTES if accumulate_fp32 else size
     memory_ns = ((m * k + k * n) * size + m * n * c_bytes) * batch / gpu.achievable_hbm_bytes_per_s * 1e9
     return round(cal.fixed_ns + max(compute_ns, memory_ns))
