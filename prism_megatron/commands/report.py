@@ -104,10 +104,24 @@ def _simulated_from_graph(run_dir: str, report):
         compute_slowdown=compute_slowdown_of(device),
     )
     print(f"virtual tracks: simulated {graph_dir} over cluster {cluster!r} (the run saved none)")
+    shown = list(report.real_ranks)
+    if report.modelled is not None:  # the ranks --prism-ranks asked for first, as the run drew them
+        shown = [*_asked_ranks(emulation.get("ranks"), graph.metadata.layout, shown), *shown]
     ranks = timeline_ranks(
-        result, report.real_ranks, modelled=report.modelled is not None, limit=DEFAULT_MAX_VIRTUAL_TRACKS
+        result, shown, modelled=report.modelled is not None, limit=DEFAULT_MAX_VIRTUAL_TRACKS
     )
     return SimulatedTracks.from_result(result, ranks)
+
+
+def _asked_ranks(spec: str | None, layout: dict, captured: list[int]) -> list[int]:
+    """The ranks the run's --prism-ranks selected that no process captured (a modelled run captures
+    one rank per class and draws the asked ones beside them)."""
+    from prism_megatron.graph.world import world_from_metadata
+    from prism_megatron.topology.selection import select_ranks
+
+    if not spec:
+        return []
+    return [r for r in select_ranks(world_from_metadata(layout).layout, spec) if r not in captured]
 
 
 def _stragglers(text: str | None) -> dict[int, float]:

@@ -17,7 +17,7 @@ LAYOUT = Layout(world_size=16, tp=2, pp=2)
 SPEC = PipelineSpec(num_microbatches=2, fwd_ns=1_000_000, bwd_ns=2_000_000, activation_bytes=1 << 16)
 
 
-def _run_dir(tmp_path, *, with_sim=True):
+def _run_dir(tmp_path, *, with_sim=True, modelled=None, asked=None):
     out = str(tmp_path / "run")
     graph = layout_pipeline_graph(LAYOUT, SPEC)
     iterations = iterations_from_times([0.2, 0.1], num_warmup=1)
@@ -27,7 +27,8 @@ def _run_dir(tmp_path, *, with_sim=True):
         iterations=iterations,
         iteration_time_s=0.1,
         ranks={2: RankReport(virtual_rank=2, peak_memory_allocated_bytes=1 << 20)},
-        prism={"cluster": {"cluster": "default"}, "emulation": {"straggler": None}},
+        prism={"cluster": {"cluster": "default"}, "emulation": {"straggler": None, "ranks": asked}},
+        modelled=modelled,
     )
     result = simulate(graph, LayoutWorld(LAYOUT), AlphaBetaCost(latency_ns=1000)) if with_sim else None
     write_report(report, out, sim_result=result)
@@ -85,6 +86,31 @@ def test_without_saved_virtual_tracks_the_graph_of_the_run_is_simulated(capsys, 
     with open(os.path.join(out, "timeline.json")) as f:
         names = [e["args"]["name"] for e in json.load(f)["traceEvents"] if e["name"] == "process_name"]
     assert "rank 3 (tp=1 pp=0 dp=1) virtual, replayed" in names  # rank 2's TP peer
+
+
+def _process_names(out: str) -> list[str]:
+    with open(os.path.join(out, "timeline.json")) as f:
+        return [e["args"]["name"] for e in json.load(f)["traceEvents"] if e["name"] == "process_name"]
+
+
+@pytest.mark.parametrize("asked", [None, "13,2"])
+def test_a_modelled_run_simulated_again_draws_the_ranks_it_was_asked_about(capsys, tmp_path, asked):
+    """A modelled run draws --prism-ranks beside the captured ranks (`emulation.outputs.write_final`);
+    re-rendered from its graph, it draws them again."""
+    from prism_megatron.report.modelled import ModelledReport
+
+    modelled = ModelledReport(
+        gpu="h100", gpu_name="H100 SXM", peak_tflops=989.4, iteration_time_s=0.1, tflops_per_gpu=1.0,
+        mfu=0.001, tokens_per_s_per_gpu=1.0, critical_role="pp0",
+        time_by_kind_s={"gemm": 0.05, "attention": 0.0, "memory": 0.0, "launch": 0.0,
+                        "exposed_communication": 0.0, "pipeline_bubble": 0.05},
+    )  # fmt: skip
+    out = _run_dir(tmp_path, modelled=modelled, asked=asked)
+    os.unlink(os.path.join(out, files.SIMULATED_SPANS_FILE))
+    status, text, _ = _cli(capsys, ["report", out])
+    assert status == 0 and "virtual tracks: simulated" in text
+    drawn = [name for name in _process_names(out) if name.startswith("rank 13 ")]
+    assert len(drawn) == (1 if asked else 0)  # not a role's representative: drawn only when asked
 
 
 @pytest.mark.parametrize("argv", [["report", "no-such-dir"], ["report", "no-such-dir", "--check"]])
