@@ -8,6 +8,15 @@ metadata that way. These records run those calls with the dispatch modes switche
 byte tensors are real and small, exactly as without prism; tensors the program computes never go
 through them. No extension point reaches them: the calls are torch.distributed's module functions.
 
+RoPE (`modelled.rope`): with the rotary fusion on, a GPU applies RoPE as Transformer Engine's one
+fused kernel, and the modelled device charges that kernel over the whole region between the QKV
+projection and core attention (`megatron/run/modelled_fusions.py`); megatron-core's unfused RoPE,
+which the program runs without Transformer Engine, is a dozen ops each way per tensor, none of them
+charged there, and keeps its cos and sin tables for the backward, which the fused kernel does not.
+Inside a fused kernel's scope on fake tensors (`inside_fused_kernel`, set by the modelled device),
+`apply_rotary_pos_emb` gives a tensor of the unfused result's shape, dtype and layout (its gradient
+likewise) and keeps nothing; elsewhere, and under `--no-rope-fusion`, it is megatron-core's.
+
 Without Transformer Engine or apex, megatron-core's gradient norm falls back to
 `local_multi_tensor_l2_norm`, which builds a tensor from the per-tensor norms' Python values (a read
 of each) and then reads the total once more: impossible on fake tensors, and on a GPU it is one fused
@@ -59,6 +68,57 @@ RECORDS: tuple[Patch, ...] = tuple(
         "and reads them back with .numpy(), which fake tensors cannot; it runs outside the fake mode",
     )
     for name in OBJECT_COLLECTIVES
+)
+
+
+inside_fused_kernel: Callable[[], bool] | None = None
+"""Set by the modelled device while it runs the program: whether an op now runs inside a fused
+kernel's scope (charged as that kernel, its own ops not)."""
+
+
+class _RopeShapes(torch.autograd.Function):
+    """RoPE as the fused kernel holds it, on fake tensors: the output and the gradient are contiguous
+    tensors of the input's shape and dtype (what the unfused form's final concatenation gives), and
+    nothing is saved."""
+
+    @staticmethod
+    def forward(ctx, t: torch.Tensor) -> torch.Tensor:
+        ctx.shape = t.shape
+        return t.new_empty(t.shape)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        return grad.new_empty(ctx.shape)
+
+
+def _fused_rope(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def apply_rotary_pos_emb(t: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        if isinstance(t, FakeTensor) and inside_fused_kernel is not None and inside_fused_kernel():
+            return _RopeShapes.apply(t)
+        return original(t, *args, **kwargs)
+
+    return apply_rotary_pos_emb
+
+
+_ROPE_SIGNATURE = (
+    "(t: 'Tensor', freqs: 'Tensor', config: 'TransformerConfig', cu_seqlens: 'Optional[Tensor]' = None, "
+    "mscale: 'float' = 1.0, cp_group: 'torch.distributed.ProcessGroup' = None"
+)
+
+ROPE: tuple[Patch, ...] = variants(
+    name="modelled.rope",
+    target="megatron.core.models.common.embeddings.rope_utils:apply_rotary_pos_emb",
+    make=_fused_rope,
+    importers=("megatron.core.transformer.attention",),
+    reason="--prism-device model:<gpu>: inside the fused RoPE kernel's scope the unfused form's ops are "
+    "not charged; on fake tensors it gives the result's shape alone and keeps no cos/sin tables, as the "
+    "fused kernel keeps none (a dozen fake-tensor ops each way per tensor and layer otherwise)",
+    count_calls=False,
+    by_release={
+        MEGATRON_CORE_0_16: {"signature": _ROPE_SIGNATURE + ")"},
+        MEGATRON_CORE_0_19: {"signature": _ROPE_SIGNATURE + ", mla_rotary_interleaved: 'bool' = False)"},
+    },
 )
 
 
@@ -153,6 +213,7 @@ DATA_FROM_WORKER = Patch(
 
 ALL_RECORDS: tuple[Patch, ...] = (
     *RECORDS,
+    *ROPE,
     L2_NORM,
     MODULE_APPLY,
     *DATA_WORKER,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 
 from prism_megatron import gpu_model
@@ -327,3 +329,42 @@ def test_a_norm_on_a_modelled_gpu_keeps_what_the_fused_kernel_keeps_and_costs_th
         layer_norm=norm_type == "LayerNorm",
     )  # fmt: skip
     assert fused_norm_ns <= forward_ns <= fused_norm_ns + 10  # the fused kernel alone (marks add 1 ns)
+
+
+def test_rope_inside_the_fused_kernel_is_its_result_s_shape_alone_and_keeps_no_tables():
+    """With the rotary fusion on, the modelled device charges TE's fused RoPE over the region around
+    `apply_rotary_pos_emb` (`modelled_fusions`); there the unfused form's ops go uncharged, so the
+    patch gives the result's shape alone and, like the fused kernel, saves nothing for the backward.
+    Outside a fused scope (`--no-rope-fusion`) megatron-core's RoPE runs and is charged."""
+    import torch
+    from megatron.core.models.common.embeddings import rope_utils
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    from prism_megatron.megatron.run.modelled_device import ModelledDevice
+    from prism_megatron.patches import modelled_device as modelled_patches
+
+    s, b, n, d = 64, 2, 4, 32
+    config = TransformerConfig(num_layers=1, hidden_size=n * d, num_attention_heads=n)
+    apply = modelled_patches._fused_rope(rope_utils.apply_rotary_pos_emb)
+    device = ModelledDevice("h100")
+
+    def run(fused: bool):
+        saved = []
+        before = device.by_kind_ns()
+        scope = device.fused_kernel(0) if fused else contextlib.nullcontext()
+        with torch.autograd.graph.saved_tensors_hooks(lambda x: saved.append(x) or x, lambda x: x), scope:
+            out = apply(t, freqs, config, cp_group=object())
+        (grad,) = torch.autograd.grad(out, t, torch.empty_like(out))  # an allocation: no kernel
+        charged = sum(device.by_kind_ns().values()) - sum(before.values())
+        return out, grad, saved, charged
+
+    with device.active():
+        t = torch.empty(s, b, n, d, dtype=torch.bfloat16).transpose(1, 2).transpose(1, 2).requires_grad_()
+        freqs = torch.empty(s, 1, 1, d, dtype=torch.float32)
+        unfused, unfused_grad, unfused_saved, unfused_ns = run(fused=False)
+        fused, fused_grad, fused_saved, fused_ns = run(fused=True)
+    assert modelled_patches.inside_fused_kernel is None  # only while the device is active
+    for a, b_ in ((fused, unfused), (fused_grad, unfused_grad)):
+        assert (a.shape, a.dtype, a.stride()) == (b_.shape, b_.dtype, b_.stride())
+    assert fused_saved == [] and unfused_saved  # the unfused form keeps its cos and sin
+    assert unfused_ns > 0 and fused_ns == 0  # the ops charged outside a scope; none inside

@@ -83,6 +83,7 @@ from prism_megatron import gpu_model
 from prism_megatron.gpu_model import fused
 from prism_megatron.megatron.layers import attention_blocks
 from prism_megatron.passes import memory
+from prism_megatron.patches import modelled_device as modelled_patches
 from prism_megatron.replay import timeline
 
 CLOCK_ORIGIN_NS = 1_000_000_000
@@ -191,11 +192,13 @@ class ModelledDevice:
         timeline.set_time_map(self.modelled_at, on_mark=self.tick)
         attention_blocks.block_kernel = self.attention_block
         attention_blocks.memory_kernel = self.memory_kernel
+        modelled_patches.inside_fused_kernel = self.inside_fused_kernel
         try:
             with self.fake_mode, _Timed(self) as timed, memory.carried_by(timed):
                 yield self
         finally:
             attention_blocks.block_kernel = attention_blocks.memory_kernel = None
+            modelled_patches.inside_fused_kernel = None
             timeline.set_time_map(None)
 
     def attention_block(
@@ -213,6 +216,10 @@ class ModelledDevice:
     def memory_kernel(self, num_bytes: int) -> contextlib.AbstractContextManager[None]:
         """One memory-bound kernel reading and writing `num_bytes` in all (`gpu_model.fused`)."""
         return self.fused_kernel(fused.memory_kernel_time(self.gpu, num_bytes))
+
+    def inside_fused_kernel(self) -> bool:
+        """Whether an op now runs inside a `fused_kernel` scope (not charged)."""
+        return self.num_fused_scopes > 0
 
     @contextlib.contextmanager
     def fused_kernel(self, time_ns: int, kind: str = "memory") -> Iterator[None]:
