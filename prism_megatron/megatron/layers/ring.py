@@ -153,6 +153,31 @@ def _charge(num_bytes: int) -> None:
         pass
 
 
+def _backward_buffers(kv: torch.Tensor) -> list[torch.Tensor]:
+    """The backward's two [2, kv] buffers (keys and values, their gradient), the first holding `kv`."""
+    buffers = [kv.new_empty((2, kv.numel())), kv.new_empty((2, kv.numel()))]
+    buffers[0][0].copy_(kv)
+    return buffers
+
+
+def _backward_step(ctx, i: int, half: int) -> _Step:
+    """Backward step `i` is forward step CP - 1 - i (the blocks visited in reverse)."""
+    forward_step = ctx.ring.size - 1 - i
+    return _step(forward_step, ctx.ring, half, ctx.causal, ctx.dropout_p, ctx.seeds[forward_step])
+
+
+def _backward_exchange(ring: Ring, buffers: list[torch.Tensor], i: int) -> list:
+    """Step `i` of the backward's ring (to the previous rank, from the next), on two [2, kv] buffers
+    of keys and values and their gradient: the keys and values alone at the first step, the gradient
+    alone at the last, both between."""
+    send, recv = buffers[i % 2], buffers[(i + 1) % 2]
+    if i == 0:
+        send, recv = send[0], recv[0]
+    if i == ring.size - 1:
+        send, recv = send[1], recv[1]
+    return exchange(ring, send, ring.prev_rank, recv, ring.next_rank)
+
+
 def _modelled_forward(q, k, v, ring: Ring, causal: bool, dropout_p: float, seeds):
     """The forward on a modelled GPU: the same exchanges, Transformer Engine's kernels charged (see the
     module docstring). Returns (output [s, b, n, dv] in q's dtype, log-sum-exp [b, n, s] float32, the
@@ -185,20 +210,13 @@ def _modelled_backward(ctx, q, kv, dout):
     """The backward on a modelled GPU: the same exchanges, Transformer Engine's kernels charged."""
     ring, (s, b, n, head_dim) = ctx.ring, q.shape
     half = s // 2
-    buffers = [kv.new_empty((2, kv.numel())), kv.new_empty((2, kv.numel()))]
-    buffers[0][0].copy_(kv)
+    buffers = _backward_buffers(kv)
     dq = torch.empty_like(q)
     requests = []
     for i in range(ring.size):
         _wait(requests)
-        send, recv = buffers[i % 2], buffers[(i + 1) % 2]
-        if i == 0:
-            send, recv = send[0], recv[0]
-        if i == ring.size - 1:
-            send, recv = send[1], recv[1]
-        requests = exchange(ring, send, ring.prev_rank, recv, ring.next_rank)
-        forward_step = ring.size - 1 - i
-        step = _step(forward_step, ring, half, ctx.causal, ctx.dropout_p, ctx.seeds[forward_step])
+        requests = _backward_exchange(ring, buffers, i)
+        step = _backward_step(ctx, i, half)
         rows, keys = _rows(step.rows, s), _rows(step.key_rows, s)
         q_shape, k_shape = (rows, b, n, head_dim), (keys, *ctx.k_shape[1:])
         with attention_blocks.block_kernel(q_shape, k_shape, q.dtype, step.mask, backward=True):
@@ -278,20 +296,13 @@ def _backward(ctx, q, kv, out, lse, dout):
     """The backward worked out: dq, dk, dv in q's dtype."""
     ring, half = ctx.ring, q.shape[0] // 2
     row_delta = delta(out, dout)
-    buffers = [kv.new_empty((2, kv.numel())), kv.new_empty((2, kv.numel()))]
-    buffers[0][0].copy_(kv)
+    buffers = _backward_buffers(kv)
     dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
     requests = []
     for i in range(ring.size):
         _wait(requests)
-        send, recv = buffers[i % 2], buffers[(i + 1) % 2]
-        if i == 0:
-            send, recv = send[0], recv[0]
-        if i == ring.size - 1:
-            send, recv = send[1], recv[1]
-        requests = exchange(ring, send, ring.prev_rank, recv, ring.next_rank)
-        forward_step = ring.size - 1 - i
-        step = _step(forward_step, ring, half, ctx.causal, ctx.dropout_p, ctx.seeds[forward_step])
+        requests = _backward_exchange(ring, buffers, i)
+        step = _backward_step(ctx, i, half)
         k_i, v_i = _split(buffers[i % 2][0], ctx.k_shape, ctx.v_shape)
         dq_i, dk_i, dv_i = block_backward(
             q[step.rows], k_i[step.key_rows], v_i[step.key_rows], dout[step.rows],
