@@ -5,7 +5,8 @@
 # prebuilt module carried in .prebuilt/ when it was built from these sources for this torch (`make
 # prebuilt-gpu`), else a forced build there (the fallback), and a check that the module has CUDA.
 # Then the stages, the most important first, each once and time-boxed, the whole run inside a budget
-# (default 420 s): the main claim (a rank without prism against the same rank emulated), stream
+# (default 420 s): the main claim (a rank without prism against the same rank emulated), the GPU
+# model's kernel times against the same kernels on this GPU, stream
 # order to a collective's consumer, more than 32 jobs of two real ranks on one GPU, the op families,
 # the wait kernel, the memory ground truth, the GPT capture against the profiler, tests/gpu, stream
 # overlap, a Llama-3-8B rank, the CPU waits. A step that crashes (SIGSEGV, SIGABRT, SIGBUS, SIGFPE,
@@ -42,10 +43,12 @@ while (($#)); do
 done
 
 # The measured stages, most important first: "name limit_s needs", needs one of gpu (a GPU only),
-# any (the GPU, or the CPU in a dry run), megatron (any, and megatron-core importable).
+# any (the GPU, or the CPU in a dry run), megatron (any, and megatron-core importable), gpu+megatron
+# (a GPU and megatron-core).
 STAGES=(
   "smoke 120 any"
   "main_claim 200 megatron"
+  "model_kernels 75 gpu+megatron"
   "stream_ordering 40 any"
   "shared_gpu_jobs 60 any"
   "backend_ops 60 any"
@@ -153,6 +156,9 @@ can_run() {  # NAME NEEDS
   ((have_backend)) || { echo "no build of prism_megatron._C with the backend"; return 1; }
   case "$2" in
     gpu) ((have_gpu)) || { ((dry_run)) && echo "dry run: needs a GPU" || echo "no GPU or no CUDA build"; return 1; } ;;
+    gpu+megatron)
+      ((have_megatron)) || { echo "megatron-core not importable"; return 1; }
+      ((have_gpu)) || { ((dry_run)) && echo "dry run: needs a GPU" || echo "no GPU or no CUDA build"; return 1; } ;;
     megatron) ((have_megatron)) || { echo "megatron-core not importable"; return 1; } ;&
     any) ((dry_run || have_gpu)) || { echo "no GPU or no CUDA build"; return 1; } ;;
   esac

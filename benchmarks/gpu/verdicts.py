@@ -22,6 +22,8 @@ The checks and their bounds:
 * a collective's consumer ordered by streams alone, and the host not blocked (``stream_ordering``);
 * the main claim (``main_claim``): compute per iteration and per span within 2 %, iteration within 1 %
   of its simulation, the allocator's peak equal to the run without prism and within 5 % of the plan;
+* the GPU model's kernel times against this GPU's (``model_kernels``): median |error| <= 10 % over
+  the configurations' GEMMs, <= 15 % over cuDNN attention, copies of >= 16 MiB within 10 %;
 * wait-kernel error: median <= 2 us for every wait of >= 100 us (``wait_precision``);
 * memory ground truth: TP2 x DP2 against 1 real + 3 virtual, peaks identical (``memory_ground_truth``);
 * the built-in GPT captured on the GPU: spans within 2 % of torch.profiler (``gpt_capture_profile``);
@@ -103,6 +105,13 @@ def main_claim(result: dict, part: str) -> Verdict:
     return ("PASS" if holds else "FAIL"), evidence
 
 
+def model_kernels(result: dict, family: str) -> Verdict:
+    from benchmarks.gpu.model_kernels import verdicts as kernel_verdicts
+
+    holds, evidence = kernel_verdicts(result)[family]
+    return ("PASS" if holds else "FAIL"), evidence
+
+
 def wait_precision(result: dict) -> Verdict:
     judged = [r for r in result["rows"] if r["target_us"] >= WAIT_FROM_US]
     if not judged:
@@ -148,6 +157,11 @@ CHECKS: dict[str, tuple[Check, ...]] = {
     "main_claim": tuple(
         Check(label=f"main claim: {part}", judge=lambda r, p=part: main_claim(r, p), timing=part != "memory")
         for part in ("compute", "spans", "iteration", "memory", "plan")
+    ),
+    "model_kernels": (
+        Check(label="GPU model: GEMMs, median within 10 %", judge=lambda r: model_kernels(r, "gemm"), timing=True),
+        Check(label="GPU model: cuDNN attention, median within 15 %", judge=lambda r: model_kernels(r, "attention"), timing=True),
+        Check(label="GPU model: copies >= 16 MiB within 10 %", judge=lambda r: model_kernels(r, "copy"), timing=True),
     ),
     "stream_ordering": (
         Check(label="consumer ordered by streams, reads the result", judge=stream_order, timing=False),

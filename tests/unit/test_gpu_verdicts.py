@@ -167,3 +167,30 @@ def test_the_main_claim_has_a_row_per_part_and_spans_of_another_structure_fail(t
     assert rows["main claim: spans"][0] == "FAIL" and "9 alone, 10 emulated" in rows["main claim: spans"][1]
     dry = by_label(verdicts.verdicts(str(tmp_path), ["main_claim"], dry_run=True))
     assert dry["main claim: spans"][0] == "CPU" and dry["main claim: memory"][0] == "PASS"
+
+
+def test_the_gpu_models_kernels_are_judged_per_family_by_the_median_and_copies_by_the_worst(tmp_path):
+    def row(kind, error, shape="1x1x1"):
+        return {"kind": kind, "config": "c", "op": "fwd", "shape": shape, "error_pct": error}
+
+    gemms = [row("gemm", e) for e in (-3.0, 4.0, 12.0)]  # median |error| 4 %: within 10 %
+    attention = [row("attention cuDNN", e) for e in (16.0, -20.0, 2.0)]  # median 16 %: beyond 15 %
+    copies = [row("copy", 40.0, "64 KiB"), row("copy", -6.0, "16384 KiB"), row("copy", 9.0, "2097152 KiB")]
+    rows = [
+        *gemms,
+        *attention,
+        *copies,
+        {"kind": "attention cuDNN", "config": "c", "op": "bwd", "error": "x"},
+    ]
+    from benchmarks.gpu.model_kernels import summaries
+
+    steps(tmp_path, ("model_kernels", "ok", ""))
+    write(tmp_path, "model_kernels", "model_kernels", {"rows": rows, "summary": summaries(rows)})
+    got = by_label(verdicts.verdicts(str(tmp_path), ["model_kernels"]))
+    assert got["GPU model: GEMMs, median within 10 %"][0] == "PASS"
+    assert got["GPU model: cuDNN attention, median within 15 %"][0] == "FAIL"
+    # The 64 KiB copy is launch-bound and not judged; the worst judged one is +9 %.
+    assert got["GPU model: copies >= 16 MiB within 10 %"] == ("PASS", "worst +9.0 % (2097152 KiB)")
+    # In a dry run the same numbers are the CPU's and never judged.
+    dry = by_label(verdicts.verdicts(str(tmp_path), ["model_kernels"], dry_run=True))
+    assert {dry[label][0] for label in got if label.startswith("GPU model")} == {"CPU"}
