@@ -12,17 +12,24 @@
 // The real part:
 //   - NCCL (the real members on distinct GPUs): issued on the host with the issuing stream current
 //     (NCCL orders itself after it); the backend's stream waits for NCCL's on the device.
-//   - gloo (several real members sharing one GPU, where NCCL refuses a duplicate device; and the
-//     test device): issued on the host in program order; a helper thread of the backend waits for
-//     it (and, on the test device, runs the local part after it), then sets a host flag that a
-//     wait-flag kernel on the backend's stream spins on. The host never blocks; the device waits.
+//   - gloo collectives (several real members sharing one GPU, where NCCL refuses a duplicate
+//     device; and the test device): issued on the host in program order, and the host waits for
+//     them there, as gloo itself makes a caller wait; then our stream waits for gloo's copy back on
+//     the device. This blocks the host, and only among real members sharing a GPU.
 //   - p2p between real ranks sharing one GPU: gloo cannot send CUDA tensors, so the transfer is
 //     staged through the host: a send copies its tensor to pinned host memory at issue (the host
-//     waits for the issuing stream there: the one place this path blocks the host, and only for
-//     real pipeline neighbours sharing a GPU), a recv lands in pinned host memory and the helper
-//     thread copies it to the device before setting the flag.
+//     waits for the issuing stream there), a recv lands in pinned host memory. The host does not
+//     wait for the transfer (a batch of sends and receives between two neighbours must all be
+//     issued before any completes): a helper thread of the backend waits for gloo, then sets a
+//     host flag that a wait-flag kernel on the backend's stream spins on; a recv's copy to the
+//     device is queued behind that kernel at issue.
 //   - The consistency check among real members (kind, bytes, dtype, seq) is issued with the real
-//     part and checked by the helper thread.
+//     part and checked with it.
+// Why the flag is set by host work alone: CUDA serialises device work queued after a page-locked
+// host allocation or a device allocation (any thread of the process: gloo's staging buffers, the
+// caching allocator) behind all work queued before it. A flag whose setter first needed device
+// work of its own (a copy back, a stream synchronisation) could then wait for the very kernel that
+// spins on the flag: the first run on an H200 hung so, with two real ranks on one GPU.
 //
 // Safety: a host watchdog thread watches every op in flight on a device. An op whose real part
 // failed, or that has not completed --prism-timeout after its issue, fails the run: the watchdog
@@ -257,6 +264,19 @@ void clear_device_failure() {
   timeline::clear_abort();
 }
 
+// Waits for an op's real steps in order, each bounded by what is left of the op's timeout, and runs
+// each step's check after it.
+void wait_real_steps(std::vector<RealStep>& steps, const DeviceOp& op) {
+  const int64_t limit_ns = op.issue_host_ns + op.timeout_ns;
+  for (auto& step : steps) {
+    const int64_t remaining_ns = std::max<int64_t>(limit_ns - clock::now_ns(), 1'000'000);
+    step.work->wait(std::chrono::milliseconds((remaining_ns + 999'999) / 1'000'000));
+    if (step.then) {
+      step.then();
+    }
+  }
+}
+
 // What the helper thread does for one op: wait for its real steps, run what follows them, flag it.
 struct HostJob {
   std::vector<RealStep> steps;
@@ -315,14 +335,7 @@ class RealPartWaiter {
                                                        static_cast<c10::DeviceIndex>(job.device_index)));
       }
 #endif
-      const int64_t limit_ns = job.op->issue_host_ns + job.op->timeout_ns;
-      for (auto& step : job.steps) {
-        const int64_t remaining_ns = std::max<int64_t>(limit_ns - clock::now_ns(), 1'000'000);
-        step.work->wait(std::chrono::milliseconds((remaining_ns + 999'999) / 1'000'000));
-        if (step.then) {
-          step.then();
-        }
-      }
+      wait_real_steps(job.steps, *job.op);
       if (job.after) {
         at::AutoDispatchBelowAutograd below_autograd;
         job.after();
@@ -443,7 +456,7 @@ c10::intrusive_ptr<c10d::Work> PrismBackend::issue_staged_p2p(OpPlan& plan, std:
   auto work = real_->recv(staged, peer, plan.tag);
   unstage = [targets = plan.p2p_tensors, staged]() mutable {
     for (size_t i = 0; i < targets.size(); ++i) {
-      targets[i].copy_(staged[i], /*non_blocking=*/true);  // on the helper's stream, synchronised after
+      targets[i].copy_(staged[i], /*non_blocking=*/true);  // on our stream; the host allocator keeps staged[i] until it ran
     }
   };
   return work;
@@ -508,7 +521,7 @@ c10::intrusive_ptr<c10d::Work> PrismBackend::launch_on_device(device::Queue* que
       job.steps.push_back(consistency_step(*owned, spec.seq, nccl ? owned->device : at::Device(at::kCPU)));
     }
     c10::intrusive_ptr<c10d::Work> real_work;
-    std::function<void()> unstage;  // a staged recv: host buffer to the device, on the helper thread
+    std::function<void()> unstage;  // a staged recv: host buffer to the device, on our stream after the flag
     if (real_part && is_p2p && !nccl && device_index >= 0 && owned->real_peer >= 0) {
       real_work = issue_staged_p2p(*owned, unstage);
     } else if (real_part && owned->issue_real) {
@@ -523,14 +536,34 @@ c10::intrusive_ptr<c10d::Work> PrismBackend::launch_on_device(device::Queue* que
           c10::cuda::getStreamFromExternal(reinterpret_cast<cudaStream_t>(stream), static_cast<c10::DeviceIndex>(device_index)));
       real_work->wait();  // our stream waits for NCCL's; the host does not
 #endif
+    } else if (real_work && !is_p2p) {
+      // gloo among real members sharing the device: the host waits for the real part here, as gloo
+      // itself would, and our stream then waits for gloo's copy back on the device. Never a device
+      // wait for a flag that host work sets later: see the file comment (implicit synchronisation).
+      job.steps.push_back(RealStep{std::move(real_work), nullptr});
+#ifdef PRISM_WITH_CUDA
+      std::optional<c10::cuda::CUDAStreamGuard> on_stream;
+      if (!queue->data_on_host()) {
+        on_stream.emplace(c10::cuda::getStreamFromExternal(reinterpret_cast<cudaStream_t>(stream),
+                                                           static_cast<c10::DeviceIndex>(device_index)));
+      }
+#endif
+      try {
+        wait_real_steps(job.steps, *op);
+      } catch (...) {  // fails the run, as the helper thread's failure would: every later call raises it
+        fail_run("prism: " + op->describe.what() + " failed: " + message_of(std::current_exception()));
+        std::rethrow_exception(device_failure());
+      }
+      job.steps.clear();
     } else if (real_work) {
+      // A p2p transfer staged through the host: the helper thread waits for gloo and sets the flag,
+      // host work alone; a staged recv's copy to the device is queued behind the flag right here.
       job.steps.push_back(RealStep{std::move(real_work), nullptr});
       job.flag = timeline::reserve(queue);
+      job.device_index = -1;  // the helper queues nothing on the device
       if (queue->data_on_host()) {
         job.after = owned->local;  // after the real part, on the helper thread
         local_pending = false;
-      } else if (unstage) {
-        job.after = std::move(unstage);
       }
     }
     const int64_t flag = job.flag;
@@ -542,6 +575,13 @@ c10::intrusive_ptr<c10d::Work> PrismBackend::launch_on_device(device::Queue* que
     }
     if (flag >= 0) {
       queue->wait_flag(stream, timeline::cell(flag), timeline::abort_cell(queue));
+    }
+    if (unstage) {
+#ifdef PRISM_WITH_CUDA
+      const c10::cuda::CUDAStreamGuard on_stream(c10::cuda::getStreamFromExternal(
+          reinterpret_cast<cudaStream_t>(stream), static_cast<c10::DeviceIndex>(device_index)));
+      unstage();  // its copies go on our stream, after the flag
+#endif
     }
     if (local_pending) {
       if (queue->data_on_host()) {
