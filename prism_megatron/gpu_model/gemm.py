@@ -7,7 +7,7 @@ time, looping over k. So, in ns:
     waves   = ceil(tiles / num_sms)                            (wave quantisation)
     compute = waves * 2 * Tm * Tn * (k + k0) / r_sm            (tile quantisation, short-k cost)
     memory  = (m*k + k*n + m*n) * batch * elem_size / (hbm_bw * hbm_efficiency)
-    time    = fixed + max(compute, memory)
+    time    = max(fixed + max(compute, memory), 2*m*n*k*batch / MAMF)
 
 Tm x Tn is 128 x 256 in either orientation (the tile Hopper and Blackwell CUTLASS/cuBLAS kernels
 use for large BF16 problems); a problem too small to fill one wave with it may use 128 x 128. `k0`
@@ -19,7 +19,9 @@ memory roof (the weight must still be read once).
 The three unknowns r_sm, k0 and `fixed` (launch, set-up and drain of one GEMM) are not chosen: they
 are solved so that the formula reproduces three published kernel measurements (constants.py): the
 MAMF (best measured matmul throughput) at the shape it was measured at, a large short-k GEMM and the
-smallest GEMM of OpenXLA's measured table. FP16 runs at the BF16 rate;
+smallest GEMM of OpenXLA's measured table. The MAMF is also a ceiling: it is the best throughput of
+a brute-force search over shapes, so no shape is charged less than 2 m n k / MAMF (shapes whose
+tiles fill the SMs exactly would otherwise beat it). FP16 runs at the BF16 rate;
 FP32 is charged at TF32 (BF16 rate x TF32/BF16 peak), an assumption: it holds where TF32 matmuls
 are allowed, and Megatron's FP32 work is mostly memory-bound anyway; FP8's r_sm is solved from the
 FP8 MAMF at its own shape.
@@ -196,7 +198,20 @@ def gemm_time(
     size = dtype.itemsize
     c_bytes = 2 * FP32_BYTES if accumulate_fp32 else size
     memory_ns = ((m * k + k * n) * size + m * n * c_bytes) * batch / gpu.achievable_hbm_bytes_per_s * 1e9
-    return round(cal.fixed_ns + max(compute_ns, memory_ns))
+    fastest_ns = 2 * m * n * k * batch / max_achievable_flops_per_s(gpu, dtype) * 1e9
+    return round(max(cal.fixed_ns + max(compute_ns, memory_ns), fastest_ns))
+
+
+def max_achievable_flops_per_s(gpu: GpuSpec, dtype: torch.dtype) -> float:
+    """The fastest any GEMM in `dtype` runs: the MAMF, the best throughput of a brute-force search
+    over shapes (constants.py), so no shape is modelled faster than every shape measured. The tile
+    and wave terms alone would let a shape whose tiles fill the SMs exactly beat the MAMF's own
+    shape, which fills them less well (GPT 462B's and Llama 3 405B's layer GEMMs: up to 830
+    TFLOP/s on an H100 against the MAMF's 794.5). FP16 and FP32 scale BF16's as their peaks do."""
+    if dtype in FP8_DTYPES:
+        dtype_rate_scale(gpu, dtype)  # refuses a GPU without FP8
+        return gpu.mamf_fp8_flops_per_s
+    return gpu.mamf_bf16_flops_per_s * dtype_rate_scale(gpu, dtype)
 
 
 def _splits(gpu: GpuSpec, m: int, n: int, k: int, batch: int, tiles: int, waves: int):

@@ -4,6 +4,7 @@ the published anchors reproduced, and a fake-tensor training step charged op by 
 from __future__ import annotations
 
 import ast
+import itertools
 import math
 import pathlib
 
@@ -229,7 +230,23 @@ def test_wave_quantisation_at_the_sm_count(gpu):
     full = gemm_time(spec, 128 * rows, 1024, 8192, BF16)
     one_more = gemm_time(spec, 128 * (rows + 1), 1024, 8192, BF16)
     assert one_more > 1.8 * full
-    assert gemm_time(spec, 128 * rows - 100, 1024, 8192, BF16) == full
+    # Fewer rows in the same wave cost the wave's time, unless the MAMF ceiling (proportional to the
+    # FLOPs) sets it: then between the two.
+    fewer = gemm_time(spec, 128 * rows - 100, 1024, 8192, BF16)
+    assert full * (128 * rows - 100) / (128 * rows) - 1 <= fewer <= full
+
+
+@pytest.mark.parametrize("gpu", GPU_NAMES)
+def test_no_gemm_is_faster_than_the_mamf_and_the_mamf_shape_reaches_it(gpu):
+    """The MAMF is the best throughput of a brute-force search over shapes: a ceiling for every shape
+    (the tile terms alone put GPT 462B's layer GEMMs above it), reached at its own shape."""
+    spec = gpu_spec(gpu)
+    mamf = spec.mamf_bf16_flops_per_s / 1e12
+    shape = (spec.mamf_bf16_m, spec.mamf_bf16_n, spec.mamf_bf16_k)
+    assert 2 * math.prod(shape) / gemm_time(spec, *shape, BF16) / 1e3 == pytest.approx(mamf, rel=1e-3)
+    sizes = (128, 1000, 2048, 4096, 6912, 9216, 13312, 16384, 18432, 131072)
+    for m, n, k in itertools.product(sizes, sizes, (2048, 4096, 8192, 16384)):
+        assert 2 * m * n * k / gemm_time(spec, m, n, k, BF16) / 1e3 <= mamf * (1 + 1e-4), (m, n, k)  # the time is rounded to the ns
 
 
 def test_small_m_is_inefficient_and_short_k_too():
