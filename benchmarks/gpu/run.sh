@@ -5,7 +5,7 @@
 # prebuilt module carried in .prebuilt/ when it was built from these sources for this torch (`make
 # prebuilt-gpu`), else a forced build there (the fallback), and a check that the module has CUDA.
 # Then the stages, the most important first, each once and time-boxed, the whole run inside a budget
-# (default 420 s): the main claim (a rank without prism against the same rank emulated), the GPU
+# (default 540 s): the main claim (a rank without prism against the same rank emulated), the GPU
 # model's kernel times against the same kernels on this GPU, stream
 # order to a collective's consumer, more than 32 jobs of two real ranks on one GPU, the op families,
 # the wait kernel, the memory ground truth, the GPT capture against the profiler, tests/gpu, stream
@@ -20,7 +20,7 @@
 #                  asynchronous test device (small sizes), with the GPU's stages NOT RUN; checks of
 #                  timing are not judged. CI runs it, so the script itself cannot fail on the GPU.
 # Environment: OUT (results directory; default benchmarks/results, a scratch folder in a dry run),
-#   PYTHON (default python3), CUDA_HOME (default: found from nvcc), PRISM_GPU_BUDGET_S (default 420),
+#   PYTHON (default python3), CUDA_HOME (default: found from nvcc), PRISM_GPU_BUDGET_S (default 540),
 #   CC, CXX, LDSHARED and the *FLAGS pass through to a build.
 # Results: <date>-gpu.json (every step's status and numbers), <date>-gpu.md (summary and verdict)
 #   and, under OUT only, <date>-gpu.log (every step's output). Exit status 1 when a row is FAIL.
@@ -75,7 +75,7 @@ if ((dry_run)); then
   RESULTS_DIR=${OUT:-$WORK/results}
   export PRISM_GPU_DRY_RUN=1  # stages judge correctness only: the CPU's times say nothing of a GPU's
 else
-  BUDGET_S=${PRISM_GPU_BUDGET_S:-420} LIMIT_FACTOR=1 DEVICE=cuda
+  BUDGET_S=${PRISM_GPU_BUDGET_S:-540} LIMIT_FACTOR=1 DEVICE=cuda
   RESULTS_DIR=${OUT:-$REPO/benchmarks/results}
 fi
 mkdir -p "$RESULTS_DIR"
