@@ -30,6 +30,14 @@ def run_script(tmp_path: Path, *args: str, timeout_s: float) -> subprocess.Compl
                           capture_output=True, text=True, timeout=timeout_s)  # fmt: skip
 
 
+def first_failure(tmp_path: Path) -> str:
+    """The log around the first traceback: a failed step's verdict row keeps its first error line only."""
+    log = tmp_path / f"{datetime.date.today().isoformat()}-gpu.log"
+    text = log.read_text() if log.exists() else ""
+    start = text.find("Traceback")
+    return "" if start < 0 else "\n--- first traceback in the log:\n" + text[start : start + 4000]
+
+
 def verdict_rows(tmp_path: Path) -> dict[str, list[str]]:
     """stage -> its rows' results, from the summary's verdict table."""
     text = (tmp_path / f"{datetime.date.today().isoformat()}-gpu.md").read_text()
@@ -45,7 +53,7 @@ def verdict_rows(tmp_path: Path) -> dict[str, list[str]]:
 @pytest.mark.slow  # every CPU stage once at small sizes: several minutes on two shared cores
 def test_the_dry_run_runs_every_stage_that_needs_no_gpu_and_passes(tmp_path):
     done = run_script(tmp_path, "--dry-run", timeout_s=3000)
-    assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
+    assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:] + first_failure(tmp_path)
     rows = verdict_rows(tmp_path)
     for stage in CPU_STAGES:
         assert rows[stage] and set(rows[stage]) <= {"PASS", "CPU"}, (stage, rows[stage])
