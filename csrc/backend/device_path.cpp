@@ -6,16 +6,21 @@
 // own arrival is when the device gets there), then for the real part among the real members, then
 // the local part (mirror arithmetic), then a wait-until that holds the stream until
 // max(own arrival, iteration start + the virtual members' arrival offset) + cost on the device
-// clock. Work::wait() makes the caller's stream wait for the op's end; the host never blocks.
-// Compute queued on other streams overlaps the wait, as it would overlap NCCL.
+// clock. Work::wait() makes the caller's stream wait for the op's end; the host does not block,
+// except for the real part of a gloo collective below. Compute queued on other streams overlaps the
+// wait, as it would overlap NCCL.
 //
 // The real part:
 //   - NCCL (the real members on distinct GPUs): issued on the host with the issuing stream current
 //     (NCCL orders itself after it); the backend's stream waits for NCCL's on the device.
 //   - gloo collectives (several real members sharing one GPU, where NCCL refuses a duplicate
 //     device; and the test device): issued on the host in program order, and the host waits for
-//     them there, as gloo itself makes a caller wait; then our stream waits for gloo's copy back on
-//     the device. This blocks the host, and only among real members sharing a GPU.
+//     them right there, at issue (gloo itself would return and block in wait()); then our stream
+//     waits for gloo's copy back on the device. Only real members sharing a device pay this: the
+//     host loses its run-ahead at their collectives, and a program that needs a collective's issue
+//     not to block (one that issues a collective before a send its peer waits for, the collective
+//     being waited on only after) hangs until --prism-timeout; Megatron's schedules issue each
+//     stage's sends and receives before the collectives its peers share with it.
 //   - p2p between real ranks sharing one GPU: gloo cannot send CUDA tensors, so the transfer is
 //     staged through the host: a send copies its tensor to pinned host memory at issue (the host
 //     waits for the issuing stream there), a recv lands in pinned host memory. The host does not
@@ -24,7 +29,7 @@
 //     host flag that a wait-flag kernel on the backend's stream spins on; a recv's copy to the
 //     device is queued behind that kernel at issue.
 //   - The consistency check among real members (kind, bytes, dtype, seq) is issued with the real
-//     part and checked with it.
+//     part; a gloo collective's is checked with it at issue, NCCL's by the helper thread.
 // Why the flag is set by host work alone: CUDA serialises device work queued after a page-locked
 // host allocation or a device allocation (any thread of the process: gloo's staging buffers, the
 // caching allocator) behind all work queued before it. A flag whose setter first needed device
@@ -32,7 +37,8 @@
 // spins on the flag: the first run on an H200 hung so, with two real ranks on one GPU.
 //
 // Safety: a host watchdog thread watches every op in flight on a device. An op whose real part
-// failed, or that has not completed --prism-timeout after its issue, fails the run: the watchdog
+// failed, or that has not completed --prism-timeout after its issue, fails the run (a gloo
+// collective's real part that fails at issue fails it there, the same way): the watchdog
 // prints the error with the flight recorder, ends every device wait (the abort cell the wait
 // kernels watch), and the next call into the backend raises it as DistBackendError. A device that
 // reports an error when the watchdog asks about an op (CUDA: a sticky error, such as an illegal
@@ -71,10 +77,9 @@
 namespace prism::backend {
 
 // The backend's two streams on a device, its own (Queue::new_stream), made once per backend: the
-// communication stream its ops complete on, and the helper thread's, on which gloo's copies back
-// to the device run while the communication stream waits for the helper's flag. The two must never
-// be one stream (the helper would wait for itself until the watchdog fired), which a pool that hands
-// streams out again would sooner or later make them.
+// communication stream its ops complete on, and the helper thread's, current while it runs the
+// checks that touch device tensors (NCCL's consistency check); no flag waits for it. The two must
+// never be one stream, which a pool that hands streams out again would sooner or later make them.
 struct DeviceState {
   device::Queue* queue = nullptr;
   device::StreamId stream = 0;
@@ -283,7 +288,7 @@ struct HostJob {
   std::function<void()> after;  // the local part, when the data live on the host (test device)
   int64_t flag = -1;            // set when done; -1: the device does not wait for this job
   std::shared_ptr<DeviceOp> op;
-  int device_index = -1;        // CUDA: the device whose helper stream the waits go on; -1: none
+  int device_index = -1;        // CUDA: the device whose helper stream is current; -1: none
   device::StreamId helper_stream = 0;  // CUDA: the backend's helper stream (DeviceState)
 };
 
@@ -326,9 +331,9 @@ class RealPartWaiter {
   void run(HostJob& job) {
     try {
 #ifdef PRISM_WITH_CUDA
-      // gloo on CUDA tensors: its wait makes the current stream wait for its copy back; that stream
-      // is the backend's helper stream (never its communication stream, which waits for the flag
-      // set here), and the flag is set only once it has run.
+      // A check on device tensors (NCCL's consistency check) runs with the backend's helper stream
+      // current, synchronised before the job ends. No flagged job comes here: a flag is set by host
+      // work alone (see the file comment).
       std::optional<c10::cuda::CUDAStreamGuard> guard;
       if (job.device_index >= 0) {
         guard.emplace(c10::cuda::getStreamFromExternal(reinterpret_cast<cudaStream_t>(job.helper_stream),
@@ -537,9 +542,9 @@ c10::intrusive_ptr<c10d::Work> PrismBackend::launch_on_device(device::Queue* que
       real_work->wait();  // our stream waits for NCCL's; the host does not
 #endif
     } else if (real_work && !is_p2p) {
-      // gloo among real members sharing the device: the host waits for the real part here, as gloo
-      // itself would, and our stream then waits for gloo's copy back on the device. Never a device
-      // wait for a flag that host work sets later: see the file comment (implicit synchronisation).
+      // gloo among real members sharing the device: the host waits for the real part here, at issue,
+      // and our stream then waits for gloo's copy back on the device. Never a device wait for a flag
+      // whose setter needs the device: see the file comment (implicit synchronisation).
       job.steps.push_back(RealStep{std::move(real_work), nullptr});
 #ifdef PRISM_WITH_CUDA
       std::optional<c10::cuda::CUDAStreamGuard> on_stream;
@@ -551,8 +556,10 @@ c10::intrusive_ptr<c10d::Work> PrismBackend::launch_on_device(device::Queue* que
       try {
         wait_real_steps(job.steps, *op);
       } catch (...) {  // fails the run, as the helper thread's failure would: every later call raises it
-        fail_run("prism: " + op->describe.what() + " failed: " + message_of(std::current_exception()));
-        std::rethrow_exception(device_failure());
+        const std::string text = "prism: " + op->describe.what() + " failed: " + message_of(std::current_exception());
+        fail_run(text);
+        const std::exception_ptr failure = device_failure();  // this one, or an earlier failure of the run
+        std::rethrow_exception(failure ? failure : make_error(text));
       }
       job.steps.clear();
     } else if (real_work) {
