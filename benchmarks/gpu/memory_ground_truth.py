@@ -54,9 +54,17 @@ the CPU (the tests) has two shared cores and no such step."""
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+ATTENTION_BACKEND_VARIABLES = ("NVTE_FLASH_ATTN", "NVTE_FUSED_ATTN", "NVTE_UNFUSED_ATTN")
+"""megatron-core's model build writes these into its process's environment for the backend it was
+given (LanguageModule._set_attention_backend) and asserts, in the next build, that they agree with
+its backend: inherited from a parent that built another model (a test process), they refuse a child
+whose jobs say `--attention-backend unfused`. A stage's jobs choose their backend by flag alone."""
+
+
 def child_environment(extra: dict[str, str]) -> dict[str, str]:
-    """This environment, the repository importable, and `extra` (torchrun's variables)."""
-    env = dict(os.environ)
+    """This environment without the attention-backend variables, the repository importable, and
+    `extra` (torchrun's variables)."""
+    env = {k: v for k, v in os.environ.items() if k not in ATTENTION_BACKEND_VARIABLES}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, env.get("PYTHONPATH")) if p)
     env.setdefault("OMP_NUM_THREADS", "1")
     return env | extra
