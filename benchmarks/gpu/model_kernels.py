@@ -14,6 +14,11 @@ numbers: they are a test of the model, quoted in the results beside the publishe
 Timing: bf16 random data, CUDA events around a run of back-to-back calls (at least ~2 ms of work),
 3 warm-up calls, the median of 5 such runs, divided by the calls in a run.
 
+The GPU's own rate at the MAMF's shape (the model's GEMM anchor) is measured before each
+configuration and at the end: the first window saw the same shape run at 719 and, minutes later, 689
+TFLOP/s (sustained clocks), so each GEMM is also set beside the model rescaled to that measured rate,
+which tells the model's shape terms from the GPU's clock of the moment.
+
 Run: ``python -m benchmarks.gpu.model_kernels --out DIR``; writes DIR/model_kernels.json and .md;
 exits 2 without a GPU. Needs megatron-core (the configurations are read as every command reads them).
 """
@@ -50,6 +55,7 @@ RUN_NS = 2_000_000
 GEMM_MEDIAN_BOUND = 0.10
 ATTENTION_MEDIAN_BOUND = 0.15
 COPY_BOUND = 0.10
+RESCALED = "gemm, model rescaled to the measured MAMF shape"
 """Bounds of the verdict: the median |model / measured - 1| of each family (copies: each size of
 >= 16 MiB, where bandwidth and not the launch sets the time)."""
 
@@ -103,10 +109,23 @@ def layer_shapes(name: str) -> dict:
     }
 
 
-def gemm_rows(name: str, shapes: dict, spec) -> list[dict]:
+def anchor_tflops(spec) -> float:
+    """This GPU's throughput now at the MAMF's shape, the shape the model's GEMM rate is anchored on."""
+    m, n, k = spec.mamf_bf16_m, spec.mamf_bf16_n, spec.mamf_bf16_k
+    a = torch.randn(m, k, device=DEVICE, dtype=torch.bfloat16)
+    b = torch.randn(k, n, device=DEVICE, dtype=torch.bfloat16)
+    expected_ns = 2 * m * n * k / spec.mamf_bf16_flops_per_s * 1e9
+    return 2 * m * n * k / _timed_ns(functools.partial(torch.mm, a, b), expected_ns) / 1e3
+
+
+def gemm_rows(name: str, shapes: dict, spec, anchor: float) -> list[dict]:
+    """`anchor`: this GPU's TFLOP/s at the MAMF's shape, measured just before; each row also gives
+    the error of the model rescaled to it (its MAMF replaced by what this GPU sustains now), which
+    separates the model's shape terms from the GPU's current clock."""
     from prism_megatron.gpu_model import gemm_time
 
     t, rows = shapes["tokens"], []
+    rescale = spec.mamf_bf16_flops_per_s / 1e12 / anchor
     x = torch.randn(t, max(i for _, i in shapes["linears"].values()), device=DEVICE, dtype=torch.bfloat16)
     for layer, (out, inp) in shapes["linears"].items():
         w = torch.randn(out, inp, device=DEVICE, dtype=torch.bfloat16)
@@ -118,9 +137,11 @@ def gemm_rows(name: str, shapes: dict, spec) -> list[dict]:
         }
         for kind, ((m, n, k), call) in passes.items():
             model_ns = gemm_time(spec, m, n, k, torch.bfloat16)
-            rows.append(
-                _row("gemm", name, f"{layer} {kind}", f"{m}x{n}x{k}", _timed_ns(call, model_ns), model_ns)
-            )
+            measured_ns = _timed_ns(call, model_ns)
+            row = _row("gemm", name, f"{layer} {kind}", f"{m}x{n}x{k}", measured_ns, model_ns)
+            row["anchor_tflops"] = round(anchor, 1)
+            row["error_at_anchor_pct"] = round(100 * (model_ns * rescale / measured_ns - 1), 1)
+            rows.append(row)
     return rows
 
 
@@ -199,6 +220,8 @@ def summaries(rows: list[dict]) -> dict[str, dict]:
     for r in rows:
         if "error_pct" in r:
             kinds.setdefault(r["kind"], []).append(r["error_pct"])
+        if "error_at_anchor_pct" in r:
+            kinds.setdefault(RESCALED, []).append(r["error_at_anchor_pct"])
     return {
         kind: {
             "n": len(errors),
@@ -217,9 +240,11 @@ def measure() -> dict:
     spec = gpu_spec(GPU)
     torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = True
     rows = copy_rows(spec)
+    anchors = []
     for name in CONFIGS:
         shapes = layer_shapes(name)
-        rows += gemm_rows(name, shapes, spec)
+        anchors.append(round(anchor_tflops(spec), 1))
+        rows += gemm_rows(name, shapes, spec, anchors[-1])
         rows += attention_rows(name, shapes, spec)
         torch.cuda.empty_cache()
         print(f"{name}: {sum(r['config'] == name for r in rows)} kernels timed", flush=True)
@@ -228,6 +253,8 @@ def measure() -> dict:
         "modelled_as": spec.display_name,
         "torch": torch.__version__,
         "cudnn": torch.backends.cudnn.version(),
+        "model_mamf_tflops": spec.mamf_bf16_flops_per_s / 1e12,
+        "anchor_tflops": [*anchors, round(anchor_tflops(spec), 1)],
         "rows": rows,
         "summary": summaries(rows),
     }
@@ -263,6 +290,10 @@ def markdown(result: dict) -> str:
         "",
         f"torch {result['torch']}, cuDNN {result['cudnn']}. Error = model / measured - 1 (positive: the model "
         "is slower than the GPU). Nothing here is fitted; the model was built from published H100 figures.",
+        "",
+        f"This GPU at the MAMF's shape (the model's GEMM anchor, {result['model_mamf_tflops']:g} TFLOP/s), "
+        f"before each configuration and at the end: {', '.join(f'{a:g}' for a in result['anchor_tflops'])} "
+        f"TFLOP/s. `{RESCALED}`: each GEMM against the model with its MAMF replaced by the one measured before its configuration.",
         "",
         "| family | kernels | median abs error | median error | worst | within 10 % |",
         "|---|---:|---:|---:|---:|---:|",
