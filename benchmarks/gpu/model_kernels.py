@@ -55,9 +55,10 @@ RUN_NS = 2_000_000
 GEMM_MEDIAN_BOUND = 0.10
 ATTENTION_MEDIAN_BOUND = 0.15
 COPY_BOUND = 0.10
-RESCALED = "gemm, model rescaled to the measured MAMF shape"
 """Bounds of the verdict: the median |model / measured - 1| of each family (copies: each size of
 >= 16 MiB, where bandwidth and not the launch sets the time)."""
+RESCALED = "gemm, model rescaled to the measured MAMF shape"
+"""The summary's family of GEMM errors against the model rescaled to this GPU's MAMF-shape rate."""
 
 
 def _timed_ns(call: Callable[[], object], expected_ns: float) -> float:

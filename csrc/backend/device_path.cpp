@@ -117,6 +117,14 @@ struct DeviceOp {
 
 namespace {
 
+#ifdef PRISM_WITH_CUDA
+// One of the backend's streams (a device::StreamId is a cudaStream_t on CUDA) as torch's stream.
+c10::cuda::CUDAStream cuda_stream(device::StreamId stream, int device_index) {
+  return c10::cuda::getStreamFromExternal(reinterpret_cast<cudaStream_t>(stream),
+                                          static_cast<c10::DeviceIndex>(device_index));
+}
+#endif
+
 std::string message_of(const std::exception_ptr& error) {
   try {
     std::rethrow_exception(error);
@@ -336,8 +344,7 @@ class RealPartWaiter {
       // work alone (see the file comment).
       std::optional<c10::cuda::CUDAStreamGuard> guard;
       if (job.device_index >= 0) {
-        guard.emplace(c10::cuda::getStreamFromExternal(reinterpret_cast<cudaStream_t>(job.helper_stream),
-                                                       static_cast<c10::DeviceIndex>(job.device_index)));
+        guard.emplace(cuda_stream(job.helper_stream, job.device_index));
       }
 #endif
       wait_real_steps(job.steps, *job.op);
@@ -424,8 +431,7 @@ class DeviceWork : public c10d::Work {
       const auto index = static_cast<c10::DeviceIndex>(device_index_);
       devices.emplace_back(c10::kCUDA, index);
       auto future = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()), devices);
-      const c10::cuda::CUDAStreamGuard guard(
-          c10::cuda::getStreamFromExternal(reinterpret_cast<cudaStream_t>(stream_), index));
+      const c10::cuda::CUDAStreamGuard guard(cuda_stream(stream_, device_index_));
       future->markCompleted(c10::IValue(outputs_));
       return future;
     }
@@ -537,8 +543,7 @@ c10::intrusive_ptr<c10d::Work> PrismBackend::launch_on_device(device::Queue* que
     bool local_pending = static_cast<bool>(owned->local);
     if (real_work && nccl) {
 #ifdef PRISM_WITH_CUDA
-      const c10::cuda::CUDAStreamGuard on_stream(
-          c10::cuda::getStreamFromExternal(reinterpret_cast<cudaStream_t>(stream), static_cast<c10::DeviceIndex>(device_index)));
+      const c10::cuda::CUDAStreamGuard on_stream(cuda_stream(stream, device_index));
       real_work->wait();  // our stream waits for NCCL's; the host does not
 #endif
     } else if (real_work && !is_p2p) {
@@ -549,8 +554,7 @@ c10::intrusive_ptr<c10d::Work> PrismBackend::launch_on_device(device::Queue* que
 #ifdef PRISM_WITH_CUDA
       std::optional<c10::cuda::CUDAStreamGuard> on_stream;
       if (!queue->data_on_host()) {
-        on_stream.emplace(c10::cuda::getStreamFromExternal(reinterpret_cast<cudaStream_t>(stream),
-                                                           static_cast<c10::DeviceIndex>(device_index)));
+        on_stream.emplace(cuda_stream(stream, device_index));
       }
 #endif
       try {
@@ -585,8 +589,7 @@ c10::intrusive_ptr<c10d::Work> PrismBackend::launch_on_device(device::Queue* que
     }
     if (unstage) {
 #ifdef PRISM_WITH_CUDA
-      const c10::cuda::CUDAStreamGuard on_stream(c10::cuda::getStreamFromExternal(
-          reinterpret_cast<cudaStream_t>(stream), static_cast<c10::DeviceIndex>(device_index)));
+      const c10::cuda::CUDAStreamGuard on_stream(cuda_stream(stream, device_index));
       unstage();  // its copies go on our stream, after the flag
 #endif
     }
@@ -595,8 +598,7 @@ c10::intrusive_ptr<c10d::Work> PrismBackend::launch_on_device(device::Queue* que
         owned->local();  // the host's data are already in program order
       } else {
 #ifdef PRISM_WITH_CUDA
-        const c10::cuda::CUDAStreamGuard on_stream(c10::cuda::getStreamFromExternal(
-            reinterpret_cast<cudaStream_t>(stream), static_cast<c10::DeviceIndex>(device_index)));
+        const c10::cuda::CUDAStreamGuard on_stream(cuda_stream(stream, device_index));
         owned->local();  // its kernels go on our stream
 #endif
       }
@@ -609,10 +611,9 @@ c10::intrusive_ptr<c10d::Work> PrismBackend::launch_on_device(device::Queue* que
     }
 #ifdef PRISM_WITH_CUDA
     if (device_index >= 0) {
-      const auto cuda_stream = c10::cuda::getStreamFromExternal(reinterpret_cast<cudaStream_t>(stream),
-                                                                static_cast<c10::DeviceIndex>(device_index));
+      const auto ours = cuda_stream(stream, device_index);
       for (const auto& t : owned->outputs) {
-        c10::cuda::CUDACachingAllocator::recordStream(t.storage().data_ptr(), cuda_stream);
+        c10::cuda::CUDACachingAllocator::recordStream(t.storage().data_ptr(), ours);
       }
     }
 #endif
