@@ -197,6 +197,8 @@ class OutputConfig:
     """Run folder for report.json, report.md, timeline.json, graph/ and per-rank results (default: a new prism-out/<YYYYmmdd-HHMMSS>)."""
     overwrite: bool = False
     """Replace the run an existing --prism-out holds (only a folder with a report.json of ours; the user's other files stay, links are not followed)."""
+    memory_history: bool = False
+    """On a CUDA device: record the caching allocator's history over each real rank's training steps, write it to memory/rank-<r>.pickle (open it at pytorch.org/memory_viz) and list the allocations live at the peak, by the line that made them, in the rank's results. Costs each allocation a Python stack walk."""
 
     def __post_init__(self) -> None:
         if self.out is not None and not self.out.strip():

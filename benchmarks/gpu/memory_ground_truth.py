@@ -23,6 +23,7 @@ DIR/memory_ground_truth.json and .md. ``--device cpu`` runs the same flow withou
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import json
 import os
@@ -31,6 +32,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 
@@ -150,16 +152,48 @@ def run_emulation(flags: list[str], timeout_s: float) -> dict:
     """`prism-megatron emulate` as a user types it; returns the run folder's report.json."""
     command = [sys.executable, "-m", "prism_megatron.cli", "emulate", "--", *flags]
     out_dir = flags[flags.index("--prism-out") + 1]
-    done = subprocess.run(
-        command, cwd=REPO, env=child_environment({}), capture_output=True, text=True, timeout=timeout_s
-    )
-    print(done.stdout[-4000:], flush=True)
-    if done.returncode != 0:
-        raise RuntimeError(
-            f"{' '.join(command[2:5])} ... failed (exit {done.returncode}):\n{done.stderr[-4000:]}"
-        )
+    returncode, tail = run_streamed(command, timeout_s)
+    if returncode != 0:
+        raise RuntimeError(f"{' '.join(command[2:5])} ... failed (exit {returncode}):\n{tail[-4000:]}")
     with open(os.path.join(out_dir, files.REPORT_JSON)) as f:
         return json.load(f)
+
+
+def run_streamed(command: list[str], timeout_s: float) -> tuple[int, str]:
+    """Run `command`, its output (stdout and stderr) passed through line by line as it comes, so that
+    a step killed by run.sh's limit still shows how far the command got; at `timeout_s` the command
+    gets SIGTERM (its own clean-up), SIGKILL 10 s later. Returns the exit status and the output's tail."""
+    tail: collections.deque[str] = collections.deque(maxlen=200)
+    with subprocess.Popen(
+        command,
+        cwd=REPO,
+        env=child_environment({}),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    ) as child:
+        killed = threading.Event()
+        timer = threading.Timer(timeout_s, _terminate, (child, killed))
+        timer.start()
+        try:
+            for line in child.stdout:
+                print(line, end="", flush=True)
+                tail.append(line)
+            returncode = child.wait()
+        finally:
+            timer.cancel()
+    if killed.is_set():
+        tail.append(f"(killed at the stage's limit for the command, {timeout_s:.0f} s)\n")
+    return returncode, "".join(tail)
+
+
+def _terminate(child: subprocess.Popen, killed: threading.Event) -> None:
+    killed.set()
+    child.terminate()
+    try:
+        child.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        child.kill()
 
 
 def read_rank(out_dir: str, virtual_rank: int) -> dict:
@@ -172,8 +206,33 @@ def median_iteration_s(rank_result: dict, warmup: int = WARMUP_ITERATIONS) -> fl
     return statistics.median(it["time_s"] for it in rank_result["iterations"][warmup:])
 
 
+def requested_peak_bytes(memory: dict) -> int | None:
+    """The peak of the bytes the program asked for: the CUDA allocator's statistic, or on the CPU the
+    live-storage peak (it counts storage sizes, which are what was asked for)."""
+    if memory.get("method") == "live-storage":
+        return memory["peak_bytes"]
+    return memory.get("requested_peak_bytes")
+
+
+def peak_difference(real: dict, emulated: dict, limit: int = 20) -> dict | None:
+    """With both runs' allocator histories (--prism-memory-history): what each held at its history's
+    peak, and the (site, size) groups whose counts differ, largest first (None without histories)."""
+    from prism_megatron.passes.memory import diff_peak_allocations
+
+    a, b = real.get("at_peak_allocations"), emulated.get("at_peak_allocations")
+    if not a or not b:
+        return None
+    return {
+        "real_history_peak_bytes": a["peak_bytes"],
+        "emulated_history_peak_bytes": b["peak_bytes"],
+        "cut": a["cut"] or b["cut"],
+        "groups": diff_peak_allocations(a, b)[:limit],
+    }
+
+
 def measure(device: str, work_dir: str) -> dict:
-    job = [*JOB_FLAGS, "--prism-device", device]
+    # On CUDA both runs record the allocator's history: a difference names the lines that make it.
+    job = [*JOB_FLAGS, "--prism-device", device, *(["--prism-memory-history"] if device == "cuda" else [])]
     real_dir, emulated_dir = os.path.join(work_dir, "real"), os.path.join(work_dir, "emulated")
     begin = time.monotonic()
     run_real_job([*job, "--prism-out", real_dir], real_dir, TIMEOUT_S[device]["real"])
@@ -196,6 +255,11 @@ def measure(device: str, work_dir: str) -> dict:
         "real_peak_bytes": real_peak,
         "emulated_peak_bytes": emulated_peak,
         "memory_diff_bytes": emulated_peak - real_peak,
+        "real_requested_peak_bytes": requested_peak_bytes(real["memory"]),
+        "emulated_requested_peak_bytes": requested_peak_bytes(emulated["memory"]),
+        "real_reserved_peak_bytes": real["memory"].get("reserved_peak_bytes"),
+        "emulated_reserved_peak_bytes": emulated["memory"].get("reserved_peak_bytes"),
+        "peak_difference": peak_difference(real["memory"], emulated["memory"]),
         "report_peak_bytes": report["ranks"][str(REAL_RANK)]["peak_memory_allocated_bytes"],
         "real_memory_at_peak_bytes": real["memory"]["at_peak_bytes"],
         "emulated_memory_at_peak_bytes": emulated["memory"]["at_peak_bytes"],
@@ -228,8 +292,32 @@ def markdown(result: dict) -> str:
             f"Difference {result['memory_diff_bytes']} B (**{verdict}**); simulated iteration "
             f"{result['simulated_iteration_time_s'] * 1e3:.2f} ms.",
             "",
+            f"Requested at the peak (the program's bytes, before the allocator rounds them to its blocks): "
+            f"real {result.get('real_requested_peak_bytes')} B, emulated {result.get('emulated_requested_peak_bytes')} B.",
+            "",
+            *difference_lines(result.get("peak_difference"), "real"),
         ]
     )
+
+
+def difference_lines(difference: dict | None, reference: str) -> list[str]:
+    """The allocations live at one run's peak and not the other's (`peak_difference`), as markdown;
+    `reference` names the run the emulation is held against."""
+    if difference is None:
+        return []
+    lines = [
+        f"Allocator histories: peak {difference['real_history_peak_bytes']} B {reference}, "
+        f"{difference['emulated_history_peak_bytes']} B emulated{' (a history was cut)' if difference['cut'] else ''}.",
+        "",
+    ]
+    if not difference["groups"]:
+        return [*lines, "The same allocations are live at both peaks.", ""]
+    lines += [f"| site | size | live ({reference}) | live (emulated) | bytes |", "|---|---:|---:|---:|---:|"]
+    lines += [
+        f"| {g['site']} | {g['size']} | {g['count_a']} | {g['count_b']} | {g['bytes']:+d} |"
+        for g in difference["groups"]
+    ]
+    return [*lines, ""]
 
 
 def run_on_device(

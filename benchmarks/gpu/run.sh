@@ -49,15 +49,16 @@ STAGES=(
   "smoke 120 any"
   "main_claim 200 megatron"
   "model_kernels 75 gpu+megatron"
+  "memory_ground_truth 120 megatron"
+  "kernel_profile 90 gpu+megatron"
+  "emulated_llama_rank 180 megatron"
   "stream_ordering 40 any"
   "shared_gpu_jobs 60 any"
   "backend_ops 60 any"
   "wait_precision 45 gpu"
-  "memory_ground_truth 120 megatron"
   "gpt_capture_profile 90 gpu"
   "gpu_tests 90 gpu"
   "stream_overlap 40 gpu"
-  "emulated_llama_rank 180 megatron"
   "cpu_clock 60 any"
 )
 stage_names=$(printf '%s\n' "${STAGES[@]}" | cut -d' ' -f1 | paste -sd, -)

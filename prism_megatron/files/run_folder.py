@@ -47,12 +47,14 @@ COMPARE_JSON = "compare.json"
 COMPARE_PNG = "compare.png"
 CHAKRA_DIR = "chakra"
 WATCHDOG_DIR = "watchdog"
+MEMORY_DIR = "memory"
+"""--prism-memory-history's allocator histories (`memory_history_path`)."""
 HUNG_SUFFIX = ".hung.json"
 STACKS_SUFFIX = ".stacks.txt"
 RECORDER_SUFFIX = ".flight-recorder.txt"
 
 RUN_ENTRIES = (REPORT_JSON, REPORT_MD, TIMELINE_JSON, PLOTS_DIR, SPANS_DIR, OPS_DIR, GRAPH_DIR,
-               SIMULATION_DIR, CAPTURE_DIR, PROGRESS_DIR, LOGS_DIR, WATCHDOG_DIR)  # fmt: skip
+               SIMULATION_DIR, CAPTURE_DIR, PROGRESS_DIR, LOGS_DIR, WATCHDOG_DIR, MEMORY_DIR)  # fmt: skip
 """What a run writes in its folder besides the per-rank results (what --prism-overwrite removes)."""
 
 
@@ -73,6 +75,11 @@ def results_path(directory: str, virtual_rank: int) -> str:
 def results_paths(directory: str) -> list[str]:
     """Every per-rank results file in a folder, in rank order."""
     return sorted(glob.glob(os.path.join(directory, "rank-*.json")))
+
+
+def memory_history_path(directory: str, virtual_rank: int) -> str:
+    """A real rank's CUDA allocator history (--prism-memory-history), in its --prism-out folder."""
+    return os.path.join(directory, MEMORY_DIR, f"rank-{virtual_rank:05d}.pickle")
 
 
 def op_log_dir(run_dir: str) -> str:

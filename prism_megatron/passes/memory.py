@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
+import pickle
 import time
 import weakref
 from collections.abc import Iterable, Iterator
@@ -63,6 +65,15 @@ class MemoryReport:
     """How it was measured: 'live-storage' (CPU) or 'cuda-allocator'."""
     reserved_peak_bytes: int | None = None
     """The caching allocator's reserved peak (CUDA); None where nothing reserves (CPU)."""
+    requested_peak_bytes: int | None = None
+    """The peak of the bytes the program asked the caching allocator for (CUDA: its `requested_bytes`
+    statistic). `peak_bytes` counts the blocks the allocator handed out, rounded up to 512 B and, for
+    a large request served from a cached block, up to that block's size: that rounding depends on the
+    cache's history (which blocks a stream's pending frees kept from reuse), this number does not.
+    None on the CPU, whose account counts storage sizes, already what was requested."""
+    at_peak_allocations: dict[str, Any] | None = None
+    """With --prism-memory-history (CUDA): the allocations live at the peak that the recorded history
+    saw, by the site that made them (`peak_allocations`); None without it."""
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -246,7 +257,9 @@ def static_bytes(tensors: Iterable[torch.Tensor | None]) -> int:
     return sum(seen.values())
 
 
-def cuda_report(model_chunks: Iterable[torch.nn.Module], optimizer: Any) -> MemoryReport:
+def cuda_report(
+    model_chunks: Iterable[torch.nn.Module], optimizer: Any, at_peak_allocations: dict[str, Any] | None = None
+) -> MemoryReport:
     """CUDA: the allocator's peak; static categories from storage sizes, activations the remainder."""
     chunks = list(model_chunks)
     params = [p for chunk in chunks for p in chunk.parameters()]
@@ -266,7 +279,119 @@ def cuda_report(model_chunks: Iterable[torch.nn.Module], optimizer: Any) -> Memo
         category_peak_bytes=dict(at_peak),
         method="cuda-allocator",
         reserved_peak_bytes=torch.cuda.max_memory_reserved(),
+        requested_peak_bytes=int(torch.cuda.memory_stats().get("requested_bytes.all.peak", 0)) or None,
+        at_peak_allocations=at_peak_allocations,
     )
+
+
+HISTORY_MAX_ENTRIES = 300_000
+"""Allocator events kept by --prism-memory-history (torch: several KB each with their frames);
+a run with more keeps the latest, and `peak_allocations` then says the history was cut."""
+TORCH_FRAME_PARTS = ("/torch/", "<frozen", "/contextlib.py", "/functools.py")
+"""Frames inside torch and Python's own helpers: an allocation's site is the first frame outside them."""
+
+
+def start_history() -> int:
+    """Begin recording the CUDA caching allocator's events with their Python frames; returns the bytes
+    already allocated (the history does not see those allocations)."""
+    torch.cuda.memory._record_memory_history(
+        enabled="all", context="alloc", stacks="python", max_entries=HISTORY_MAX_ENTRIES
+    )
+    return torch.cuda.memory_allocated()
+
+
+def dump_history(path: str) -> dict[str, Any]:
+    """Write the recorded history where `path` says (a pickle pytorch.org/memory_viz opens) and stop
+    recording; returns the snapshot."""
+    from prism_megatron.files.atomic import atomic_open
+
+    snapshot = torch.cuda.memory._snapshot()
+    torch.cuda.memory._record_memory_history(enabled=None)
+    with atomic_open(path, "wb") as f:
+        pickle.dump(snapshot, f)
+    return snapshot
+
+
+def allocation_site(frames: list[dict[str, Any]]) -> str:
+    """'file:line function' of the first frame outside torch (the program's line that allocated)."""
+    for frame in frames:
+        filename = frame.get("filename", "")
+        if not any(part in filename for part in TORCH_FRAME_PARTS):
+            return f"{_short_path(filename)}:{frame.get('line')} {frame.get('name')}"
+    return (
+        f"{_short_path(frames[0].get('filename', '?'))}:{frames[0].get('line')} {frames[0].get('name')}"
+        if frames
+        else "?"
+    )
+
+
+def _short_path(filename: str) -> str:
+    """The path from the package that holds the file (megatron/..., prism_megatron/..., torch/...)."""
+    for package in ("/prism_megatron/", "/megatron/", "/torch/", "/benchmarks/"):
+        index = filename.rfind(package)
+        if index >= 0:
+            return filename[index + 1 :]
+    return os.path.basename(filename)
+
+
+def peak_allocations(snapshot: dict[str, Any], baseline_bytes: int = 0, limit: int = 200) -> dict[str, Any]:
+    """The allocations live at the highest point of a recorded history, by site and size.
+
+    Replays the trace of device 0 ('alloc' adds a block, 'free_requested' removes it: the moments the
+    allocator's `allocated_bytes` moves) from `baseline_bytes` (allocated before the history began);
+    returns the peak the history reaches, the groups live there (site, size, count, bytes; the largest
+    `limit` by bytes) and whether the history was cut (its first event is not the first of the run)."""
+    traces = snapshot.get("device_traces") or [[]]
+    trace = max(traces, key=len)
+    live: dict[int, tuple[int, str]] = {}
+    current, peak, peak_index = baseline_bytes, baseline_bytes, -1
+    for index, event in enumerate(trace):
+        action = event.get("action")
+        if action == "alloc":
+            live[event["addr"]] = (event["size"], "")
+            current += event["size"]
+        elif action == "free_requested":
+            size, _ = live.pop(event["addr"], (event["size"], ""))
+            current -= size
+        if current > peak:
+            peak, peak_index = current, index
+    live.clear()
+    for event in trace[: peak_index + 1]:
+        if event.get("action") == "alloc":
+            live[event["addr"]] = (event["size"], allocation_site(event.get("frames") or []))
+        elif event.get("action") == "free_requested":
+            live.pop(event["addr"], None)
+    groups: dict[tuple[str, int], int] = {}
+    for size, site in live.values():
+        groups[(site, size)] = groups.get((site, size), 0) + 1
+    rows = [
+        {"site": site, "size": size, "count": count, "bytes": size * count}
+        for (site, size), count in groups.items()
+    ]
+    rows.sort(key=lambda row: (-row["bytes"], row["site"]))
+    return {
+        "peak_bytes": peak,
+        "baseline_bytes": baseline_bytes,
+        "events": len(trace),
+        "cut": len(trace) >= HISTORY_MAX_ENTRIES,
+        "groups": rows[:limit],
+        "num_groups": len(rows),
+    }
+
+
+def diff_peak_allocations(a: dict[str, Any], b: dict[str, Any]) -> list[dict[str, Any]]:
+    """The groups (site, size) whose live count at the peak differs between two histories' peaks,
+    largest difference in bytes first: what one run holds at its peak that the other does not."""
+    count_a = {(g["site"], g["size"]): g["count"] for g in a["groups"]}
+    count_b = {(g["site"], g["size"]): g["count"] for g in b["groups"]}
+    rows = []
+    for key in count_a.keys() | count_b.keys():
+        delta = count_b.get(key, 0) - count_a.get(key, 0)
+        if delta:
+            rows.append({"site": key[0], "size": key[1], "count_a": count_a.get(key, 0),
+                         "count_b": count_b.get(key, 0), "bytes": delta * key[1]})  # fmt: skip
+    rows.sort(key=lambda row: (-abs(row["bytes"]), row["site"]))
+    return rows
 
 
 _ACTIVE: LiveStorageTracker | None = None

@@ -20,7 +20,14 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 CPU_STAGES = ("smoke", "main_claim", "stream_ordering", "shared_gpu_jobs", "backend_ops", "memory_ground_truth",
               "emulated_llama_rank", "cpu_clock")  # fmt: skip
-GPU_STAGES = ("model_kernels", "wait_precision", "gpt_capture_profile", "gpu_tests", "stream_overlap")
+GPU_STAGES = (
+    "model_kernels",
+    "kernel_profile",
+    "wait_precision",
+    "gpt_capture_profile",
+    "gpu_tests",
+    "stream_overlap",
+)
 
 
 def run_script(tmp_path: Path, *args: str, timeout_s: float) -> subprocess.CompletedProcess:

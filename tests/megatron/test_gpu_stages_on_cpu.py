@@ -45,6 +45,12 @@ def test_memory_ground_truth_on_cpu_matches_the_real_rank_to_the_byte(tmp_path):
     assert result["real_peak_bytes"] > 0
     assert result["memory_diff_bytes"] == 0
     assert result["emulated_peak_bytes"] == result["real_peak_bytes"] == result["report_peak_bytes"]
+    assert (
+        result["emulated_requested_peak_bytes"]
+        == result["real_requested_peak_bytes"]
+        == result["real_peak_bytes"]
+    )
+    assert result["peak_difference"] is None  # no allocator history on the CPU
     assert result["real_iteration_s"] > 0 and result["emulated_iteration_s"] > 0
     assert result["simulated_iteration_time_s"] > 0
     assert "Difference 0 B (**exact**)" in (tmp_path / "memory_ground_truth.md").read_text()

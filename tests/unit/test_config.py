@@ -27,6 +27,7 @@ FROZEN_FLAGS = {
     "--prism-cluster": "default",
     "--prism-out": None,
     "--prism-overwrite": False,
+    "--prism-memory-history": False,
     "--prism-allow-untested-megatron": False,
     "--prism-list-patches": False,
 }

@@ -60,6 +60,21 @@ def test_a_crash_a_timeout_and_a_failure_are_fail_with_the_signal_and_the_first_
     assert verdicts.main(["--work", str(tmp_path)]) == 1
 
 
+def test_the_main_claim_failing_one_part_shows_each_part_as_its_numbers_say(tmp_path):
+    """main_claim exits 1 when any part does not hold: each part reads its own numbers."""
+    steps(tmp_path, ("main_claim", "failed", "exit status 1"))
+    write(tmp_path, "main_claim", "main_claim", {
+        "simulated_iteration_time_s": 0.100, "emulated_iteration_s": 0.1005, "compute_error_pct": 0.4,
+        "emulated_compute_ms": 99.0, "plain_iteration_s": 0.0986, "spans": [], "num_spans": {},
+        "emulated_peak_bytes": 12, "plain_peak_bytes": 10, "plan_total_bytes": 10, "plan_error_pct": 20.0,
+        "emulated_requested_peak_bytes": 12, "plain_requested_peak_bytes": 10,
+    })  # fmt: skip
+    rows = by_label(verdicts.verdicts(str(tmp_path), ["main_claim"]))
+    assert rows["main claim: compute"][0] == "PASS" and rows["main claim: iteration"][0] == "PASS"
+    assert rows["main claim: memory"][0] == "FAIL" and rows["main claim: plan"][0] == "FAIL"
+    assert rows["main claim: spans"][0] == "FAIL"  # no span judged
+
+
 def test_bounds_decide_pass_and_fail(tmp_path):
     steps(
         tmp_path,
@@ -75,12 +90,14 @@ def test_bounds_decide_pass_and_fail(tmp_path):
         {"target_us": 1000.0, "median_us": 2.5},
     ]})  # fmt: skip
     write(tmp_path, "memory_ground_truth", "memory_ground_truth",
-          {"memory_diff_bytes": 0, "real_peak_bytes": 10, "emulated_peak_bytes": 10})  # fmt: skip
+          {"memory_diff_bytes": 0, "real_peak_bytes": 10, "emulated_peak_bytes": 10,
+           "real_requested_peak_bytes": 10, "emulated_requested_peak_bytes": 11})  # fmt: skip
     rows = by_label(verdicts.verdicts(str(tmp_path)))
     assert rows["backend + op families, 1 process"][0] == "PASS"
     assert rows["backend + op families, 2 processes"] == ("FAIL", "wrong results: p2p/exchange_real")
     assert rows["wait kernel: median <= 2 us (waits >= 100 us)"][0] == "FAIL"  # 2.5 us at 1 ms
-    assert rows["memory ground truth: TP2xDP2 peak identical"][0] == "PASS"
+    assert rows["memory ground truth: TP2xDP2 allocator peak identical"][0] == "PASS"
+    assert rows["memory ground truth: TP2xDP2 requested peak identical"][0] == "FAIL"  # 11 against 10
     assert rows["Llama-3-8B rank W=8192: 1 % / 2 %"][0] == "NOT RUN"
     assert verdicts.main(["--work", str(tmp_path)]) == 1
 
@@ -89,10 +106,12 @@ def test_a_dry_run_judges_correctness_and_shows_timing_as_cpu(tmp_path):
     steps(tmp_path, ("wait_precision", "ok", ""), ("memory_ground_truth", "ok", ""))
     write(tmp_path, "wait_precision", "wait_precision", {"rows": [{"target_us": 100.0, "median_us": 50.0}]})
     write(tmp_path, "memory_ground_truth", "memory_ground_truth",
-          {"memory_diff_bytes": 4, "real_peak_bytes": 10, "emulated_peak_bytes": 14})  # fmt: skip
+          {"memory_diff_bytes": 4, "real_peak_bytes": 10, "emulated_peak_bytes": 14,
+           "real_requested_peak_bytes": 10, "emulated_requested_peak_bytes": None})  # fmt: skip
     rows = by_label(verdicts.verdicts(str(tmp_path), dry_run=True))
     assert rows["wait kernel: median <= 2 us (waits >= 100 us)"][0] == "CPU"
-    assert rows["memory ground truth: TP2xDP2 peak identical"][0] == "FAIL"
+    assert rows["memory ground truth: TP2xDP2 allocator peak identical"][0] == "FAIL"
+    assert rows["memory ground truth: TP2xDP2 requested peak identical"][0] == "FAIL"  # none recorded
 
 
 def test_the_gpt_stage_matches_captured_spans_to_the_profilers_stamp_kernels(tmp_path):
@@ -160,6 +179,7 @@ def test_the_main_claim_has_a_row_per_part_and_spans_of_another_structure_fail(t
         "spans": [{"alone_us": 500.0, "emulated_us": 501.0, "error_pct": 0.2}],
         "num_spans": {"alone": 9, "emulated": 10},
         "plain_peak_bytes": 1000, "emulated_peak_bytes": 1000, "plan_total_bytes": 1020, "plan_error_pct": -1.96,
+        "plain_requested_peak_bytes": 990, "emulated_requested_peak_bytes": 990,
     }  # fmt: skip
     write(tmp_path, "main_claim", "main_claim", result)
     rows = by_label(verdicts.verdicts(str(tmp_path), ["main_claim"]))

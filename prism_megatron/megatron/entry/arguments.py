@@ -61,9 +61,12 @@ IGNORED_VALUED = (
     "--lr-decay-iters",
     "--distributed-backend",
     "--distributed-timeout-minutes",
-    "--attention-backend",
     "--data-cache-path",
 )
+
+
+ATTENTION_BACKENDS = ("flash", "fused", "unfused", "local", "auto")
+"""megatron-core's `AttnBackend` names, as Megatron-LM's --attention-backend takes them."""
 
 
 def _model_args(parser: argparse.ArgumentParser) -> None:
@@ -78,6 +81,14 @@ def _model_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--mtp-loss-scaling-factor", type=float, default=0.1)
     g.add_argument(
         "--transformer-impl", choices=("local",), default="local", help="only the local spec runs without TE"
+    )
+    g.add_argument(
+        "--attention-backend",
+        choices=ATTENTION_BACKENDS,
+        default="auto",
+        help="as Megatron-LM: on cpu and cuda the local spec's attention materialises its scores whatever "
+        "the choice; on --prism-device model:<gpu>, unfused and local keep that kernel (its GEMMs and "
+        "softmax timed and its scores held as a GPU would), the others run as one fused kernel",
     )
     g.add_argument("--bf16", action="store_true")
     g.add_argument("--fp16", action="store_true")

@@ -32,6 +32,7 @@ from megatron.core.models.gpt.gpt_layer_specs import (
 from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 from megatron.core.tensor_parallel import set_defaults_if_not_set_tensor_model_parallel_attributes
 from megatron.core.transformer import TransformerConfig
+from megatron.core.transformer.enums import AttnBackend
 from torch._subclasses.fake_tensor import FakeTensor
 
 from prism_megatron.config import MODELLED_PREFIX
@@ -49,7 +50,11 @@ def transformer_config(args: argparse.Namespace) -> TransformerConfig:
         ValueError: megatron-core's own checks (`__post_init__`) refuse the combination of flags.
     """
     return core_config.transformer_config(
-        args, add_bias_linear=not args.disable_bias_linear, **_moe_fields(args), **_schedule_fields(args)
+        args,
+        add_bias_linear=not args.disable_bias_linear,
+        attention_backend=AttnBackend[args.attention_backend],
+        **_moe_fields(args),
+        **_schedule_fields(args),
     )
 
 

@@ -5,7 +5,9 @@ cuDNN's fused attention): the [s, s] score matrix never reaches memory. megatron
 `DotProductAttention` computes it unfused (a batched GEMM, a masked softmax over [b, h, s, s], a
 second GEMM), which a GPU model would time as two GEMMs and a memory-bound softmax over the whole
 score matrix: at sequence 8192 that is several times the fused kernel's time. On a modelled device
-(`--prism-device model:<gpu>`) the built-in entry's spec puts `FlashAttention` in its place:
+(`--prism-device model:<gpu>`) the built-in entry's spec puts `FlashAttention` in its place, unless
+`--attention-backend` is unfused or local (`materialises_scores`: Transformer Engine's unfused
+attention holds the scores on a GPU too, and the local kernel's own ops are what it runs):
 `torch.nn.functional.scaled_dot_product_attention`, the same maths (causal mask, grouped query
 attention, softmax scale, attention dropout) as one op the GPU model times as flash attention.
 It holds no parameters. Packed sequences, attention bias and sliding windows are refused.
@@ -25,6 +27,12 @@ import torch
 import torch.nn.functional as F
 from megatron.core.transformer.dot_product_attention import DotProductAttention
 from megatron.core.transformer.enums import AttnMaskType
+
+
+def materialises_scores(config) -> bool:
+    """--attention-backend unfused or local (a TransformerConfig's `attention_backend`): the attention a
+    GPU runs holds its score matrix, as the local kernel does; the other backends run a fused kernel."""
+    return getattr(config.attention_backend, "name", None) in ("unfused", "local")
 
 
 class FlashAttention(DotProductAttention):

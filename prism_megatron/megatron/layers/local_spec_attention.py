@@ -4,7 +4,8 @@ Megatron-LM's `gpt_builder` without Transformer Engine (`--transformer-impl loca
 attention kernel of its local specs from `LocalSpecProvider.core_attention`; on the CPU prism makes
 that `ContextParallelAttention` (`patches/local_layers.py`). On a modelled GPU
 (`--prism-device model:<gpu>`) the kernel is `LocalSpecAttention`: at context parallelism 1 it runs
-`FlashAttention`'s one fused scaled-dot-product attention (timed as flash attention, as the built-in
+`FlashAttention`'s one fused scaled-dot-product attention (unless `--attention-backend` is unfused or
+local: then the GPU too holds the scores, and the local kernel's own ops run) (timed as flash attention, as the built-in
 entry's spec does), above 1 the context-parallel kernel block by block (each block charged as one flash-attention
 kernel, as in the built-in entry). It holds no parameters, like both.
 """
@@ -15,7 +16,7 @@ import torch
 from megatron.core.transformer.enums import AttnMaskType
 
 from prism_megatron.megatron.layers.context_parallel import ContextParallelAttention
-from prism_megatron.megatron.layers.flash_attention import FlashAttention
+from prism_megatron.megatron.layers.flash_attention import FlashAttention, materialises_scores
 
 
 class LocalSpecAttention(ContextParallelAttention):
@@ -31,7 +32,9 @@ class LocalSpecAttention(ContextParallelAttention):
         attention_bias: torch.Tensor | None = None,
         packed_seq_params=None,
     ) -> torch.Tensor:
-        if self.cp_size > 1:
+        if self.cp_size > 1 or materialises_scores(self.config):
+            # Above CP 1, or an attention that holds its scores on a GPU too (--attention-backend
+            # unfused or local): the local kernel's own ops, each timed as the GPU runs it.
             return super().forward(
                 query, key, value, attention_mask, attn_mask_type, attention_bias, packed_seq_params
             )

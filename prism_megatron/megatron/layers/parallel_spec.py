@@ -23,7 +23,7 @@ from megatron.core.transformer.transformer_block import (
 )
 
 from prism_megatron.megatron.layers.context_parallel import ContextParallelAttention
-from prism_megatron.megatron.layers.flash_attention import FlashAttention
+from prism_megatron.megatron.layers.flash_attention import FlashAttention, materialises_scores
 from prism_megatron.megatron.layers.local_mla import MLACoreAttention
 from prism_megatron.megatron.layers.norm import SequenceParallelNorm
 
@@ -48,7 +48,7 @@ class SpecSubstitution:
         if self.needed == "sequence_parallel":
             return bool(config.sequence_parallel)
         if self.needed == "modelled_device":
-            return modelled and config.context_parallel_size == 1
+            return modelled and config.context_parallel_size == 1 and not materialises_scores(config)
         return config.context_parallel_size > 1
 
 
@@ -80,9 +80,9 @@ SUBSTITUTIONS = (
         replacement=FlashAttention,
         needed="modelled_device",
         verified_on=VERIFIED_ON,
-        reason="--prism-device model:<gpu> (CP 1): the GPU runs attention as one fused kernel (Transformer "
-        "Engine's flash or cuDNN attention); the local kernel's unfused score matrix would be timed as "
-        "GEMMs and a memory-bound softmax",
+        reason="--prism-device model:<gpu> (CP 1, --attention-backend neither unfused nor local): the GPU "
+        "runs attention as one fused kernel (Transformer Engine's flash or cuDNN attention); the local "
+        "kernel's unfused score matrix would be timed as GEMMs and a memory-bound softmax",
     ),
 )
 

@@ -81,6 +81,11 @@ class Runtime:
                 ranks_spec=config.emulation.ranks,
             )
         device = config.emulation.resolved_device(torch.cuda.is_available())
+        if config.output.memory_history and device != "cuda":
+            raise ValueError(
+                f"--prism-memory-history records the CUDA caching allocator; this process's device is "
+                f"{device} (--prism-device {config.emulation.device}): use --prism-device cuda"
+            )
         rt = cls(config=config, device=device)
         if device == "cpu":
             rt.cpu = cpu_share.take(config.emulation)
@@ -236,6 +241,8 @@ class TrainingRecord:
         self.model: list | None = None
         self.optimizer: Any = None
         self.tracker: memory.LiveStorageTracker | None = None
+        self.history_baseline_bytes: int | None = None
+        """Bytes allocated when --prism-memory-history began recording (None: not recording)."""
 
     def before_step(self, model: list, optimizer: Any) -> None:
         """A step starts; at the first, memory accounting starts (the CPU's live-storage tracker with
@@ -257,6 +264,8 @@ class TrainingRecord:
             self.tracker.label_model(model)
         elif torch.cuda.is_available():
             torch.cuda.reset_peak_memory_stats()
+            if self.rt.config.output.memory_history:
+                self.history_baseline_bytes = memory.start_history()
 
     def _charge_as_a_gpu_runs(self, model: list, optimizer: Any) -> None:
         """A Megatron-LM script on a modelled GPU: its norms, Megatron's fusions and, with
@@ -290,8 +299,20 @@ class TrainingRecord:
             self.tracker.__exit__(None, None, None)
             return self.tracker.report()
         if self.model is not None and torch.cuda.is_available():
-            return memory.cuda_report(self.model, self.optimizer)
+            return memory.cuda_report(self.model, self.optimizer, self._peak_allocations())
         return None
+
+    def _peak_allocations(self) -> dict[str, Any] | None:
+        """--prism-memory-history: the history written to the run folder; what was live at its peak."""
+        if self.history_baseline_bytes is None:
+            return None
+        from prism_megatron import files
+
+        path = files.memory_history_path(self.rt.config.output.out, self.rt.virtual_rank)
+        return {
+            "history": path,
+            **memory.peak_allocations(memory.dump_history(path), self.history_baseline_bytes),
+        }
 
 
 def _reporting_calls(make, phase: rank_phase.InstantPhase):

@@ -1,0 +1,137 @@
+"""The main claim's job on the GPU under torch.profiler: device time by kernel, for the GPU model.
+
+Why: the modelled GPU (`--prism-device model:h200`) predicts this same job, run by the same program at
+the same size (main_claim's MODEL, one process, world size 1); main_claim measures its iteration and
+spans, which say how far the prediction is off but not where. This stage runs the job once more under
+torch.profiler (CUDA activity only: CUPTI's kernel records, no host events) and writes each kernel's
+device time and launches over the run, and the totals by family (GEMM kernels by their library names,
+everything else by name), so the model's time by kind (gemm, attention, memory-bound) can be held
+against the device's. Nothing is judged here: the comparison is made where the model runs (the CPU).
+
+Run: ``python -m benchmarks.gpu.kernel_profile --out DIR``; writes DIR/kernel_profile.json and .md.
+Needs a GPU, a CUDA build and megatron-core.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+from benchmarks.common import environment
+from benchmarks.gpu.main_claim import TRAIN_ITERS, job_flags
+from benchmarks.gpu.memory_ground_truth import REPO, _free_port, child_environment, read_rank
+from benchmarks.gpu.stage import run_stage
+
+NAME = "kernel_profile"
+TIMEOUT_S = 90.0
+TOP_KERNELS = 80
+GEMM_MARKERS = ("gemm", "nvjet", "cutlass", "xmma", "cublas", "wgmma")
+"""Substrings (lower case) of the kernel names cuBLAS and CUTLASS give their matrix multiplies."""
+
+
+def family(kernel: str) -> str:
+    """'gemm' for a matrix-multiply kernel, else 'other' (the memory-bound and softmax kernels)."""
+    lower = kernel.lower()
+    return "gemm" if any(marker in lower for marker in GEMM_MARKERS) else "other"
+
+
+def child_main(out_path: str, flags: list[str]) -> int:
+    """One process: world size 1 over NCCL, the built-in entry's run under the profiler."""
+    import torch
+    import torch.distributed as dist
+    from torch.profiler import ProfilerActivity, profile
+
+    from prism_megatron.megatron.entry import pretrain
+
+    on_gpu = torch.cuda.is_available()
+    dist.init_process_group("nccl" if on_gpu else "gloo")
+    # Without a GPU (the flow checked on the CPU) the CPU's ops stand in for the kernels.
+    with profile(activities=[ProfilerActivity.CUDA if on_gpu else ProfilerActivity.CPU]) as prof:
+        status = pretrain.main(flags)
+    if on_gpu:
+        torch.cuda.synchronize()
+    kernels = [
+        {"name": event.key, "device_us": event.device_time_total if on_gpu else event.self_cpu_time_total,
+         "count": event.count}
+        for event in prof.key_averages()
+        if (event.device_time_total if on_gpu else event.self_cpu_time_total) > 0
+    ]  # fmt: skip
+    with open(out_path, "w") as f:
+        json.dump(kernels, f)
+    return status
+
+
+def measure(work_dir: str, device: str = "cuda", tiny: bool = False) -> dict:
+    flags = job_flags(tiny, 1)
+    out_dir = os.path.join(work_dir, "run")
+    kernels_path = os.path.join(work_dir, "kernels.json")
+    env = child_environment({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "RANK": "0",
+                             "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"})  # fmt: skip
+    command = [sys.executable, "-m", "benchmarks.gpu.kernel_profile", "--child", kernels_path, *flags,
+               "--prism-device", device, "--prism-out", out_dir]  # fmt: skip
+    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
+    if done.returncode != 0:
+        raise RuntimeError(f"the profiled run failed (exit {done.returncode}):\n{done.stderr[-4000:]}")
+    with open(kernels_path) as f:
+        kernels = sorted(json.load(f), key=lambda k: -k["device_us"])
+    rank = read_rank(out_dir, 0)
+    by_family: dict[str, float] = {}
+    for kernel in kernels:
+        by_family[family(kernel["name"])] = by_family.get(family(kernel["name"]), 0.0) + kernel["device_us"]
+    return {
+        "job_flags": flags,
+        "iterations": TRAIN_ITERS,
+        "iterations_s": [it["time_s"] for it in rank["iterations"]],
+        "device_us_total": sum(k["device_us"] for k in kernels),
+        "device_us_by_family": by_family,
+        "num_kernel_names": len(kernels),
+        "kernels": kernels[:TOP_KERNELS],
+        "environment": environment(),
+    }
+
+
+def markdown(result: dict) -> str:
+    per_iteration = 1e-3 / result["iterations"]
+    lines = [
+        f"## Kernels of the main claim's job on the GPU ({result['iterations']} iterations, profiled)",
+        "",
+        f"Device time {result['device_us_total'] * per_iteration:.2f} ms per iteration (mean over all "
+        f"{result['iterations']}, the warm-up included); iterations (profiled) "
+        + ", ".join(f"{t * 1e3:.1f}" for t in result["iterations_s"])
+        + " ms.",
+        "",
+        "| family | ms per iteration |",
+        "|---|---:|",
+        *(
+            f"| {name} | {us * per_iteration:.2f} |"
+            for name, us in sorted(result["device_us_by_family"].items())
+        ),
+        "",
+        "| kernel | ms per iteration | launches |",
+        "|---|---:|---:|",
+        *(
+            f"| {k['name'][:90]} | {k['device_us'] * per_iteration:.3f} | {k['count']} |"
+            for k in result["kernels"][:25]
+        ),
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["--child"]:
+        return child_main(argv[1], argv[2:])
+    with tempfile.TemporaryDirectory(prefix=f"prism-{NAME}-") as work_dir:
+        result = run_stage(NAME, __doc__.splitlines()[0], lambda: measure(work_dir), markdown, argv)
+    if result is None:
+        return 2
+    print(markdown(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
