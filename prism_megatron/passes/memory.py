@@ -312,12 +312,18 @@ def dump_history(path: str) -> dict[str, Any]:
     return snapshot
 
 
-def allocation_site(frames: list[dict[str, Any]]) -> str:
-    """'file:line function' of the first frame outside torch (the program's line that allocated)."""
-    for frame in frames:
-        filename = frame.get("filename", "")
-        if not any(part in filename for part in TORCH_FRAME_PARTS):
-            return f"{_short_path(filename)}:{frame.get('line')} {frame.get('name')}"
+def allocation_site(frames: list[dict[str, Any]], depth: int = 3) -> str:
+    """The program's lines that allocated: the first `depth` frames outside torch and outside any
+    dispatch mode's `__torch_dispatch__` (a mode that forwards every op would otherwise be every op's
+    site), innermost first, as 'file:line function < caller < ...'."""
+    kept = [
+        f"{_short_path(frame.get('filename', '?'))}:{frame.get('line')} {frame.get('name')}"
+        for frame in frames
+        if frame.get("name") != "__torch_dispatch__"
+        and not any(part in frame.get("filename", "") for part in TORCH_FRAME_PARTS)
+    ]
+    if kept:
+        return " < ".join(kept[:depth])
     return (
         f"{_short_path(frames[0].get('filename', '?'))}:{frames[0].get('line')} {frames[0].get('name')}"
         if frames

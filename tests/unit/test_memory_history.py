@@ -63,10 +63,13 @@ def test_the_difference_of_two_peaks_names_the_site_one_run_holds_more_of():
     assert memory.diff_peak_allocations(a, a) == []
 
 
-def test_the_site_is_the_first_frame_outside_torch():
-    assert (
-        memory.allocation_site(_frames(TORCH, BACKEND, MODEL))
-        == "prism_megatron/backend/activation.py:33 stage"
+def test_the_site_is_the_first_frames_outside_torch_and_outside_dispatch_modes():
+    mode = ("/repo/prism_megatron/megatron/run/collectives.py", 64, "__torch_dispatch__")
+    assert memory.allocation_site(_frames(TORCH, mode, TORCH, MODEL, BACKEND)) == (
+        "megatron/core/transformer/mlp.py:120 forward < prism_megatron/backend/activation.py:33 stage"
+    )
+    assert memory.allocation_site(_frames(TORCH, BACKEND, MODEL), depth=1) == (
+        "prism_megatron/backend/activation.py:33 stage"
     )
     assert memory.allocation_site(_frames(TORCH)) == "torch/nn/functional.py:10 linear"
     assert memory.allocation_site([]) == "?"
