@@ -1,0 +1,227 @@
+"""The modelled GPU against a lent GPU's run of the same program: each measured number predicted here.
+
+    python -m benchmarks.published.against_gpu [--gpu-results FILE] [--out-dir DIR]
+
+Why: the published suite (`run.py`) holds the model against Megatron-LM's and Llama 3's runs, which
+ran Transformer Engine's fused kernels. The GPU stages of `benchmarks/gpu/run.sh` ran the built-in
+entry's own jobs on an H200 at full size (`main_claim`, `kernel_profile`, `emulated_llama_rank`) and
+recorded what they measured in a GPU results file. The same jobs, run here with `--prism-device
+model:h200` (the real program on fake tensors, every op timed by the model), predict each of those
+numbers; nothing in the model was fitted to them. Writes benchmarks/results/<date>-modelled-vs-gpu.md
+and .json.
+
+What is compared, per job (the GPU's numbers from its results file):
+
+* compute per iteration: `main_claim`'s rank run alone (one process, world size 1: its iteration has
+  no communication but groups of one) against the modelled role's compute; `emulated_llama_rank`'s
+  stage 0 run alone (its capture pass's compute spans) against the modelled role's compute;
+* GEMM and other kernels per iteration (`main_claim`'s job, from `kernel_profile`: torch.profiler's
+  kernel records, matrix-multiply kernels by their cuBLAS and CUTLASS names, averaged over the run's
+  iterations, the warm-up included) against the model's gemm and memory-bound (with launch) time;
+* peak memory: the allocator's peak (`max_memory_allocated` over the steps) against the modelled
+  rank's peak of live fake storage.
+
+The modelled runs are told what the GPU's run was: the built-in entry runs megatron-core's local
+attention there, which materialises the scores whatever `--attention-backend` says, so they pass
+`--attention-backend unfused` (the modelled device keeps that kernel instead of a fused one); the GPU
+had no Transformer Engine and no apex, so the built-in entry ran every Megatron fusion unfused, and
+they pass Megatron's flags that turn each off (`NO_FUSIONS`: the modelled device then charges the
+ops one by one). Two things have no flag and stay modelled as a Megatron GPU run has them: the norms
+(one kernel each way; the GPU ran torch's) and the optimizer step (one fused Adam; the GPU ran
+torch's multi-tensor AdamW).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+from benchmarks.common import environment
+from prism_megatron import files
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+DEFAULT_GPU_RESULTS = os.path.join(REPO, "benchmarks", "results", "2026-12-04-gpu-window2.json")
+GPU = "h200"
+MODELLED_TIMEOUT_S = 900.0
+NO_FUSIONS = (
+    "--no-gradient-accumulation-fusion", "--no-bias-gelu-fusion", "--no-bias-swiglu-fusion",
+    "--no-bias-dropout-fusion", "--no-rope-fusion",
+)  # fmt: skip
+"""Megatron's flags that turn its fusions off: what the GPU's run, without TE or apex, ran."""
+
+
+def stage_results(gpu_results: dict, stage: str) -> dict | None:
+    """A stage's results in a GPU results file (run.sh's summary), or None when it left none."""
+    for step in gpu_results["steps"]:
+        if step["name"] == stage:
+            return (step.get("results") or {}).get(stage)
+    return None
+
+
+def as_the_gpu_ran(flags: list[str]) -> list[str]:
+    """The job's flags with `--attention-backend unfused` and every fusion off (the module docstring)."""
+    if "--attention-backend" in flags:
+        index = flags.index("--attention-backend")
+        flags = [*flags[:index], *flags[index + 2 :]]
+    return [*flags, "--attention-backend", "unfused", *(flag for flag in NO_FUSIONS if flag not in flags)]
+
+
+def modelled_run(flags: list[str], world_size: int, rank: int, out_dir: str) -> dict:
+    """`prism-megatron emulate` of the job on the modelled GPU; its report.json and the seconds it took."""
+    command = [
+        sys.executable, "-m", "prism_megatron.cli", "emulate", "--", *as_the_gpu_ran(flags),
+        "--prism-emulate", "--prism-world-size", str(world_size), "--prism-ranks", str(rank),
+        "--prism-device", f"model:{GPU}", "--prism-out", out_dir,
+    ]  # fmt: skip
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (REPO, os.environ.get("PYTHONPATH")) if p))
+    begin = time.monotonic()
+    done = subprocess.run(
+        command, cwd=REPO, env=env, capture_output=True, text=True, timeout=MODELLED_TIMEOUT_S
+    )
+    seconds = time.monotonic() - begin
+    if done.returncode != 0:
+        raise RuntimeError(f"the modelled run failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
+    with open(os.path.join(out_dir, files.REPORT_JSON)) as f:
+        return {"report": json.load(f), "seconds": seconds}
+
+
+def _row(job: str, quantity: str, unit: str, measured: float, modelled: float, source: str) -> dict:
+    return {
+        "job": job,
+        "quantity": quantity,
+        "unit": unit,
+        "measured": measured,
+        "modelled": modelled,
+        "error_pct": 100 * (modelled - measured) / measured,
+        "measured_by": source,
+    }
+
+
+def _rank_of(report: dict, rank: int) -> dict:
+    """The rank's entry; a modelled run reports its roles' captured ranks, so a data-parallel job's
+    one role's (the same work) when the rank itself is not there."""
+    ranks = report["ranks"]
+    if str(rank) in ranks:
+        return ranks[str(rank)]
+    if len(ranks) == 1:
+        return next(iter(ranks.values()))
+    raise KeyError(f"rank {rank} is not in the modelled report (ranks {sorted(ranks)})")
+
+
+def main_claim_rows(gpu_results: dict, work_dir: str) -> tuple[list[dict], dict]:
+    claim = stage_results(gpu_results, "main_claim")
+    if claim is None:
+        return [], {}
+    from benchmarks.gpu.main_claim import REAL_RANK, WORLD_SIZE
+
+    run = modelled_run(claim["job_flags"], WORLD_SIZE, REAL_RANK, os.path.join(work_dir, "main_claim"))
+    report, rank = run["report"], _rank_of(run["report"], REAL_RANK)
+    kinds = report["modelled"]["time_by_kind_s"]
+    job = f"main_claim (rank {REAL_RANK} of W = {WORLD_SIZE}, DP)"
+    rows = [
+        _row(job, "compute per iteration", "ms", 1e3 * claim["plain_iteration_s"], 1e3 * rank["compute_s"],
+             "the rank run alone: median iteration after warm-up"),
+        _row(job, "peak memory", "MiB", claim["plain_peak_bytes"] / 2**20, rank["peak_memory_allocated_bytes"] / 2**20,
+             "max_memory_allocated over the steps (run without prism)"),
+    ]  # fmt: skip
+    profile = stage_results(gpu_results, "kernel_profile")
+    if profile is not None:
+        per_iteration_ms = 1e-3 / profile["iterations"]
+        by_family = profile["device_us_by_family"]
+        rows += [
+            _row(job, "GEMM kernels per iteration", "ms", by_family.get("gemm", 0.0) * per_iteration_ms,
+                 1e3 * kinds["gemm"], "kernel_profile: matrix-multiply kernels"),
+            _row(job, "other kernels per iteration", "ms", by_family.get("other", 0.0) * per_iteration_ms,
+                 1e3 * (kinds["memory"] + kinds["launch"] + kinds["attention"]),
+                 "kernel_profile: every other kernel (memory-bound, softmax, copies)"),
+        ]  # fmt: skip
+    return rows, {"main_claim": {"seconds": run["seconds"], "time_by_kind_s": kinds}}
+
+
+def llama_rows(gpu_results: dict, work_dir: str) -> tuple[list[dict], dict]:
+    llama = stage_results(gpu_results, "emulated_llama_rank")
+    if llama is None or llama.get("tiny"):
+        return [], {}
+    flags = [flag for flag in llama["job_flags"]]
+    run = modelled_run(flags, llama["world_size"], llama["real_rank"], os.path.join(work_dir, "llama"))
+    report, rank = run["report"], _rank_of(run["report"], llama["real_rank"])
+    job = f"emulated_llama_rank (rank {llama['real_rank']} of W = {llama['world_size']}, TP1 PP4)"
+    rows = [
+        _row(job, "compute per iteration", "ms", llama["compute_alone_ms"], 1e3 * rank["compute_s"],
+             "the stage run alone (capture pass): median compute after warm-up"),
+        _row(job, "peak memory", "MiB", llama["peak_bytes"] / 2**20, rank["peak_memory_allocated_bytes"] / 2**20,
+             "max_memory_allocated over the emulated steps"),
+        _row(job, "iteration (emulated on the GPU vs modelled)", "ms", 1e3 * llama["iteration_s"],
+             1e3 * report["modelled"]["iteration_time_s"], "the emulated rank's median iteration"),
+    ]  # fmt: skip
+    return rows, {
+        "llama": {"seconds": run["seconds"], "time_by_kind_s": report["modelled"]["time_by_kind_s"]}
+    }
+
+
+def markdown(result: dict) -> str:
+    lines = [
+        f"# The modelled GPU against a lent GPU's run of the same program ({result['date']})",
+        "",
+        f"Measured: `{result['gpu_results']}` ({result['measured_on']}). Modelled: `--prism-device "
+        f"model:{GPU}` on this machine, the same flags with `--attention-backend unfused` and Megatron's "
+        f"fusions off ({', '.join(NO_FUSIONS)}). Error = modelled / "
+        "measured - 1. Nothing in the model is fitted to these numbers.",
+        "",
+        "| job | quantity | measured | modelled | error | measured by |",
+        "|---|---|---:|---:|---:|---|",
+        *(
+            f"| {r['job']} | {r['quantity']} | {r['measured']:.1f} {r['unit']} | {r['modelled']:.1f} {r['unit']} | "
+            f"{r['error_pct']:+.1f} % | {r['measured_by']} |"
+            for r in result["rows"]
+        ),
+        "",
+        "Seconds per modelled run: "
+        + ", ".join(f"{name} {run['seconds']:.0f} s" for name, run in result["runs"].items())
+        + ".",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--gpu-results", default=DEFAULT_GPU_RESULTS, help="a GPU run's results (.json)")
+    parser.add_argument("--out-dir", default=os.path.join(REPO, "benchmarks", "results"))
+    args = parser.parse_args(argv)
+    try:
+        with open(args.gpu_results) as f:
+            gpu_results = json.load(f)
+    except (OSError, json.JSONDecodeError) as exc:
+        parser.error(f"--gpu-results {args.gpu_results}: {exc}")
+    with tempfile.TemporaryDirectory(prefix="prism-against-gpu-") as work_dir:
+        rows, runs = main_claim_rows(gpu_results, work_dir)
+        more_rows, more_runs = llama_rows(gpu_results, work_dir)
+    if not rows and not more_rows:
+        parser.error(f"--gpu-results {args.gpu_results}: no main_claim or emulated_llama_rank results in it")
+    claim = stage_results(gpu_results, "main_claim") or {}
+    result = {
+        "date": datetime.date.today().isoformat(),
+        "gpu_results": os.path.relpath(args.gpu_results, REPO),
+        "measured_on": (claim.get("environment") or {}).get("platform", "the lent GPU"),
+        "gpu_model": GPU,
+        "rows": rows + more_rows,
+        "runs": {**runs, **more_runs},
+        "environment": environment(),
+    }
+    stem = os.path.join(args.out_dir, f"{result['date']}-modelled-vs-gpu")
+    files.write_json(result, stem + ".json")
+    with files.atomic_open(stem + ".md") as f:
+        f.write(markdown(result))
+    print(markdown(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
