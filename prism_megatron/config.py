@@ -198,7 +198,7 @@ class OutputConfig:
     overwrite: bool = False
     """Replace the run an existing --prism-out holds (only a folder with a report.json of ours; the user's other files stay, links are not followed)."""
     memory_history: bool = False
-    """On a CUDA device: record the caching allocator's history over each real rank's training steps, write it to memory/rank-<r>.pickle (open it at pytorch.org/memory_viz) and list the allocations live at the peak, by the line that made them, in the rank's results. Costs each allocation a Python stack walk."""
+    """Record each real rank's memory history over its training steps (on a GPU the caching allocator's, on the CPU and a modelled GPU the live-storage account's), write it to memory/rank-<r>.pickle (open it at pytorch.org/memory_viz) and list the allocations live at the peak, by the lines that made them, in the rank's results. Costs each allocation a Python stack walk."""
 
     def __post_init__(self) -> None:
         if self.out is not None and not self.out.strip():

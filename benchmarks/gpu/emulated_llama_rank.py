@@ -30,7 +30,13 @@ import sys
 import time
 
 from benchmarks.common import environment
-from benchmarks.gpu.memory_ground_truth import median_iteration_s, read_rank, run_emulation, run_on_device
+from benchmarks.gpu.memory_ground_truth import (
+    median_iteration_s,
+    peak_groups,
+    read_rank,
+    run_emulation,
+    run_on_device,
+)
 
 NAME = "emulated_llama_rank"
 WORLD_SIZE = 8192
@@ -79,9 +85,12 @@ def measure(options: argparse.Namespace, work_dir: str) -> dict:
         )
     out_dir = os.path.join(work_dir, "run")
     flags = job_flags(TINY if options.tiny else LLAMA3_8B, options.train_iters)
+    # The allocator's history names what is live at the peak, to hold against the modelled GPU's
+    # (benchmarks/published/against_gpu.py); each allocation pays a Python stack walk.
     prism = [
         "--prism-emulate", "--prism-world-size", str(WORLD_SIZE), "--prism-ranks", str(REAL_RANK),
-        "--prism-device", options.device, "--prism-capture-iters", "2", "--prism-out", out_dir,
+        "--prism-device", options.device, "--prism-capture-iters", "2", "--prism-memory-history",
+        "--prism-out", out_dir,
     ]  # fmt: skip
     begin = time.monotonic()
     report = run_emulation([*flags, *prism], timeout_s=EMULATE_TIMEOUT_S[options.device])
@@ -111,6 +120,7 @@ def measure(options: argparse.Namespace, work_dir: str) -> dict:
         "peak_bytes": rank["memory"]["peak_bytes"],
         "memory_method": rank["memory"]["method"],
         "memory_at_peak_bytes": rank["memory"]["at_peak_bytes"],
+        "at_peak_allocations": peak_groups(rank["memory"]),
         "num_parameters": rank["num_parameters"],
         "command_wall_s": command_s,
         "environment": environment(),

@@ -214,6 +214,18 @@ def requested_peak_bytes(memory: dict) -> int | None:
     return memory.get("requested_peak_bytes")
 
 
+def peak_groups(memory: dict, limit: int = 60) -> dict | None:
+    """A rank's allocations live at its history's peak (--prism-memory-history), the largest `limit`
+    groups (site and size), for a results file; None without a history."""
+    peak = memory.get("at_peak_allocations")
+    if not peak:
+        return None
+    return {
+        **{k: v for k, v in peak.items() if k not in ("groups", "history")},
+        "groups": peak["groups"][:limit],
+    }
+
+
 def peak_difference(real: dict, emulated: dict, limit: int = 20) -> dict | None:
     """With both runs' allocator histories (--prism-memory-history): what each held at its history's
     peak, and the (site, size) groups whose counts differ, largest first (None without histories)."""

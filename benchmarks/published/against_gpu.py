@@ -77,7 +77,7 @@ def modelled_run(flags: list[str], world_size: int, rank: int, out_dir: str) -> 
     command = [
         sys.executable, "-m", "prism_megatron.cli", "emulate", "--", *as_the_gpu_ran(flags),
         "--prism-emulate", "--prism-world-size", str(world_size), "--prism-ranks", str(rank),
-        "--prism-device", f"model:{GPU}", "--prism-out", out_dir,
+        "--prism-device", f"model:{GPU}", "--prism-memory-history", "--prism-out", out_dir,
     ]  # fmt: skip
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (REPO, os.environ.get("PYTHONPATH")) if p))
     begin = time.monotonic()
@@ -88,7 +88,27 @@ def modelled_run(flags: list[str], world_size: int, rank: int, out_dir: str) -> 
     if done.returncode != 0:
         raise RuntimeError(f"the modelled run failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
     with open(os.path.join(out_dir, files.REPORT_JSON)) as f:
-        return {"report": json.load(f), "seconds": seconds}
+        report = json.load(f)
+    peaks = {}
+    for path in files.results_paths(os.path.join(out_dir, files.CAPTURE_DIR)):
+        with open(path) as f:
+            rank = json.load(f)
+        peaks[str(rank["virtual_rank"])] = rank["memory"].get("at_peak_allocations")
+    return {"report": report, "seconds": seconds, "at_peak_allocations": peaks}
+
+
+def memory_rows(job: str, measured: dict | None, modelled: dict | None, limit: int = 12) -> list[dict]:
+    """What is live at each peak by site and size: the groups whose counts differ between the GPU's
+    history and the modelled one (both --prism-memory-history), else the modelled peak's largest."""
+    from prism_megatron.passes.memory import diff_peak_allocations
+
+    if not modelled:
+        return []
+    if measured:
+        return [{"job": job, "site": g["site"], "size": g["size"], "measured": g["count_a"], "modelled": g["count_b"],
+                 "bytes": g["bytes"]} for g in diff_peak_allocations(measured, modelled)[:limit]]  # fmt: skip
+    return [{"job": job, "site": g["site"], "size": g["size"], "measured": None, "modelled": g["count"],
+             "bytes": g["bytes"]} for g in modelled["groups"][:limit]]  # fmt: skip
 
 
 def _row(job: str, quantity: str, unit: str, measured: float, modelled: float, source: str) -> dict:
@@ -141,7 +161,13 @@ def main_claim_rows(gpu_results: dict, work_dir: str) -> tuple[list[dict], dict]
                  1e3 * (kinds["memory"] + kinds["launch"] + kinds["attention"]),
                  "kernel_profile: every other kernel (memory-bound, softmax, copies)"),
         ]  # fmt: skip
-    return rows, {"main_claim": {"seconds": run["seconds"], "time_by_kind_s": kinds}}
+    peaks = run["at_peak_allocations"]
+    memory = memory_rows(
+        job,
+        claim.get("plain_at_peak_allocations"),
+        peaks.get(str(REAL_RANK)) or next(iter(peaks.values()), None),
+    )
+    return rows, {"main_claim": {"seconds": run["seconds"], "time_by_kind_s": kinds, "at_peak": memory}}
 
 
 def llama_rows(gpu_results: dict, work_dir: str) -> tuple[list[dict], dict]:
@@ -160,9 +186,11 @@ def llama_rows(gpu_results: dict, work_dir: str) -> tuple[list[dict], dict]:
         _row(job, "iteration (emulated on the GPU vs modelled)", "ms", 1e3 * llama["iteration_s"],
              1e3 * report["modelled"]["iteration_time_s"], "the emulated rank's median iteration"),
     ]  # fmt: skip
-    return rows, {
-        "llama": {"seconds": run["seconds"], "time_by_kind_s": report["modelled"]["time_by_kind_s"]}
-    }
+    memory = memory_rows(
+        job, llama.get("at_peak_allocations"), run["at_peak_allocations"].get(str(llama["real_rank"]))
+    )
+    kinds = report["modelled"]["time_by_kind_s"]
+    return rows, {"llama": {"seconds": run["seconds"], "time_by_kind_s": kinds, "at_peak": memory}}
 
 
 def markdown(result: dict) -> str:
@@ -187,6 +215,22 @@ def markdown(result: dict) -> str:
         + ".",
         "",
     ]
+    for name, run in result["runs"].items():
+        rows = run.get("at_peak") or []
+        if not rows:
+            continue
+        compared = rows[0]["measured"] is not None
+        lines += [
+            f"Live at the peak, {name}: " + ("the groups whose counts differ (GPU history against modelled)"
+                                            if compared else "the modelled peak's largest groups (the GPU's "
+                                            "results hold no history)"),
+            "",
+            "| site | size | live (GPU) | live (modelled) | MiB |",
+            "|---|---:|---:|---:|---:|",
+            *(f"| {r['site']} | {r['size']} | {'-' if r['measured'] is None else r['measured']} | {r['modelled']} | "
+              f"{r['bytes'] / 2**20:+.1f} |" for r in rows),
+            "",
+        ]  # fmt: skip
     return "\n".join(lines)
 
 

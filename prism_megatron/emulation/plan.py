@@ -170,7 +170,6 @@ def plan_run(
         out_dir=out_dir,
     )
     plan = with_slice(plan, megatron_args)
-    _check_memory_history(config)
     graph = preflight.check(
         cluster=config.cluster.cluster,
         script=script,
@@ -180,21 +179,6 @@ def plan_run(
         facts=plan.graph_facts(),
     )
     return dataclasses.replace(plan, reused_graph=graph) if graph is not None else plan
-
-
-def _check_memory_history(config: PrismConfig) -> None:
-    """--prism-memory-history records the CUDA caching allocator: a run on another device has none."""
-    if not config.output.memory_history:
-        return
-    import torch
-
-    device = config.emulation.resolved_device(torch.cuda.is_available())
-    if device != "cuda":
-        raise ValueError(
-            f"--prism-memory-history records the CUDA caching allocator; this run's device is {device} "
-            f"(--prism-device {config.emulation.device}): use --prism-device cuda on a machine with a GPU, "
-            "or read the memory by category in the rank's results"
-        )
 
 
 def _check_modelled(config: PrismConfig, flags: argparse.Namespace) -> None:

@@ -33,6 +33,7 @@ import dataclasses
 import os
 import pickle
 import time
+import traceback
 import weakref
 from collections.abc import Iterable, Iterator
 from typing import Any, Protocol
@@ -72,8 +73,9 @@ class MemoryReport:
     cache's history (which blocks a stream's pending frees kept from reuse), this number does not.
     None on the CPU, whose account counts storage sizes, already what was requested."""
     at_peak_allocations: dict[str, Any] | None = None
-    """With --prism-memory-history (CUDA): the allocations live at the peak that the recorded history
-    saw, by the site that made them (`peak_allocations`); None without it."""
+    """With --prism-memory-history: the allocations live at the peak of the recorded history (the CUDA
+    allocator's, or the live-storage account's on the CPU and a modelled GPU), by the lines that made
+    them (`peak_allocations`); None without it."""
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -94,6 +96,10 @@ class _StorageAccount:
         self.samples: list[tuple[int, ...]] = []
         """(time ns, bytes of each of CATEGORIES), throttled (see the module docstring)."""
         self._last_sample_ns = 0
+        self.trace: list[dict[str, Any]] | None = None
+        """With a history (`LiveStorageTracker.start_history`): every storage counted from then on and
+        every one dropped, as the CUDA allocator's history records them (`peak_allocations`)."""
+        self.history_baseline_bytes = 0
 
     def sample(self, *, force: bool = False) -> None:
         now_ns = time.monotonic_ns()
@@ -114,6 +120,8 @@ class _StorageAccount:
         self.entries[ptr] = (size_bytes, category)
         self.current[category] += size_bytes
         weakref.finalize(storage, self._drop, ptr, size_bytes)
+        if self.trace is not None:
+            self.trace.append({"action": "alloc", "addr": ptr, "size": size_bytes, "frames": python_frames()})
         self._update_peaks()
 
     def relabel(self, ptr: int, category: str) -> None:
@@ -131,6 +139,10 @@ class _StorageAccount:
             return
         del self.entries[ptr]
         self.current[entry[1]] -= size_bytes
+        if self.trace is not None:
+            # Requested and completed at once: the CPU frees at the drop (the viewer reads both).
+            for action in ("free_requested", "free_completed"):
+                self.trace.append({"action": action, "addr": ptr, "size": size_bytes, "frames": []})
         self.sample()
 
     def _update_peaks(self) -> None:
@@ -204,6 +216,19 @@ class LiveStorageTracker(TorchDispatchMode):
                     continue
                 self.account.add(storage, ACTIVATIONS)
 
+    def start_history(self) -> None:
+        """From now on, keep the history of every storage counted and dropped, with the Python frames
+        that allocated it (--prism-memory-history); what is live now is its baseline."""
+        self.account.trace = []
+        self.account.history_baseline_bytes = sum(self.account.current.values())
+
+    def history(self) -> dict[str, Any] | None:
+        """The history in the form of the CUDA allocator's snapshot (`torch.cuda.memory._snapshot`:
+        no segments, one device's trace), None without `start_history`."""
+        if self.account.trace is None:
+            return None
+        return {"segments": [], "device_traces": [self.account.trace]}
+
     def __enter__(self) -> LiveStorageTracker:
         global _ACTIVE
         _ACTIVE = self
@@ -224,12 +249,27 @@ class LiveStorageTracker(TorchDispatchMode):
             return
         super().__exit__(*exc)
 
-    def report(self) -> MemoryReport:
+    def report(self, history_path: str | None = None) -> MemoryReport:
+        """The account's peak; with a history, written to `history_path` (when given) and what was live
+        at its peak (`peak_allocations`)."""
+        at_peak_allocations = None
+        history = self.history()
+        if history is not None:
+            at_peak_allocations = peak_allocations(
+                history, self.account.history_baseline_bytes, max_entries=None
+            )
+            if history_path is not None:
+                from prism_megatron.files.atomic import atomic_open
+
+                with atomic_open(history_path, "wb") as f:
+                    pickle.dump(history, f)
+                at_peak_allocations = {"history": history_path, **at_peak_allocations}
         return MemoryReport(
             peak_bytes=self.account.peak_total,
             at_peak_bytes=dict(self.account.at_peak),
             category_peak_bytes=dict(self.account.category_peak),
             method="live-storage",
+            at_peak_allocations=at_peak_allocations,
         )
 
 
@@ -287,8 +327,26 @@ def cuda_report(
 HISTORY_MAX_ENTRIES = 300_000
 """Allocator events kept by --prism-memory-history (torch: several KB each with their frames);
 a run with more keeps the latest, and `peak_allocations` then says the history was cut."""
+MODE_FRAMES = ("__torch_dispatch__", "__torch_function__")
+"""Frames of torch's dispatch and function modes: a mode that forwards every op would be every op's site."""
 TORCH_FRAME_PARTS = ("/torch/", "<frozen", "/contextlib.py", "/functools.py")
 """Frames inside torch and Python's own helpers: an allocation's site is the first frame outside them."""
+
+
+HISTORY_FRAMES = 40
+"""Python frames kept per allocation in a live-storage history (the innermost ones)."""
+
+
+def python_frames() -> list[dict[str, Any]]:
+    """The calling Python frames, innermost first, as the CUDA allocator's history records them
+    (filename, line, name; no source lines read)."""
+    stack = traceback.StackSummary.extract(
+        traceback.walk_stack(None), limit=HISTORY_FRAMES, lookup_lines=False
+    )
+    frames = [{"filename": frame.filename, "line": frame.lineno, "name": frame.name} for frame in stack]
+    while frames and frames[0]["filename"] == __file__:  # the account's own frames
+        frames.pop(0)
+    return frames
 
 
 def start_history() -> int:
@@ -314,12 +372,12 @@ def dump_history(path: str) -> dict[str, Any]:
 
 def allocation_site(frames: list[dict[str, Any]], depth: int = 3) -> str:
     """The program's lines that allocated: the first `depth` frames outside torch and outside any
-    dispatch mode's `__torch_dispatch__` (a mode that forwards every op would otherwise be every op's
-    site), innermost first, as 'file:line function < caller < ...'."""
+    mode's `__torch_dispatch__` or `__torch_function__` (MODE_FRAMES), innermost first, as
+    'file:line function < caller < ...'."""
     kept = [
         f"{_short_path(frame.get('filename', '?'))}:{frame.get('line')} {frame.get('name')}"
         for frame in frames
-        if frame.get("name") != "__torch_dispatch__"
+        if frame.get("name") not in MODE_FRAMES
         and not any(part in frame.get("filename", "") for part in TORCH_FRAME_PARTS)
     ]
     if kept:
@@ -340,13 +398,19 @@ def _short_path(filename: str) -> str:
     return os.path.basename(filename)
 
 
-def peak_allocations(snapshot: dict[str, Any], baseline_bytes: int = 0, limit: int = 200) -> dict[str, Any]:
+def peak_allocations(
+    snapshot: dict[str, Any],
+    baseline_bytes: int = 0,
+    limit: int = 200,
+    max_entries: int | None = HISTORY_MAX_ENTRIES,
+) -> dict[str, Any]:
     """The allocations live at the highest point of a recorded history, by site and size.
 
     Replays the trace of device 0 ('alloc' adds a block, 'free_requested' removes it: the moments the
     allocator's `allocated_bytes` moves) from `baseline_bytes` (allocated before the history began);
     returns the peak the history reaches, the groups live there (site, size, count, bytes; the largest
-    `limit` by bytes) and whether the history was cut (its first event is not the first of the run)."""
+    `limit` by bytes) and whether the history was cut (it holds `max_entries` events, the most a CUDA
+    history keeps: its first event may not be the first of the run; None: never cut)."""
     traces = snapshot.get("device_traces") or [[]]
     trace = max(traces, key=len)
     live: dict[int, tuple[int, str]] = {}
@@ -379,7 +443,7 @@ def peak_allocations(snapshot: dict[str, Any], baseline_bytes: int = 0, limit: i
         "peak_bytes": peak,
         "baseline_bytes": baseline_bytes,
         "events": len(trace),
-        "cut": len(trace) >= HISTORY_MAX_ENTRIES,
+        "cut": max_entries is not None and len(trace) >= max_entries,
         "groups": rows[:limit],
         "num_groups": len(rows),
     }

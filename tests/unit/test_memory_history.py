@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-import pytest
+import pathlib
+import pickle
+
+import torch
 
 from prism_megatron.passes import memory
 
@@ -75,13 +78,33 @@ def test_the_site_is_the_first_frames_outside_torch_and_outside_dispatch_modes()
     assert memory.allocation_site([]) == "?"
 
 
-def test_memory_history_on_a_run_without_cuda_is_refused_before_anything_starts(tmp_path):
-    from prism_megatron.emulation.plan import plan_run
+def test_the_live_storage_account_keeps_the_same_history_and_names_what_is_live_at_its_peak(tmp_path):
+    """On the CPU (and a modelled GPU) the account's storages make the history, in the CUDA form."""
 
-    flags = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "64",
-             "--max-position-embeddings", "64", "--vocab-size", "512", "--micro-batch-size", "1",
-             "--global-batch-size", "8", "--train-iters", "2", "--prism-emulate", "--prism-world-size", "8",
-             "--prism-device", "cpu", "--prism-memory-history", "--prism-out", str(tmp_path / "run")]  # fmt: skip
-    with pytest.raises(ValueError, match=r"--prism-memory-history .* device is cpu"):
-        plan_run(flags)
-    assert not (tmp_path / "run").exists()
+    def step_of(tracker: memory.LiveStorageTracker) -> None:
+        kept = torch.ones(1024)  # 4096 B, live at the peak
+        temporary = torch.zeros(256)  # 1024 B, gone before it
+        del temporary
+        bigger = kept * 2  # 4096 B: the peak is here
+        del bigger
+
+    with memory.LiveStorageTracker() as tracker:
+        baseline = torch.ones(64)
+        tracker.label(memory.PARAMETERS, [baseline])
+        tracker.start_history()
+        step_of(tracker)
+    report = tracker.report(str(tmp_path / "memory" / "rank-00000.pickle"))
+    peak = report.at_peak_allocations
+    assert peak["baseline_bytes"] == 256 and peak["peak_bytes"] == report.peak_bytes == 256 + 4096 + 4096
+    source = pathlib.Path(__file__).read_text().splitlines()
+    line_of = {
+        text: next(i for i, line in enumerate(source, 1) if text in line)
+        for text in ("kept = torch", "bigger =")
+    }
+    sites = {(g["site"].split(" < ")[0], g["size"]) for g in peak["groups"]}
+    assert sites == {(f"test_memory_history.py:{line} step_of", 4096) for line in line_of.values()}
+    assert peak["cut"] is False
+    with open(peak["history"], "rb") as f:
+        history = pickle.load(f)
+    actions = [event["action"] for event in history["device_traces"][0]]
+    assert actions.count("alloc") == 3 and actions.count("free_completed") == 3  # all gone by the end

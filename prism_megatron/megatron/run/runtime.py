@@ -81,11 +81,6 @@ class Runtime:
                 ranks_spec=config.emulation.ranks,
             )
         device = config.emulation.resolved_device(torch.cuda.is_available())
-        if config.output.memory_history and device != "cuda":
-            raise ValueError(
-                f"--prism-memory-history records the CUDA caching allocator; this process's device is "
-                f"{device} (--prism-device {config.emulation.device}): use --prism-device cuda"
-            )
         rt = cls(config=config, device=device)
         if device == "cpu":
             rt.cpu = cpu_share.take(config.emulation)
@@ -262,6 +257,8 @@ class TrainingRecord:
             fake = self.rt.config.emulation.modelled_gpu is not None
             self.tracker = memory.LiveStorageTracker(fake_storage=fake).__enter__()
             self.tracker.label_model(model)
+            if self.rt.config.output.memory_history:
+                self.tracker.start_history()
         elif torch.cuda.is_available():
             torch.cuda.reset_peak_memory_stats()
             if self.rt.config.output.memory_history:
@@ -297,7 +294,7 @@ class TrainingRecord:
         """The memory report of the steps (None when no step ran)."""
         if self.tracker is not None:
             self.tracker.__exit__(None, None, None)
-            return self.tracker.report()
+            return self.tracker.report(self._history_path() if self.rt.config.output.memory_history else None)
         if self.model is not None and torch.cuda.is_available():
             return memory.cuda_report(self.model, self.optimizer, self._peak_allocations())
         return None
@@ -306,13 +303,16 @@ class TrainingRecord:
         """--prism-memory-history: the history written to the run folder; what was live at its peak."""
         if self.history_baseline_bytes is None:
             return None
-        from prism_megatron import files
-
-        path = files.memory_history_path(self.rt.config.output.out, self.rt.virtual_rank)
+        path = self._history_path()
         return {
             "history": path,
             **memory.peak_allocations(memory.dump_history(path), self.history_baseline_bytes),
         }
+
+    def _history_path(self) -> str:
+        from prism_megatron import files
+
+        return files.memory_history_path(self.rt.config.output.out, self.rt.virtual_rank)
 
 
 def _reporting_calls(make, phase: rank_phase.InstantPhase):
