@@ -3,10 +3,10 @@
 Why: the modelled GPU (`--prism-device model:h200`) predicts this same job, run by the same program at
 the same size (main_claim's MODEL, one process, world size 1); main_claim measures its iteration and
 spans, which say how far the prediction is off but not where. This stage runs the job once more under
-torch.profiler (CUDA activity only: CUPTI's kernel records, no host events) and writes each kernel's
-device time and launches over the run, and the totals by family (GEMM kernels by their library names,
-everything else by name), so the model's time by kind (gemm, attention, memory-bound) can be held
-against the device's. Nothing is judged here: the comparison is made where the model runs (the CPU).
+torch.profiler and writes each kernel's device time and launches over the run, the totals by family
+(GEMM kernels by their library names, everything else by name), and each aten op's own device time
+(the kernels it launched), so the model's time by kind (gemm, attention, memory-bound) and by op can be
+held against the device's. Nothing is judged here: the comparison is made where the model runs (the CPU).
 
 Run: ``python -m benchmarks.gpu.kernel_profile --out DIR``; writes DIR/kernel_profile.json and .md.
 Needs a GPU, a CUDA build and megatron-core.
@@ -26,7 +26,7 @@ from benchmarks.gpu.memory_ground_truth import REPO, _free_port, child_environme
 from benchmarks.gpu.stage import run_stage
 
 NAME = "kernel_profile"
-TIMEOUT_S = 90.0
+TIMEOUT_S = 150.0
 TOP_KERNELS = 80
 GEMM_MARKERS = ("gemm", "nvjet", "cutlass", "xmma", "cublas", "wgmma")
 """Substrings (lower case) of the kernel names cuBLAS and CUTLASS give their matrix multiplies."""
@@ -42,25 +42,38 @@ def child_main(out_path: str, flags: list[str]) -> int:
     """One process: world size 1 over NCCL, the built-in entry's run under the profiler."""
     import torch
     import torch.distributed as dist
+    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
     from prism_megatron.megatron.entry import pretrain
 
     on_gpu = torch.cuda.is_available()
     dist.init_process_group("nccl" if on_gpu else "gloo")
-    # Without a GPU (the flow checked on the CPU) the CPU's ops stand in for the kernels.
-    with profile(activities=[ProfilerActivity.CUDA if on_gpu else ProfilerActivity.CPU]) as prof:
+    # The host's ops too: each aten op's own device time (its kernels') is what the GPU model charges
+    # per op. Without a GPU (the flow checked on the CPU) the CPU's times stand in for the kernels'.
+    activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if on_gpu else [])]
+    with profile(activities=activities) as prof:
         status = pretrain.main(flags)
     if on_gpu:
         torch.cuda.synchronize()
-    kernels = [
-        {"name": event.key, "device_us": event.device_time_total if on_gpu else event.self_cpu_time_total,
+    kernels: dict[str, list[float]] = {}
+    for event in prof.events():
+        if on_gpu and event.device_type == DeviceType.CUDA:
+            totals = kernels.setdefault(event.name, [0.0, 0])
+            totals[0] += event.device_time_total
+            totals[1] += 1
+    ops = [
+        {"name": event.key, "device_us": event.self_device_time_total if on_gpu else event.self_cpu_time_total,
          "count": event.count}
         for event in prof.key_averages()
-        if (event.device_time_total if on_gpu else event.self_cpu_time_total) > 0
+        if event.key.startswith("aten::") and (event.self_device_time_total if on_gpu else event.self_cpu_time_total) > 0
     ]  # fmt: skip
+    record = {
+        "kernels": [{"name": name, "device_us": us, "count": count} for name, (us, count) in kernels.items()],
+        "aten_ops": ops,
+    }
     with open(out_path, "w") as f:
-        json.dump(kernels, f)
+        json.dump(record, f)
     return status
 
 
@@ -76,7 +89,9 @@ def measure(work_dir: str, device: str = "cuda", tiny: bool = False) -> dict:
     if done.returncode != 0:
         raise RuntimeError(f"the profiled run failed (exit {done.returncode}):\n{done.stderr[-4000:]}")
     with open(kernels_path) as f:
-        kernels = sorted(json.load(f), key=lambda k: -k["device_us"])
+        record = json.load(f)
+    kernels = sorted(record["kernels"], key=lambda k: -k["device_us"])
+    aten_ops = sorted(record["aten_ops"], key=lambda k: -k["device_us"])
     rank = read_rank(out_dir, 0)
     by_family: dict[str, float] = {}
     for kernel in kernels:
@@ -89,6 +104,7 @@ def measure(work_dir: str, device: str = "cuda", tiny: bool = False) -> dict:
         "device_us_by_family": by_family,
         "num_kernel_names": len(kernels),
         "kernels": kernels[:TOP_KERNELS],
+        "aten_ops": aten_ops[:TOP_KERNELS],
         "environment": environment(),
     }
 

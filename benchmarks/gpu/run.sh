@@ -50,7 +50,7 @@ STAGES=(
   "main_claim 200 megatron"
   "model_kernels 75 gpu+megatron"
   "memory_ground_truth 120 megatron"
-  "kernel_profile 90 gpu+megatron"
+  "kernel_profile 160 gpu+megatron"
   "emulated_llama_rank 180 megatron"
   "stream_ordering 40 any"
   "shared_gpu_jobs 60 any"

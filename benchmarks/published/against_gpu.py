@@ -89,12 +89,48 @@ def modelled_run(flags: list[str], world_size: int, rank: int, out_dir: str) -> 
         raise RuntimeError(f"the modelled run failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
     with open(os.path.join(out_dir, files.REPORT_JSON)) as f:
         report = json.load(f)
-    peaks = {}
+    peaks, ops = {}, {}
     for path in files.results_paths(os.path.join(out_dir, files.CAPTURE_DIR)):
         with open(path) as f:
             rank = json.load(f)
         peaks[str(rank["virtual_rank"])] = rank["memory"].get("at_peak_allocations")
-    return {"report": report, "seconds": seconds, "at_peak_allocations": peaks}
+        device = rank.get("modelled_device") or {}
+        iterations = max(len(device.get("iterations_by_kind_ns") or []), 1)
+        ops[str(rank["virtual_rank"])] = {
+            name: ns / iterations for name, ns in (device.get("top_ops_ns") or {}).items()
+        }
+    return {"report": report, "seconds": seconds, "at_peak_allocations": peaks, "ops_ns_per_iteration": ops}
+
+
+COPY_OPS = ("_to_copy", "copy_", "clone", "contiguous")
+"""One family: a cast or copy is `_to_copy` where the model sees it and `copy_`'s kernels on the GPU."""
+
+
+def op_family(name: str) -> str:
+    """An aten op's name as both sides can match it: no namespace, no overload, copies as one."""
+    base = name.removeprefix("aten::").split(".")[0]
+    return "copy" if base in COPY_OPS else base
+
+
+def op_rows(profile: dict | None, modelled_ns: dict[str, float] | None, limit: int = 16) -> list[dict]:
+    """Device time per iteration by aten op (kernel_profile's own device time of each op) against the
+    model's charged time per iteration of the same op, the largest first."""
+    if not profile or not profile.get("aten_ops") or not modelled_ns:
+        return []
+    measured: dict[str, float] = {}
+    for op in profile["aten_ops"]:
+        family = op_family(op["name"])
+        measured[family] = measured.get(family, 0.0) + op["device_us"] / 1e3 / profile["iterations"]
+    modelled: dict[str, float] = {}
+    for name, ns in modelled_ns.items():
+        family = op_family(name)
+        modelled[family] = modelled.get(family, 0.0) + ns / 1e6
+    families = sorted(
+        measured.keys() | modelled.keys(), key=lambda f: -max(measured.get(f, 0.0), modelled.get(f, 0.0))
+    )
+    return [
+        {"op": f, "measured_ms": measured.get(f), "modelled_ms": modelled.get(f)} for f in families[:limit]
+    ]
 
 
 def memory_rows(job: str, measured: dict | None, modelled: dict | None, limit: int = 12) -> list[dict]:
@@ -167,7 +203,11 @@ def main_claim_rows(gpu_results: dict, work_dir: str) -> tuple[list[dict], dict]
         claim.get("plain_at_peak_allocations"),
         peaks.get(str(REAL_RANK)) or next(iter(peaks.values()), None),
     )
-    return rows, {"main_claim": {"seconds": run["seconds"], "time_by_kind_s": kinds, "at_peak": memory}}
+    ops = run["ops_ns_per_iteration"]
+    by_op = op_rows(profile, ops.get(str(REAL_RANK)) or next(iter(ops.values()), None))
+    return rows, {
+        "main_claim": {"seconds": run["seconds"], "time_by_kind_s": kinds, "at_peak": memory, "by_op": by_op}
+    }
 
 
 def llama_rows(gpu_results: dict, work_dir: str) -> tuple[list[dict], dict]:
@@ -216,6 +256,19 @@ def markdown(result: dict) -> str:
         "",
     ]
     for name, run in result["runs"].items():
+        if run.get("by_op"):
+            lines += [
+                f"Device time per iteration by aten op, {name} (the GPU: each op's own kernels, torch.profiler; "
+                "modelled: the time the model charged the op, over the captured iterations):",
+                "",
+                "| op | measured ms | modelled ms | error |",
+                "|---|---:|---:|---:|",
+                *(
+                    f"| {r['op']} | {_ms(r['measured_ms'])} | {_ms(r['modelled_ms'])} | {_error(r)} |"
+                    for r in run["by_op"]
+                ),
+                "",
+            ]
         rows = run.get("at_peak") or []
         if not rows:
             continue
@@ -232,6 +285,15 @@ def markdown(result: dict) -> str:
             "",
         ]  # fmt: skip
     return "\n".join(lines)
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def _error(row: dict) -> str:
+    measured, modelled = row["measured_ms"], row["modelled_ms"]
+    return "-" if not measured or modelled is None else f"{100 * (modelled - measured) / measured:+.1f} %"
 
 
 def main(argv: list[str] | None = None) -> int:

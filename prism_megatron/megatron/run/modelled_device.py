@@ -113,6 +113,11 @@ def _as_meta(value: Any, originals: dict[int, Any]) -> Any:
     return value
 
 
+TOP_OPS = 40
+"""aten ops kept in a rank's results with their charged time (the largest), to hold against a GPU's
+profile of the same program (benchmarks/published/against_gpu.py)."""
+
+
 class ModelledDevice:
     """The modelled GPU of this process: enter it around everything the program computes."""
 
@@ -242,7 +247,7 @@ class ModelledDevice:
             "modelled_ns_by_kind": self.by_kind_ns(),
             "modelled_ns": int(self.clock.now_ns),
             "iterations_by_kind_ns": self.iterations_by_kind_ns,
-            "top_ops_ns": dict(sorted(self.by_op_ns.items(), key=lambda item: -item[1])[:12]),
+            "top_ops_ns": dict(sorted(self.by_op_ns.items(), key=lambda item: -item[1])[:TOP_OPS]),
             "gemms": [
                 {
                     "op": op,

@@ -1,0 +1,42 @@
+"""benchmarks/published/against_gpu.py: the modelled runs say what the GPU ran, and the tables match
+like with like."""
+
+from __future__ import annotations
+
+from benchmarks.published import against_gpu
+
+
+def test_the_modelled_run_gets_unfused_attention_and_every_fusion_off():
+    flags = against_gpu.as_the_gpu_ran(["--num-layers", "2", "--attention-backend", "flash", "--no-rope-fusion"])
+    assert flags[:2] == ["--num-layers", "2"]
+    assert flags.count("--attention-backend") == 1 and flags[flags.index("--attention-backend") + 1] == "unfused"
+    assert flags.count("--no-rope-fusion") == 1
+    assert set(against_gpu.NO_FUSIONS) <= set(flags)
+
+
+def test_ops_are_matched_by_family_and_copies_are_one_family():
+    profile = {
+        "iterations": 2,
+        "aten_ops": [
+            {"name": "aten::copy_", "device_us": 4000.0, "count": 8},  # the casts' kernels, 2 ms per iteration
+            {"name": "aten::mm", "device_us": 20000.0, "count": 40},
+            {"name": "aten::masked_fill_", "device_us": 3000.0, "count": 4},
+        ],
+    }
+    modelled = {"_to_copy.default": 1.5e6, "mm.default": 9.0e6, "masked_fill_.Scalar": 1.0e6, "gelu.default": 0.5e6}
+    rows = {r["op"]: r for r in against_gpu.op_rows(profile, modelled)}
+    assert rows["copy"] == {"op": "copy", "measured_ms": 2.0, "modelled_ms": 1.5}
+    assert rows["mm"]["measured_ms"] == 10.0 and rows["mm"]["modelled_ms"] == 9.0
+    assert rows["gelu"]["measured_ms"] is None  # the GPU's profile has no such op: shown, not matched
+    assert [r["op"] for r in against_gpu.op_rows(profile, modelled)][0] == "mm"  # the largest first
+    assert against_gpu.op_rows(None, modelled) == [] and against_gpu.op_rows(profile, None) == []
+
+
+def test_memory_rows_diff_the_gpus_groups_against_the_modelled_ones():
+    group = {"site": "megatron/core/fusions/fused_softmax.py:314 forward_torch_softmax", "size": 1024}
+    measured = {"groups": [{**group, "count": 2, "bytes": 2048}]}
+    modelled = {"groups": [{**group, "count": 1, "bytes": 1024}]}
+    (row,) = against_gpu.memory_rows("job", measured, modelled)
+    assert (row["measured"], row["modelled"], row["bytes"]) == (2, 1, -1024)
+    (alone,) = against_gpu.memory_rows("job", None, modelled)
+    assert alone["measured"] is None and alone["modelled"] == 1
