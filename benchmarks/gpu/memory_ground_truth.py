@@ -214,7 +214,7 @@ def requested_peak_bytes(memory: dict) -> int | None:
     return memory.get("requested_peak_bytes")
 
 
-def peak_groups(memory: dict, limit: int = 60) -> dict | None:
+def peak_groups(memory: dict, limit: int = 200) -> dict | None:
     """A rank's allocations live at its history's peak (--prism-memory-history), the largest `limit`
     groups (site and size), for a results file; None without a history."""
     peak = memory.get("at_peak_allocations")

@@ -141,8 +141,15 @@ def memory_rows(job: str, measured: dict | None, modelled: dict | None, limit: i
     if not modelled:
         return []
     if measured:
+        # A list cut at its largest groups leaves the rest out: a group past either cut is not absent.
+        partial = any(
+            side.get("num_groups", len(side["groups"])) > len(side["groups"]) for side in (measured, modelled)
+        )
+        listed = [{(g["site"], g["size"]) for g in side["groups"]} for side in (measured, modelled)]
+        diff = [g for g in diff_peak_allocations(measured, modelled)
+                if not partial or (g["site"], g["size"]) in listed[0] & listed[1]]  # fmt: skip
         return [{"job": job, "site": g["site"], "size": g["size"], "measured": g["count_a"], "modelled": g["count_b"],
-                 "bytes": g["bytes"]} for g in diff_peak_allocations(measured, modelled)[:limit]]  # fmt: skip
+                 "bytes": g["bytes"], "partial": partial} for g in diff[:limit]]  # fmt: skip
     return [{"job": job, "site": g["site"], "size": g["size"], "measured": None, "modelled": g["count"],
              "bytes": g["bytes"]} for g in modelled["groups"][:limit]]  # fmt: skip
 
@@ -274,8 +281,9 @@ def markdown(result: dict) -> str:
             continue
         compared = rows[0]["measured"] is not None
         lines += [
-            f"Live at the peak, {name}: " + ("the groups whose counts differ (GPU history against modelled)"
-                                            if compared else "the modelled peak's largest groups (the GPU's "
+            f"Live at the peak, {name}: " + ("the groups whose counts differ (GPU history against modelled"
+                                            + ("; a list was cut, so only groups in both lists" if rows[0].get("partial") else "")
+                                            + ")" if compared else "the modelled peak's largest groups (the GPU's "
                                             "results hold no history)"),
             "",
             "| site | size | live (GPU) | live (modelled) | MiB |",

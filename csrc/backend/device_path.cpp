@@ -118,9 +118,12 @@ struct DeviceOp {
 
   // The program's stream now waits for the op (Work::wait): let its tensors go, as NCCL lets the
   // tensors it stashed go at wait(). A block the program frees goes back to the stream that
-  // allocated it, whose later work runs after the op; an output is also recorded on our stream. Held
-  // until the device is done instead, they stayed allocated past the program's own free, and the
-  // allocator's peak was higher than the same program's over NCCL.
+  // allocated it: safe when that is the stream that waited (the usual case: issue and wait on one
+  // stream), whose later work runs after the op; an output is also recorded on our stream. An input
+  // allocated on another stream than the waiter's may be reused there while our stream still reads
+  // it: the program's to order, as with NCCL. Held until the device was done instead, the tensors
+  // stayed allocated past the program's own free, and the allocator's peak was higher than the same
+  // program's over NCCL (an H200: 3 x 16 KiB, up to 6 x 128 KiB at the peak).
   void release_tensors() {
     std::shared_ptr<OpPlan> released;
     {
@@ -477,7 +480,7 @@ c10::intrusive_ptr<c10d::Work> PrismBackend::issue_staged_p2p(OpPlan& plan, std:
     for (size_t i = 0; i < staged.size(); ++i) {
       staged[i].copy_(plan.p2p_tensors[i]);  // blocking: the data the issuing stream has produced
     }
-    plan.outputs.insert(plan.outputs.end(), staged.begin(), staged.end());  // alive until the device is done
+    plan.outputs.insert(plan.outputs.end(), staged.begin(), staged.end());  // gloo's send work holds them too
     return real_->send(staged, peer, plan.tag);
   }
   auto work = real_->recv(staged, peer, plan.tag);
@@ -560,7 +563,11 @@ c10::intrusive_ptr<c10d::Work> PrismBackend::launch_on_device(device::Queue* que
     if (real_work && nccl) {
 #ifdef PRISM_WITH_CUDA
       const c10::cuda::CUDAStreamGuard on_stream(cuda_stream(stream, device_index));
-      real_work->wait();  // our stream waits for NCCL's; the host does not
+      // Our stream waits for NCCL's; the host does not. Known hazard, never run (one GPU per task so
+      // far): NCCL lets its stashed tensors go here, so a temporary that issue_real made on the
+      // issuing stream (the real chunks of a mixed reduce-scatter) can be reused there before NCCL
+      // has read it; keeping the real part's inputs in the plan until the device is done would close it.
+      real_work->wait();
 #endif
     } else if (real_work && !is_p2p) {
       // gloo among real members sharing the device: the host waits for the real part here, at issue,

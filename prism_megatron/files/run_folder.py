@@ -78,7 +78,8 @@ def results_paths(directory: str) -> list[str]:
 
 
 def memory_history_path(directory: str, virtual_rank: int) -> str:
-    """A real rank's CUDA allocator history (--prism-memory-history), in its --prism-out folder."""
+    """A real rank's memory history (--prism-memory-history: the CUDA allocator's, or the live-storage
+    account's on the CPU and a modelled GPU), in its --prism-out folder."""
     return os.path.join(directory, MEMORY_DIR, f"rank-{virtual_rank:05d}.pickle")
 
 

@@ -28,6 +28,7 @@ an iteration nothing measurable); `last_samples()` gives those of the tracker th
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import os
@@ -96,9 +97,10 @@ class _StorageAccount:
         self.samples: list[tuple[int, ...]] = []
         """(time ns, bytes of each of CATEGORIES), throttled (see the module docstring)."""
         self._last_sample_ns = 0
-        self.trace: list[dict[str, Any]] | None = None
+        self.trace: collections.deque[tuple] | None = None
         """With a history (`LiveStorageTracker.start_history`): every storage counted from then on and
-        every one dropped, as the CUDA allocator's history records them (`peak_allocations`)."""
+        every one dropped, (action, key, bytes, frames as (file, line, name) tuples), the latest
+        HISTORY_MAX_ENTRIES of them, as the CUDA allocator keeps its own (`history` spells them out)."""
         self.history_baseline_bytes = 0
 
     def sample(self, *, force: bool = False) -> None:
@@ -121,7 +123,7 @@ class _StorageAccount:
         self.current[category] += size_bytes
         weakref.finalize(storage, self._drop, ptr, size_bytes)
         if self.trace is not None:
-            self.trace.append({"action": "alloc", "addr": ptr, "size": size_bytes, "frames": python_frames()})
+            self.trace.append(("alloc", ptr, size_bytes, python_frames()))
         self._update_peaks()
 
     def relabel(self, ptr: int, category: str) -> None:
@@ -140,9 +142,7 @@ class _StorageAccount:
         del self.entries[ptr]
         self.current[entry[1]] -= size_bytes
         if self.trace is not None:
-            # Requested and completed at once: the CPU frees at the drop (the viewer reads both).
-            for action in ("free_requested", "free_completed"):
-                self.trace.append({"action": action, "addr": ptr, "size": size_bytes, "frames": []})
+            self.trace.append(("free", ptr, size_bytes, ()))
         self.sample()
 
     def _update_peaks(self) -> None:
@@ -219,7 +219,7 @@ class LiveStorageTracker(TorchDispatchMode):
     def start_history(self) -> None:
         """From now on, keep the history of every storage counted and dropped, with the Python frames
         that allocated it (--prism-memory-history); what is live now is its baseline."""
-        self.account.trace = []
+        self.account.trace = collections.deque(maxlen=HISTORY_MAX_ENTRIES)
         self.account.history_baseline_bytes = sum(self.account.current.values())
 
     def history(self) -> dict[str, Any] | None:
@@ -227,7 +227,15 @@ class LiveStorageTracker(TorchDispatchMode):
         no segments, one device's trace), None without `start_history`."""
         if self.account.trace is None:
             return None
-        return {"segments": [], "device_traces": [self.account.trace]}
+        trace = []
+        for action, ptr, size, frames in self.account.trace:
+            if action == "alloc":
+                spelled = [{"filename": f, "line": line, "name": name} for f, line, name in frames]
+                trace.append({"action": "alloc", "addr": ptr, "size": size, "frames": spelled})
+            else:  # a drop: requested and completed at once (the viewer reads both)
+                for freed in ("free_requested", "free_completed"):
+                    trace.append({"action": freed, "addr": ptr, "size": size, "frames": []})
+        return {"segments": [], "device_traces": [trace]}
 
     def __enter__(self) -> LiveStorageTracker:
         global _ACTIVE
@@ -258,6 +266,8 @@ class LiveStorageTracker(TorchDispatchMode):
             at_peak_allocations = peak_allocations(
                 history, self.account.history_baseline_bytes, max_entries=None
             )
+            # Full, the deque has dropped its oldest events: the replay then starts past the baseline.
+            at_peak_allocations["cut"] = len(self.account.trace) >= HISTORY_MAX_ENTRIES
             if history_path is not None:
                 from prism_megatron.files.atomic import atomic_open
 
@@ -325,8 +335,9 @@ def cuda_report(
 
 
 HISTORY_MAX_ENTRIES = 300_000
-"""Allocator events kept by --prism-memory-history (torch: several KB each with their frames);
-a run with more keeps the latest, and `peak_allocations` then says the history was cut."""
+"""Events kept by --prism-memory-history (CUDA: the allocator's ring, several KB each with their
+frames; the CPU account: its own deque); a run with more keeps the latest, and `peak_allocations`
+then says the history was cut."""
 MODE_FRAMES = ("__torch_dispatch__", "__torch_function__")
 """Frames of torch's dispatch and function modes: a mode that forwards every op would be every op's site."""
 TORCH_FRAME_PARTS = ("/torch/", "<frozen", "/contextlib.py", "/functools.py")
@@ -337,25 +348,27 @@ HISTORY_FRAMES = 40
 """Python frames kept per allocation in a live-storage history (the innermost ones)."""
 
 
-def python_frames() -> list[dict[str, Any]]:
-    """The calling Python frames, innermost first, as the CUDA allocator's history records them
-    (filename, line, name; no source lines read)."""
+def python_frames() -> tuple[tuple[str, int, str], ...]:
+    """The calling Python frames outside this module, innermost first, as (filename, line, name) (no
+    source lines read; `LiveStorageTracker.history` spells them as the CUDA allocator's history does)."""
     stack = traceback.StackSummary.extract(
         traceback.walk_stack(None), limit=HISTORY_FRAMES, lookup_lines=False
     )
-    frames = [{"filename": frame.filename, "line": frame.lineno, "name": frame.name} for frame in stack]
-    while frames and frames[0]["filename"] == __file__:  # the account's own frames
+    frames = [(frame.filename, frame.lineno, frame.name) for frame in stack]
+    while frames and frames[0][0] == __file__:  # the account's own frames
         frames.pop(0)
-    return frames
+    return tuple(frames)
 
 
 def start_history() -> int:
     """Begin recording the CUDA caching allocator's events with their Python frames; returns the bytes
-    already allocated (the history does not see those allocations)."""
+    already requested (the history does not see those allocations; its events carry requested sizes,
+    so the baseline is the allocator's `requested_bytes`, not its rounded `allocated_bytes`)."""
     torch.cuda.memory._record_memory_history(
         enabled="all", context="alloc", stacks="python", max_entries=HISTORY_MAX_ENTRIES
     )
-    return torch.cuda.memory_allocated()
+    stats = torch.cuda.memory_stats()
+    return int(stats.get("requested_bytes.all.current", torch.cuda.memory_allocated()))
 
 
 def dump_history(path: str) -> dict[str, Any]:
@@ -406,8 +419,9 @@ def peak_allocations(
 ) -> dict[str, Any]:
     """The allocations live at the highest point of a recorded history, by site and size.
 
-    Replays the trace of device 0 ('alloc' adds a block, 'free_requested' removes it: the moments the
-    allocator's `allocated_bytes` moves) from `baseline_bytes` (allocated before the history began);
+    Replays the longest device trace (a process uses one device; 'alloc' adds a block, 'free_requested'
+    removes it: the moments the allocator's statistics move, each event with its requested size) from
+    `baseline_bytes` (requested before the history began);
     returns the peak the history reaches, the groups live there (site, size, count, bytes; the largest
     `limit` by bytes) and whether the history was cut (it holds `max_entries` events, the most a CUDA
     history keeps: its first event may not be the first of the run; None: never cut)."""

@@ -7,9 +7,13 @@ from benchmarks.published import against_gpu
 
 
 def test_the_modelled_run_gets_unfused_attention_and_every_fusion_off():
-    flags = against_gpu.as_the_gpu_ran(["--num-layers", "2", "--attention-backend", "flash", "--no-rope-fusion"])
+    flags = against_gpu.as_the_gpu_ran(
+        ["--num-layers", "2", "--attention-backend", "flash", "--no-rope-fusion"]
+    )
     assert flags[:2] == ["--num-layers", "2"]
-    assert flags.count("--attention-backend") == 1 and flags[flags.index("--attention-backend") + 1] == "unfused"
+    assert (
+        flags.count("--attention-backend") == 1 and flags[flags.index("--attention-backend") + 1] == "unfused"
+    )
     assert flags.count("--no-rope-fusion") == 1
     assert set(against_gpu.NO_FUSIONS) <= set(flags)
 
@@ -18,17 +22,26 @@ def test_ops_are_matched_by_family_and_copies_are_one_family():
     profile = {
         "iterations": 2,
         "aten_ops": [
-            {"name": "aten::copy_", "device_us": 4000.0, "count": 8},  # the casts' kernels, 2 ms per iteration
+            {
+                "name": "aten::copy_",
+                "device_us": 4000.0,
+                "count": 8,
+            },  # the casts' kernels, 2 ms per iteration
             {"name": "aten::mm", "device_us": 20000.0, "count": 40},
             {"name": "aten::masked_fill_", "device_us": 3000.0, "count": 4},
         ],
     }
-    modelled = {"_to_copy.default": 1.5e6, "mm.default": 9.0e6, "masked_fill_.Scalar": 1.0e6, "gelu.default": 0.5e6}
+    modelled = {
+        "_to_copy.default": 1.5e6,
+        "mm.default": 9.0e6,
+        "masked_fill_.Scalar": 1.0e6,
+        "gelu.default": 0.5e6,
+    }
     rows = {r["op"]: r for r in against_gpu.op_rows(profile, modelled)}
     assert rows["copy"] == {"op": "copy", "measured_ms": 2.0, "modelled_ms": 1.5}
     assert rows["mm"]["measured_ms"] == 10.0 and rows["mm"]["modelled_ms"] == 9.0
     assert rows["gelu"]["measured_ms"] is None  # the GPU's profile has no such op: shown, not matched
-    assert [r["op"] for r in against_gpu.op_rows(profile, modelled)][0] == "mm"  # the largest first
+    assert against_gpu.op_rows(profile, modelled)[0]["op"] == "mm"  # the largest first
     assert against_gpu.op_rows(None, modelled) == [] and against_gpu.op_rows(profile, None) == []
 
 
@@ -40,3 +53,13 @@ def test_memory_rows_diff_the_gpus_groups_against_the_modelled_ones():
     assert (row["measured"], row["modelled"], row["bytes"]) == (2, 1, -1024)
     (alone,) = against_gpu.memory_rows("job", None, modelled)
     assert alone["measured"] is None and alone["modelled"] == 1
+
+
+def test_groups_past_either_sides_cut_are_not_read_as_absent():
+    shared = {"site": "a.py:1 f", "size": 1024}
+    measured = {"num_groups": 2, "groups": [{**shared, "count": 3, "bytes": 3072}]}  # cut: one group left out
+    modelled = {"num_groups": 2, "groups": [{**shared, "count": 1, "bytes": 1024},
+                                            {"site": "b.py:2 g", "size": 512, "count": 1, "bytes": 512}]}  # fmt: skip
+    rows = against_gpu.memory_rows("job", measured, modelled)
+    assert [(r["site"], r["bytes"]) for r in rows] == [("a.py:1 f", -2048)]  # b.py may sit past the GPU's cut
+    assert rows[0]["partial"]

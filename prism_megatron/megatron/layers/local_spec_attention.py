@@ -33,8 +33,9 @@ class LocalSpecAttention(ContextParallelAttention):
         packed_seq_params=None,
     ) -> torch.Tensor:
         if self.cp_size > 1 or materialises_scores(self.config):
-            # Above CP 1, or an attention that holds its scores on a GPU too (--attention-backend
-            # unfused or local): the local kernel's own ops, each timed as the GPU runs it.
+            # Above CP 1: the context-parallel kernel, each block charged as one flash kernel. An
+            # attention that holds its scores on a GPU too (--attention-backend unfused or local) at
+            # CP 1: the local kernel's own ops, each timed as the GPU runs it.
             return super().forward(
                 query, key, value, attention_mask, attn_mask_type, attention_bias, packed_seq_params
             )
