@@ -186,15 +186,14 @@ def _options(parser: argparse.ArgumentParser) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from benchmarks.gpu.stage import printed
+
     try:
         result = run_on_device(NAME, __doc__.splitlines()[0], measure, markdown, argv, _options)
     except ValueError as exc:
         print(f"{NAME}: error: {exc}", file=sys.stderr)
         return 2
-    if result is None:
-        return 2
-    print(markdown(result))
-    return 0
+    return printed(result, markdown)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ import tempfile
 from benchmarks.common import environment
 from benchmarks.gpu.main_claim import TRAIN_ITERS, job_flags
 from benchmarks.gpu.memory_ground_truth import REPO, _free_port, child_environment, read_rank
-from benchmarks.gpu.stage import run_stage
+from benchmarks.gpu.stage import printed, run_stage
 
 NAME = "kernel_profile"
 TIMEOUT_S = 150.0
@@ -143,10 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         return child_main(argv[1], argv[2:])
     with tempfile.TemporaryDirectory(prefix=f"prism-{NAME}-") as work_dir:
         result = run_stage(NAME, __doc__.splitlines()[0], lambda: measure(work_dir), markdown, argv)
-    if result is None:
-        return 2
-    print(markdown(result))
-    return 0
+    return printed(result, markdown)
 
 
 if __name__ == "__main__":

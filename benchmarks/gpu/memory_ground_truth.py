@@ -367,16 +367,15 @@ def run_on_device(
 
 
 def main(argv: list[str] | None = None) -> int:
+    from benchmarks.gpu.stage import printed
+
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["--gloo-rank"]:
         return gloo_rank_main(argv[1:])
     result = run_on_device(
         NAME, __doc__.splitlines()[0], lambda options, work: measure(options.device, work), markdown, argv
     )
-    if result is None:
-        return 2
-    print(markdown(result))
-    return 0
+    return printed(result, markdown)
 
 
 if __name__ == "__main__":

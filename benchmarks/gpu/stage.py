@@ -38,3 +38,11 @@ def run_stage(
     with open(os.path.join(args.out, f"{name}.md"), "w") as f:
         f.write(markdown(result))
     return result
+
+
+def printed(result: dict | None, markdown: Callable[[dict], str]) -> int:
+    """A stage's exit status: 2 when it measured nothing (no GPU build), else its markdown printed, 0."""
+    if result is None:
+        return 2
+    print(markdown(result))
+    return 0
