@@ -221,8 +221,9 @@ def llama_rows(gpu_results: dict, work_dir: str) -> tuple[list[dict], dict]:
     llama = stage_results(gpu_results, "emulated_llama_rank")
     if llama is None or llama.get("tiny"):
         return [], {}
-    flags = [flag for flag in llama["job_flags"]]
-    run = modelled_run(flags, llama["world_size"], llama["real_rank"], os.path.join(work_dir, "llama"))
+    run = modelled_run(
+        llama["job_flags"], llama["world_size"], llama["real_rank"], os.path.join(work_dir, "llama")
+    )
     report, rank = run["report"], _rank_of(run["report"], llama["real_rank"])
     job = f"emulated_llama_rank (rank {llama['real_rank']} of W = {llama['world_size']}, TP1 PP4)"
     rows = [

@@ -269,10 +269,7 @@ class LiveStorageTracker(TorchDispatchMode):
             # Full, the deque has dropped its oldest events: the replay then starts past the baseline.
             at_peak_allocations["cut"] = len(self.account.trace) >= HISTORY_MAX_ENTRIES
             if history_path is not None:
-                from prism_megatron.files.atomic import atomic_open
-
-                with atomic_open(history_path, "wb") as f:
-                    pickle.dump(history, f)
+                write_history(history, history_path)
                 at_peak_allocations = {"history": history_path, **at_peak_allocations}
         return MemoryReport(
             peak_bytes=self.account.peak_total,
@@ -372,15 +369,19 @@ def start_history() -> int:
 
 
 def dump_history(path: str) -> dict[str, Any]:
-    """Write the recorded history where `path` says (a pickle pytorch.org/memory_viz opens) and stop
-    recording; returns the snapshot."""
-    from prism_megatron.files.atomic import atomic_open
-
+    """Write the CUDA allocator's recorded history to `path` and stop recording; returns the snapshot."""
     snapshot = torch.cuda.memory._snapshot()
     torch.cuda.memory._record_memory_history(enabled=None)
+    write_history(snapshot, path)
+    return snapshot
+
+
+def write_history(snapshot: dict[str, Any], path: str) -> None:
+    """A history in the CUDA snapshot's form, as the pickle pytorch.org/memory_viz opens, written whole."""
+    from prism_megatron.files.atomic import atomic_open
+
     with atomic_open(path, "wb") as f:
         pickle.dump(snapshot, f)
-    return snapshot
 
 
 def allocation_site(frames: list[dict[str, Any]], depth: int = 3) -> str:

@@ -4,9 +4,9 @@ Megatron-LM's `gpt_builder` without Transformer Engine (`--transformer-impl loca
 attention kernel of its local specs from `LocalSpecProvider.core_attention`; on the CPU prism makes
 that `ContextParallelAttention` (`patches/local_layers.py`). On a modelled GPU
 (`--prism-device model:<gpu>`) the kernel is `LocalSpecAttention`: at context parallelism 1 it runs
-`FlashAttention`'s one fused scaled-dot-product attention (unless `--attention-backend` is unfused or
-local: then the GPU too holds the scores, and the local kernel's own ops run) (timed as flash attention, as the built-in
-entry's spec does), above 1 the context-parallel kernel block by block (each block charged as one flash-attention
+`FlashAttention`'s one fused scaled-dot-product attention, timed as flash attention as the built-in
+entry's spec does (unless `--attention-backend` is unfused or local: then the GPU too holds the
+scores, and the local kernel's own ops run), above 1 the context-parallel kernel block by block (each block charged as one flash-attention
 kernel, as in the built-in entry). It holds no parameters, like both.
 """
 

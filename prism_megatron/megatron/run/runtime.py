@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 
 import prism_megatron.topology as topology
+from prism_megatron import files
 from prism_megatron.config import PrismConfig
 from prism_megatron.megatron.job import target
 from prism_megatron.megatron.job.target import ParallelSizes
@@ -237,7 +238,7 @@ class TrainingRecord:
         self.optimizer: Any = None
         self.tracker: memory.LiveStorageTracker | None = None
         self.history_baseline_bytes: int | None = None
-        """Bytes allocated when --prism-memory-history began recording (None: not recording)."""
+        """Bytes requested when --prism-memory-history began recording on CUDA (None: not recording)."""
 
     def before_step(self, model: list, optimizer: Any) -> None:
         """A step starts; at the first, memory accounting starts (the CPU's live-storage tracker with
@@ -310,8 +311,6 @@ class TrainingRecord:
         }
 
     def _history_path(self) -> str:
-        from prism_megatron import files
-
         return files.memory_history_path(self.rt.config.output.out, self.rt.virtual_rank)
 
 
