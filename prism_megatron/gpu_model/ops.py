@@ -10,7 +10,11 @@ The kinds:
   argument, GQA from the key's head count.
 - "memory": every other op that writes a tensor (as its result or in place through an argument):
   bytes read and written over the achievable HBM bandwidth plus the launch cost (norms, activations, softmax, rotary, dropout, casts, copies, the
-  optimizer's foreach ops ...). Accessed bytes count a broadcast (stride-0) dimension once.
+  optimizer's foreach ops ...). Accessed bytes count a broadcast (stride-0) dimension once. An
+  elementwise op ATen cannot vectorise (`vectorised`: a per-element cast, a broadcast or differently
+  laid-out operand) reaches only the table's `unvectorised_fraction` of that bandwidth. Gathers and
+  in-place scatters (index, embedding, index_put_ ...) move the elements their index names, not
+  the whole source or destination.
 - "launch": a memory op so small that the launch cost is more than its traffic: its time is the
   launch cost and it is reported apart, as launch overhead.
 - "none": views, metadata, allocation without initialisation, collectives (the caller models
@@ -122,6 +126,34 @@ _WRITE_ONLY_SELF = {
 }
 
 
+# Ops that gather elements by index: they read what they write (and the indices), not all of the source.
+_GATHER_OPS = {
+    getattr(aten, n) for n in ("index", "index_select", "gather", "embedding", "take") if hasattr(aten, n)
+}
+# In-place ops that write only the elements an index names (read-modify-write where they accumulate).
+_SCATTER_IN_PLACE_OPS = {
+    getattr(aten, n)
+    for n in (
+        "index_put_",
+        "_index_put_impl_",
+        "scatter_",
+        "scatter_add_",
+        "scatter_reduce_",
+        "index_add_",
+        "index_copy_",
+        "index_fill_",
+    )
+    if hasattr(aten, n)
+}
+_INDEX_PUT_OPS = {getattr(aten, n) for n in ("index_put_", "_index_put_impl_") if hasattr(aten, n)}
+_ACCUMULATING_SCATTERS = {
+    getattr(aten, n) for n in ("scatter_add_", "scatter_reduce_", "index_add_") if hasattr(aten, n)
+}
+# Elementwise ops torch does not tag pointwise: copies and casts, and in-place forms of tagged ones.
+_ELEMENTWISE_UNTAGGED = {getattr(aten, n) for n in ("_to_copy", "copy_", "clone") if hasattr(aten, n)}
+_REDUCED_PRECISION = (torch.bfloat16, torch.float16)
+
+
 def classify(func) -> str:
     """The kind of `func` (an OpOverload) before looking at shapes: gemm, attention, memory or none."""
     packet = func.overloadpacket
@@ -186,12 +218,95 @@ def _memory_op(gpu: GpuSpec, func, args, kwargs, out) -> OpTime:
     if not outs:
         return NONE
     inputs = list(_tensors(args)) + list(_tensors(kwargs))
-    if func.overloadpacket in _WRITE_ONLY_SELF and inputs:
-        inputs = inputs[1:]
-    total = sum(accessed_bytes(t) for t in inputs) + sum(accessed_bytes(t) for t in outs)
-    traffic_ns = total / gpu.achievable_hbm_bytes_per_s * 1e9
+    packet = func.overloadpacket
+    if packet in _GATHER_OPS or packet in _SCATTER_IN_PLACE_OPS:
+        total = _indexed_bytes(func, args, kwargs, inputs, outs)
+    else:
+        if packet in _WRITE_ONLY_SELF and inputs:
+            inputs = inputs[1:]
+        total = sum(accessed_bytes(t) for t in inputs) + sum(accessed_bytes(t) for t in outs)
+    bandwidth = gpu.achievable_hbm_bytes_per_s
+    if is_elementwise(func) and not vectorised(func, inputs, outs):
+        bandwidth *= gpu.unvectorised_fraction
+    traffic_ns = total / bandwidth * 1e9
     kind = "memory" if traffic_ns >= gpu.launch_ns else "launch"
     return OpTime(kind=kind, time_ns=round(gpu.launch_ns + traffic_ns), flops=0, bytes=total)
+
+
+def _indexed_bytes(func, args, kwargs, inputs: list[torch.Tensor], outs: list[torch.Tensor]) -> int:
+    """Bytes of an op that touches only the elements an index names.
+
+    A gather (index, index_select, gather, embedding, take) reads as many source elements as it writes,
+    and its indices. An in-place scatter (index_put_, scatter_, index_add_ ...) reads its indices and
+    values and writes the elements they name, reading them first where it accumulates; the rest of
+    `self` is not touched. Indices are the integer tensors among the arguments.
+    """
+    indices = sum(accessed_bytes(t) for t in inputs if not t.is_floating_point() and t.dtype != torch.bool)
+    if func.overloadpacket in _GATHER_OPS:
+        written = sum(accessed_bytes(t) for t in outs)
+        return 2 * written + indices
+    self_ = outs[0]
+    touched = _scattered_elements(func, args, self_)
+    packet = func.overloadpacket
+    if packet in _INDEX_PUT_OPS:
+        accumulates = bool(_argument(func, args, kwargs, "accumulate", False))
+    else:
+        accumulates = packet in _ACCUMULATING_SCATTERS
+    values = sum(accessed_bytes(t) for t in inputs[1:] if t.is_floating_point() or t.dtype == torch.bool)
+    return indices + values + touched * self_.element_size() * (2 if accumulates else 1)
+
+
+def _scattered_elements(func, args, self_: torch.Tensor) -> int:
+    """How many elements of `self_` an in-place scatter writes."""
+    packet = func.overloadpacket
+    if packet in _INDEX_PUT_OPS:
+        indices = list(args[1])
+        named = [t for t in indices if t is not None]
+        count = math.prod(int(n) for n in torch.broadcast_shapes(*(t.shape for t in named))) if named else 1
+        sliced = [int(n) for i, n in enumerate(self_.shape) if i >= len(indices) or indices[i] is None]
+        return count * math.prod(sliced)
+    if packet in (getattr(aten, "index_add_", None), getattr(aten, "index_copy_", None)):
+        return int(args[3].numel())
+    if packet is getattr(aten, "index_fill_", None):
+        dim = int(args[1]) % max(self_.dim(), 1)
+        return int(args[2].numel()) * (
+            int(self_.numel()) // max(int(self_.shape[dim]), 1) if self_.dim() else 1
+        )
+    return int(args[2].numel())  # scatter_, scatter_add_, scatter_reduce_: one write per index
+
+
+def is_elementwise(func) -> bool:
+    """Whether `func` runs as one of ATen's elementwise CUDA kernels (TensorIterator loops): torch's
+    pointwise tag (on the op or on its out-of-place form) or a copy/cast."""
+    if func.overloadpacket in _ELEMENTWISE_UNTAGGED or torch.Tag.pointwise in func.tags:
+        return True
+    name = func.overloadpacket.__name__
+    if not name.endswith("_"):
+        return False
+    functional = getattr(aten, name[:-1], None)
+    overload = getattr(functional, func._overloadname, None) if functional is not None else None
+    return overload is not None and torch.Tag.pointwise in overload.tags
+
+
+def vectorised(func, inputs: list[torch.Tensor], outs: list[torch.Tensor]) -> bool:
+    """Whether ATen's CUDA loops run this elementwise op with vectorised loads and stores
+    (aten/src/ATen/native/cuda/CUDALoops.cuh): every operand laid out like the output (no broadcast,
+    no other strides) and no operand that needs a cast per element. Boolean operands (masks,
+    conditions) are read as they are; zero-dimensional tensors are scalars. A cast is vectorised only
+    from FP32 to BF16 or FP16 (PyTorch 2.6 on, pull request #137053); the other casts, and mixed-dtype
+    arithmetic such as an FP32 main gradient += a BF16 gradient, run in the unrolled kernel."""
+    result = outs[0]
+    operands = [t for t in (*inputs, *outs) if t.dim() > 0]
+    try:
+        dense = all(tuple(t.shape) == tuple(result.shape) and t.stride() == result.stride() for t in operands)
+    except Exception:  # unbacked symbolic sizes: assume the common, vectorised case
+        return True
+    if not dense:
+        return False
+    if func.overloadpacket in _ELEMENTWISE_UNTAGGED and inputs and inputs[0].dtype != result.dtype:
+        # a cast: _to_copy(source), clone(source); copy_(destination, source) arrives with its source alone
+        return inputs[0].dtype == torch.float32 and result.dtype in _REDUCED_PRECISION
+    return len({t.dtype for t in operands if t.dtype != torch.bool}) <= 1
 
 
 def _gemm_op(gpu: GpuSpec, func, args, kwargs, out) -> OpTime:

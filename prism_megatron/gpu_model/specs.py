@@ -75,6 +75,9 @@ class GpuSpec:
     """Backward throughput at head dim 64, sequence 16k: the head-dimension dependence."""
     hbm_efficiency: float
     """Fraction of peak HBM bandwidth a streaming kernel achieves."""
+    unvectorised_fraction: float
+    """Fraction of that bandwidth an elementwise kernel reaches where ATen cannot vectorise it (mixed
+    dtypes that need a cast per element, broadcast or strided operands: ops.py)."""
     launch_ns: float
     """Fixed cost every kernel pays on the device timeline."""
     comm_overlap_compute_slowdown: float

@@ -182,6 +182,74 @@ def test_in_place_foreach_ops_are_charged_for_what_they_write():
     assert timed.kind == "memory" and timed.bytes == 3 * 3 * 1024 * 1024 * 4
 
 
+def _memory_ns(gpu, nbytes: int, *, vectorised: bool) -> int:
+    bandwidth = gpu.hbm_bytes_per_s * gpu.hbm_efficiency
+    if not vectorised:
+        bandwidth *= gpu.unvectorised_fraction
+    return round(gpu.launch_ns + nbytes / bandwidth * 1e9)
+
+
+@pytest.mark.parametrize("gpu", GPU_NAMES)
+def test_elementwise_ops_aten_cannot_vectorise_run_at_the_tables_fraction(gpu):
+    """ATen vectorises an elementwise kernel only when every operand is laid out like the output and
+    none needs a per-element cast; the others (unrolled or strided kernels) reach a smaller fraction."""
+    spec = gpu_spec(gpu)
+    assert 0 < spec.unvectorised_fraction < 1
+    fp32 = meta(4096, 16384, dtype=torch.float32)
+    bf16 = meta(4096, 16384)
+    scores = meta(2, 32, 2048, 2048, dtype=torch.float32)
+    mask = meta(2048, 2048, dtype=torch.bool)
+    cases = [
+        # (op, args, kwargs, out, vectorised)
+        (aten.add.Tensor, (bf16, bf16), {}, bf16, True),
+        (aten.add_.Tensor, (fp32, bf16), {}, fp32, False),  # the FP32 main grad += a BF16 grad
+        (aten._to_copy.default, (fp32,), {"dtype": BF16}, bf16, True),  # FP32 -> BF16: vectorised
+        (aten._to_copy.default, (bf16,), {"dtype": torch.float32}, fp32, False),  # BF16 -> FP32: unrolled
+        (aten.copy_.default, (fp32, bf16), {}, fp32, False),
+        (aten._to_copy.default, (fp32,), {"dtype": torch.bool}, meta(4096, 16384, dtype=torch.bool), False),
+        (aten.eq.Tensor, (fp32, fp32), {}, meta(4096, 16384, dtype=torch.bool), True),  # a bool result
+        (aten.masked_fill_.Scalar, (scores, mask, -1.0), {}, scores, False),  # a broadcast mask
+        (aten.masked_fill.Scalar, (scores, meta(*scores.shape, dtype=torch.bool), -1.0), {}, scores, True),
+        (aten.mul.Tensor, (bf16.t(), bf16.t()), {}, bf16.t(), True),  # transposed alike: dense
+        (aten.mul.Tensor, (bf16, bf16.t().contiguous().t()), {}, bf16, False),  # another layout
+        (aten.sub_.Tensor, (meta(2048, 2, 32000), meta(2048, 2, 1)), {}, meta(2048, 2, 32000), False),
+    ]
+    for func, args, kwargs, out, vectorised in cases:
+        timed = op_time(spec, func, args, kwargs, out)
+        assert timed.time_ns == _memory_ns(spec, timed.bytes, vectorised=vectorised), (func, vectorised)
+    # Not an elementwise kernel: a softmax is charged at the full achievable bandwidth.
+    softmax = op_time(spec, aten._softmax.default, (scores, -1, False), {}, scores)
+    assert softmax.time_ns == _memory_ns(spec, softmax.bytes, vectorised=True)
+
+
+def test_gathers_and_scatters_touch_only_the_indexed_elements():
+    """The cross entropy's target gather and update touch 4096 of 131 million logits; an embedding
+    lookup reads the rows it returns, not the table."""
+    logits = meta(4096, 32000, dtype=torch.float32)
+    rows = torch.empty(4096, dtype=torch.int64, device="meta")
+    picked = meta(4096, dtype=torch.float32)
+    indices_bytes = 2 * 4096 * 8
+    gather = op_time(H100, aten.index.Tensor, (logits, [rows, rows]), {}, picked)
+    assert gather.bytes == 2 * 4096 * 4 + indices_bytes
+    put = op_time(H100, aten.index_put_.default, (logits, [rows, rows], picked), {}, logits)
+    assert put.bytes == indices_bytes + 4096 * 4 + 4096 * 4
+    added = op_time(H100, aten.index_put_.default, (logits, [rows, rows], picked, True), {}, logits)
+    assert added.bytes == indices_bytes + 4096 * 4 + 2 * 4096 * 4  # accumulate: read, then write
+    sliced = op_time(
+        H100, aten.index_put_.default, (logits, [rows], meta(4096, 32000, dtype=torch.float32)), {}, logits
+    )
+    assert sliced.bytes == 4096 * 8 + 2 * 4096 * 32000 * 4  # a whole row per index
+    table = meta(131072, 2048)
+    tokens = torch.empty(2, 4096, dtype=torch.int64, device="meta")
+    lookup = op_time(H100, aten.embedding.default, (table, tokens), {}, meta(2, 4096, 2048))
+    assert lookup.bytes == 2 * 2 * 4096 * 2048 * 2 + 2 * 4096 * 8
+    grads = meta(64, 1024, dtype=torch.float32)
+    index = torch.empty(8, dtype=torch.int64, device="meta")
+    source = meta(8, 1024, dtype=torch.float32)
+    index_add = op_time(H100, aten.index_add_.default, (grads, 0, index, source), {}, grads)
+    assert index_add.bytes == 8 * 8 + 8 * 1024 * 4 + 2 * 8 * 1024 * 4
+
+
 def test_an_op_that_does_not_fit_its_formula_is_named():
     with pytest.raises(
         RuntimeError, match=r"cannot time aten.mm.default with tensor arguments of shapes \[\(8,\)"
