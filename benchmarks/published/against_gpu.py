@@ -42,7 +42,7 @@ import sys
 import tempfile
 import time
 
-from benchmarks.common import environment
+from benchmarks.common import EVERY_PACKAGE, environment, machine_line
 from prism_megatron import files
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -245,11 +245,12 @@ def markdown(result: dict) -> str:
     lines = [
         f"# The modelled GPU against a lent GPU's run of the same program ({result['date']})",
         "",
-        f"Measured: `{result['gpu_results']}` ({result['measured_on']}). Modelled: `--prism-device "
-        f"model:{GPU}` on this machine, the same flags with `--attention-backend unfused` and Megatron's "
-        f"fusions off ({', '.join(NO_FUSIONS)}). Error = modelled / "
-        "measured - 1. Nothing in the model is fitted to these numbers.",
+        f"Measured: `{result['gpu_results']}` ({_versions(result.get('measured_environment'), result['measured_on'])}). "
+        f"Modelled: `--prism-device model:{GPU}` on {machine_line(result['environment'], EVERY_PACKAGE)}, the "
+        f"same flags with `--attention-backend unfused` and Megatron's fusions off ({', '.join(NO_FUSIONS)}). "
+        "Error = modelled / measured - 1. Nothing in the model is fitted to these numbers.",
         "",
+        *_version_warning(result),
         "| job | quantity | measured | modelled | error | measured by |",
         "|---|---|---:|---:|---:|---|",
         *(
@@ -296,6 +297,26 @@ def markdown(result: dict) -> str:
     return "\n".join(lines)
 
 
+def _versions(env: dict | None, platform: str) -> str:
+    if not env:
+        return platform
+    return f"{platform}, " + ", ".join(f"{k.replace('_', '-')} {env[k]}" for k in EVERY_PACKAGE if k in env)
+
+
+def _version_warning(result: dict) -> list[str]:
+    """A line when the two sides ran different megatron-core releases: their programs differ (ops,
+    casts, fallbacks), so part of any difference is the program's, not the model's."""
+    measured = (result.get("measured_environment") or {}).get("megatron_core")
+    modelled = result["environment"].get("megatron_core")
+    if not measured or measured == modelled:
+        return []
+    return [
+        f"**Not the same program**: the GPU ran megatron-core {measured}, the modelled runs {modelled}; "
+        "run this with an interpreter that has the GPU's release (`make venv-compat`) to compare like with like.",
+        "",
+    ]
+
+
 def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}"
 
@@ -325,6 +346,7 @@ def main(argv: list[str] | None = None) -> int:
         "date": datetime.date.today().isoformat(),
         "gpu_results": os.path.relpath(args.gpu_results, REPO),
         "measured_on": (claim.get("environment") or {}).get("platform", "the lent GPU"),
+        "measured_environment": claim.get("environment") or {},
         "gpu_model": GPU,
         "rows": rows + more_rows,
         "runs": {**runs, **more_runs},

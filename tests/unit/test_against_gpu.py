@@ -63,3 +63,17 @@ def test_groups_past_either_sides_cut_are_not_read_as_absent():
     rows = against_gpu.memory_rows("job", measured, modelled)
     assert [(r["site"], r["bytes"]) for r in rows] == [("a.py:1 f", -2048)]  # b.py may sit past the GPU's cut
     assert rows[0]["partial"]
+
+
+def test_the_results_say_when_the_two_sides_ran_different_megatron_releases():
+    env = {"python": "3.11.7", "torch": "2.13.0", "megatron_core": "0.16.1", "prism_megatron": "0.1.0",
+           "platform": "Linux", "cpu_count": 2, "load_average_1min": 0.5}  # fmt: skip
+    result = {
+        "date": "2026-12-06", "gpu_results": "g.json", "measured_on": "gpu-host", "rows": [], "runs": {},
+        "environment": env, "measured_environment": {**env, "megatron_core": "0.19.2", "torch": "2.11.0"},
+    }  # fmt: skip
+    text = against_gpu.markdown(result)
+    assert "megatron-core 0.19.2" in text and "megatron-core 0.16.1" in text
+    assert "**Not the same program**" in text
+    same = against_gpu.markdown({**result, "measured_environment": env})
+    assert "Not the same program" not in same
