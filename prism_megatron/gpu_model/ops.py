@@ -260,11 +260,22 @@ def _scattered_elements(func, args, self_: torch.Tensor) -> int:
     """How many elements of `self_` an in-place scatter writes."""
     packet = func.overloadpacket
     if packet in _INDEX_PUT_OPS:
-        indices = list(args[1])
-        named = [t for t in indices if t is not None]
-        count = math.prod(int(n) for n in torch.broadcast_shapes(*(t.shape for t in named))) if named else 1
-        sliced = [int(n) for i, n in enumerate(self_.shape) if i >= len(indices) or indices[i] is None]
-        return count * math.prod(sliced)
+        # Each integer index covers one dim of self, a boolean mask as many dims as it has (and names at
+        # most every element: how many are set is known only once the program runs); a None keeps
+        # its dim whole, as do the dims after the last index.
+        named, sliced, dim = [], [], 0
+        for index in args[1]:
+            if index is None:
+                sliced.append(int(self_.shape[dim]))
+                dim += 1
+            elif index.dtype in (torch.bool, torch.uint8):
+                named.append((int(index.numel()),))
+                dim += index.dim()
+            else:
+                named.append(tuple(index.shape))
+                dim += 1
+        count = math.prod(int(n) for n in torch.broadcast_shapes(*named)) if named else 1
+        return count * math.prod(sliced) * math.prod(int(n) for n in self_.shape[dim:])
     if packet in (getattr(aten, "index_add_", None), getattr(aten, "index_copy_", None)):
         return int(args[3].numel())
     if packet is getattr(aten, "index_fill_", None):

@@ -239,6 +239,11 @@ def test_gathers_and_scatters_touch_only_the_indexed_elements():
         H100, aten.index_put_.default, (logits, [rows], meta(4096, 32000, dtype=torch.float32)), {}, logits
     )
     assert sliced.bytes == 4096 * 8 + 2 * 4096 * 32000 * 4  # a whole row per index
+    hidden = meta(1, 4096, 4096)
+    masked = op_time(
+        H100, aten.index_put_.default, (hidden, [meta(1, 4096, dtype=torch.bool)], meta(1)[0]), {}, hidden
+    )
+    assert masked.bytes == 4096 + 2 + 4096 * 4096 * 2  # a [b, s] mask names at most every token's row once
     table = meta(131072, 2048)
     tokens = torch.empty(2, 4096, dtype=torch.int64, device="meta")
     lookup = op_time(H100, aten.embedding.default, (table, tokens), {}, meta(2, 4096, 2048))
