@@ -244,6 +244,8 @@ def _indexed_bytes(func, args, kwargs, inputs: list[torch.Tensor], outs: list[to
     indices = sum(accessed_bytes(t) for t in inputs if not t.is_floating_point() and t.dtype != torch.bool)
     if func.overloadpacket in _GATHER_OPS:
         written = sum(accessed_bytes(t) for t in outs)
+        if not written:  # a boolean mask's result: its size is known only once the program runs
+            return sum(accessed_bytes(t) for t in inputs)  # at most, the whole source read once
         return 2 * written + indices
     self_ = outs[0]
     touched = _scattered_elements(func, args, self_)

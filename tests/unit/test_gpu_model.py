@@ -517,6 +517,17 @@ def test_data_dependent_sizes_do_not_stop_a_run():
     assert clock.now_ns == sum(clock.by_kind_ns.values()) > 3 * H100.launch_ns
 
 
+def test_a_masked_gather_of_unknown_size_is_charged_the_source_read_once():
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    with FakeTensorMode(shape_env=ShapeEnv()):
+        x = torch.randn(1024, 1024)
+        mask = x > 0
+        picked = x[mask]
+    timed = op_time(H100, aten.index.Tensor, (x, [mask]), {}, picked)
+    assert timed.bytes == 1024 * 1024 * 4 + 1024 * 1024
+
+
 def test_a_runs_flops_are_torchs_count():
     """Over a whole forward, backward and optimizer step (no attention: torch's counter has no
     formula for the CPU flash op), the clock's FLOPs equal FlopCounterMode's."""
