@@ -52,7 +52,7 @@ def child_main(out_path: str, flags: list[str]) -> int:
     # The host's ops too: each aten op's own device time (its kernels') is what the GPU model charges
     # per op. Without a GPU (the flow checked on the CPU) the CPU's times stand in for the kernels'.
     activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if on_gpu else [])]
-    with profile(activities=activities) as prof:
+    with profile(activities=activities, record_shapes=True) as prof:
         status = pretrain.main(flags)
     if on_gpu:
         torch.cuda.synchronize()
@@ -71,10 +71,41 @@ def child_main(out_path: str, flags: list[str]) -> int:
     record = {
         "kernels": [{"name": name, "device_us": us, "count": count} for name, (us, count) in kernels.items()],
         "aten_ops": ops,
+        "aten_op_calls": op_calls(prof.events(), on_gpu),
     }
     with open(out_path, "w") as f:
         json.dump(record, f)
     return status
+
+
+def op_calls(events, on_gpu: bool) -> list[dict]:
+    """Each aten op's own device time (the CPU's without a GPU) by its tensor inputs' shapes, dtypes
+    and strides (strides where this torch's profiler records them): the same key as a modelled run's
+    `top_op_calls`, so a layout the GPU ran otherwise shows beside the op. The largest TOP_KERNELS."""
+    calls: dict[str, dict] = {}
+    for event in events:
+        if not event.name.startswith("aten::"):
+            continue
+        own_us = event.self_device_time_total if on_gpu else event.self_cpu_time_total
+        if own_us <= 0:
+            continue
+        shapes = list(event.input_shapes or [])
+        dtypes = list(getattr(event, "input_dtypes", None) or [])
+        strides = list(getattr(event, "structured_input_strides", None) or [])
+        inputs = [
+            {
+                "shape": shape,
+                "dtype": dtypes[i] if i < len(dtypes) else "",
+                "stride": strides[i] if i < len(strides) else None,
+            }
+            for i, shape in enumerate(shapes)
+            if isinstance(shape, list) and shape and all(isinstance(n, int) for n in shape)
+        ]
+        key = json.dumps([event.name, inputs])
+        call = calls.setdefault(key, {"name": event.name, "inputs": inputs, "device_us": 0.0, "count": 0})
+        call["device_us"] += own_us
+        call["count"] += 1
+    return sorted(calls.values(), key=lambda call: -call["device_us"])[:TOP_KERNELS]
 
 
 def measure(work_dir: str, device: str = "cuda", tiny: bool = False) -> dict:
@@ -105,6 +136,7 @@ def measure(work_dir: str, device: str = "cuda", tiny: bool = False) -> dict:
         "num_kernel_names": len(kernels),
         "kernels": kernels[:TOP_KERNELS],
         "aten_ops": aten_ops[:TOP_KERNELS],
+        "aten_op_calls": record.get("aten_op_calls", []),
         "environment": environment(),
     }
 

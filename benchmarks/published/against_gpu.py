@@ -89,7 +89,7 @@ def modelled_run(flags: list[str], world_size: int, rank: int, out_dir: str) -> 
         raise RuntimeError(f"the modelled run failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
     with open(os.path.join(out_dir, files.REPORT_JSON)) as f:
         report = json.load(f)
-    peaks, ops = {}, {}
+    peaks, ops, calls, iterations_of = {}, {}, {}, {}
     for path in files.results_paths(os.path.join(out_dir, files.CAPTURE_DIR)):
         with open(path) as f:
             rank = json.load(f)
@@ -99,7 +99,12 @@ def modelled_run(flags: list[str], world_size: int, rank: int, out_dir: str) -> 
         ops[str(rank["virtual_rank"])] = {
             name: ns / iterations for name, ns in (device.get("top_ops_ns") or {}).items()
         }
-    return {"report": report, "seconds": seconds, "at_peak_allocations": peaks, "ops_ns_per_iteration": ops}
+        calls[str(rank["virtual_rank"])] = device.get("top_op_calls")
+        iterations_of[str(rank["virtual_rank"])] = iterations
+    return {
+        "report": report, "seconds": seconds, "at_peak_allocations": peaks, "ops_ns_per_iteration": ops,
+        "op_calls": calls, "iterations": iterations_of,
+    }  # fmt: skip
 
 
 COPY_OPS = ("_to_copy", "copy_", "clone", "contiguous")
@@ -131,6 +136,65 @@ def op_rows(profile: dict | None, modelled_ns: dict[str, float] | None, limit: i
     return [
         {"op": f, "measured_ms": measured.get(f), "modelled_ms": modelled.get(f)} for f in families[:limit]
     ]
+
+
+PROFILER_DTYPES = {
+    "float": "float32", "c10::BFloat16": "bfloat16", "c10::Half": "float16", "double": "float64",
+    "long int": "int64", "int": "int32", "bool": "bool", "unsigned char": "uint8",
+}  # fmt: skip
+"""torch.profiler's names of dtypes (its C++ type names) -> the names a modelled run records."""
+
+
+def _call_key(op: str, inputs: list[dict]) -> tuple:
+    """An op call as both sides can match it: the op's family and its tensor inputs' shapes and dtypes
+    (zero-dimensional tensors left out: the profiler records them like scalars)."""
+    tensors = tuple(
+        (tuple(t["shape"]), PROFILER_DTYPES.get(t["dtype"], t["dtype"])) for t in inputs if t.get("shape")
+    )
+    return op_family(op), tensors
+
+
+def _layout(inputs: list[dict]) -> str:
+    return " ".join(
+        f"{PROFILER_DTYPES.get(t['dtype'], t['dtype'])}{list(t['shape'])}"
+        + ("" if t.get("stride") is None else f"/{list(t['stride'])}")
+        for t in inputs
+        if t.get("shape")
+    )
+
+
+def call_rows(
+    profile: dict | None, modelled_calls: list[dict] | None, iterations: int, limit: int = 20
+) -> list[dict]:
+    """The GPU's largest op calls (op, input shapes, dtypes and strides; its own device time per
+    iteration) beside the modelled call of the same op, shapes and dtypes: the strides on each side show
+    a layout the two ran differently. Copies are left out (a GPU copy_ has a destination the modelled
+    _to_copy has not; the family table above holds them)."""
+    if not profile or not profile.get("aten_op_calls") or modelled_calls is None:
+        return []
+    modelled: dict[tuple, dict] = {}
+    for call in modelled_calls:
+        key = _call_key(call["op"], call["inputs"])
+        # also by shapes alone, for a profiler that records no dtypes
+        for each in (key, (key[0], tuple((shape, "") for shape, _ in key[1]))):
+            entry = modelled.setdefault(each, {"ns": 0, "layouts": []})
+            entry["ns"] += call["ns"]
+            entry["layouts"].append(_layout(call["inputs"]))
+    rows = []
+    for call in profile["aten_op_calls"]:
+        key = _call_key(call["name"], call["inputs"])
+        if key[0] == "copy":
+            continue
+        match = modelled.get(key)
+        rows.append({
+            "op": key[0], "measured_layout": _layout(call["inputs"]),
+            "measured_ms": call["device_us"] / 1e3 / profile["iterations"],
+            "modelled_ms": None if match is None else match["ns"] / 1e6 / iterations,
+            "modelled_layout": None if match is None else "; ".join(sorted(set(match["layouts"]))),
+        })  # fmt: skip
+        if len(rows) == limit:
+            break
+    return rows
 
 
 def memory_rows(job: str, measured: dict | None, modelled: dict | None, limit: int = 12) -> list[dict]:
@@ -212,9 +276,14 @@ def main_claim_rows(gpu_results: dict, work_dir: str) -> tuple[list[dict], dict]
     )
     ops = run["ops_ns_per_iteration"]
     by_op = op_rows(profile, ops.get(str(REAL_RANK)) or next(iter(ops.values()), None))
+    rank_key = str(REAL_RANK) if str(REAL_RANK) in run["op_calls"] else next(iter(run["op_calls"]), None)
+    by_call = call_rows(profile, run["op_calls"].get(rank_key), run["iterations"].get(rank_key, 1))
     return rows, {
-        "main_claim": {"seconds": run["seconds"], "time_by_kind_s": kinds, "at_peak": memory, "by_op": by_op}
-    }
+        "main_claim": {
+            "seconds": run["seconds"], "time_by_kind_s": kinds, "at_peak": memory, "by_op": by_op,
+            "by_call": by_call,
+        }
+    }  # fmt: skip
 
 
 def llama_rows(gpu_results: dict, work_dir: str) -> tuple[list[dict], dict]:
@@ -275,6 +344,20 @@ def markdown(result: dict) -> str:
                 *(
                     f"| {r['op']} | {_ms(r['measured_ms'])} | {_ms(r['modelled_ms'])} | {_error(r)} |"
                     for r in run["by_op"]
+                ),
+                "",
+            ]
+        if run.get("by_call"):
+            lines += [
+                f"The GPU's largest op calls, {name}, beside the modelled call of the same op, shapes and dtypes "
+                "(strides after the slash; a layout that differs is a kernel ATen ran otherwise):",
+                "",
+                "| op | measured: inputs | measured ms | modelled ms | modelled: inputs |",
+                "|---|---|---:|---:|---|",
+                *(
+                    f"| {r['op']} | {r['measured_layout']} | {_ms(r['measured_ms'])} | {_ms(r['modelled_ms'])} | "
+                    f"{r['modelled_layout'] or '-'} |"
+                    for r in run["by_call"]
                 ),
                 "",
             ]

@@ -100,3 +100,20 @@ def test_too_few_iterations_for_a_median_after_warm_up_is_refused_in_one_line(tm
         "emulated_llama_rank: error: --train-iters must exceed the 1 warm-up iteration(s), got 1"
     )
     assert not (tmp_path / "emulated_llama_rank.json").exists()
+
+
+@pytest.mark.slow  # one megatron-core process under torch.profiler: about half a minute
+def test_kernel_profile_on_cpu_records_each_op_call_with_its_shapes_dtypes_and_strides(tmp_path):
+    """On the CPU the ops' CPU time stands in for their kernels'; the records are what against_gpu reads."""
+    from benchmarks.gpu import kernel_profile
+
+    result = kernel_profile.measure(str(tmp_path), device="cpu", tiny=True)
+    calls = result["aten_op_calls"]
+    assert calls and all(call["name"].startswith("aten::") and call["count"] > 0 for call in calls)
+    assert [call["device_us"] for call in calls] == sorted(
+        (call["device_us"] for call in calls), reverse=True
+    )
+    softmax = next(call for call in calls if call["name"] == "aten::_softmax")
+    (scores,) = softmax["inputs"]
+    assert len(scores["shape"]) == 4 and scores["dtype"] == "float"
+    assert scores["stride"][-1] == 1 and len(scores["stride"]) == 4

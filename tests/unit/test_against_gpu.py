@@ -77,3 +77,39 @@ def test_the_results_say_when_the_two_sides_ran_different_megatron_releases():
     assert "**Not the same program**" in text
     same = against_gpu.markdown({**result, "measured_environment": env})
     assert "Not the same program" not in same
+
+
+def test_the_gpus_op_calls_are_matched_by_shape_and_dtype_and_show_both_layouts():
+    bf16_in = [{"shape": [2048, 2, 4096], "dtype": "c10::BFloat16", "stride": [8192, 4096, 1]},
+               {"shape": [2048, 2, 4096], "dtype": "c10::BFloat16", "stride": [4096, 8388608, 1]}]  # fmt: skip
+    profile = {
+        "iterations": 4,
+        "aten_op_calls": [
+            {"name": "aten::copy_", "inputs": bf16_in, "device_us": 9000.0, "count": 8},
+            {"name": "aten::add", "inputs": [*bf16_in, {"shape": [], "dtype": "Scalar", "stride": []}],
+             "device_us": 24000.0, "count": 64},
+            {"name": "aten::mul", "inputs": [{"shape": [8], "dtype": "float", "stride": [1]}],
+             "device_us": 4.0, "count": 4},
+        ],
+    }  # fmt: skip
+    modelled = [
+        {"op": "add.Tensor", "ns": 3_200_000, "count": 128, "inputs": [
+            {"shape": [2048, 2, 4096], "dtype": "bfloat16", "stride": [8192, 4096, 1]}] * 2},
+    ]  # fmt: skip
+    rows = against_gpu.call_rows(profile, modelled, iterations=2)
+    assert [r["op"] for r in rows] == ["add", "mul"]  # copies left out (the family table has them)
+    add = rows[0]
+    assert add["measured_ms"] == 6.0 and add["modelled_ms"] == 1.6
+    assert "/[4096, 8388608, 1]" in add["measured_layout"] and "8388608" not in add["modelled_layout"]
+    assert rows[1]["modelled_ms"] is None
+    assert against_gpu.call_rows(profile, None, iterations=2) == []
+
+
+def test_a_profiler_without_dtypes_or_strides_is_matched_by_shapes():
+    profile = {"iterations": 1, "aten_op_calls": [
+        {"name": "aten::add", "inputs": [{"shape": [4, 8], "dtype": "", "stride": None}] * 2,
+         "device_us": 10.0, "count": 1}]}  # fmt: skip
+    modelled = [{"op": "add.Tensor", "ns": 5000, "count": 1,
+                 "inputs": [{"shape": [4, 8], "dtype": "bfloat16", "stride": [8, 1]}] * 2}]  # fmt: skip
+    (row,) = against_gpu.call_rows(profile, modelled, iterations=1)
+    assert row["modelled_ms"] == 0.005 and row["measured_layout"] == "[4, 8] [4, 8]"

@@ -368,3 +368,25 @@ def test_rope_inside_the_fused_kernel_is_its_result_s_shape_alone_and_keeps_no_t
         assert (a.shape, a.dtype, a.stride()) == (b_.shape, b_.dtype, b_.stride())
     assert fused_saved == [] and unfused_saved  # the unfused form keeps its cos and sin
     assert unfused_ns > 0 and fused_ns == 0  # the ops charged outside a scope; none inside
+
+
+def test_a_modelled_run_keeps_its_memory_bound_calls_by_shape_dtype_and_strides():
+    """What a GPU profile of the same program is held against, call by call (against_gpu's by_call)."""
+    import torch
+
+    from prism_megatron.megatron.run.modelled_device import ModelledDevice
+
+    device = ModelledDevice("h100")
+    with device.active():
+        x = torch.ones(2048, 4096, dtype=torch.bfloat16)
+        for _ in range(3):
+            x + x.t().contiguous().t()  # a transposed operand
+        x @ x.t()  # a GEMM: kept with the GEMMs, not here
+    calls = device.summary()["top_op_calls"]
+    add = next(call for call in calls if call["op"] == "add.Tensor")
+    assert add["count"] == 3 and add["ns"] > 0
+    assert add["inputs"] == [
+        {"shape": [2048, 4096], "dtype": "bfloat16", "stride": [4096, 1]},
+        {"shape": [2048, 4096], "dtype": "bfloat16", "stride": [1, 2048]},
+    ]
+    assert not any(call["op"] == "mm.default" for call in calls)

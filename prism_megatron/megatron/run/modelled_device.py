@@ -133,6 +133,9 @@ class ModelledDevice:
         self.op_fusions: dict[Any, Any] = {}
         """aten op -> `handler(func, args, kwargs, out) -> bool`, asked before an op outside fused
         scopes is charged; True: the handler charged it (a fusion of `modelled_fusions`)."""
+        self.op_calls: dict[tuple, list[int]] = {}
+        """(aten op name, each tensor argument's shape, dtype and strides) -> [count, charged ns] of the
+        memory-bound ops: where a GPU profile of the same program differs, by shape and layout."""
         self.gemms: dict[tuple, list[int]] = {}
         """(aten op name, its operands' shapes) -> [count, charged ns, FLOPs] of every GEMM charged op
         by op (not those a fusion re-priced): which shapes the model was asked to time."""
@@ -248,6 +251,12 @@ class ModelledDevice:
             "modelled_ns": int(self.clock.now_ns),
             "iterations_by_kind_ns": self.iterations_by_kind_ns,
             "top_ops_ns": dict(sorted(self.by_op_ns.items(), key=lambda item: -item[1])[:TOP_OPS]),
+            "top_op_calls": [
+                {"op": op, "inputs": [_tensor_record(*tensor) for tensor in inputs], "count": count, "ns": ns}
+                for (op, inputs), (count, ns) in sorted(self.op_calls.items(), key=lambda item: -item[1][1])[
+                    :TOP_OPS
+                ]
+            ],
             "gemms": [
                 {
                     "op": op,
@@ -316,6 +325,8 @@ class _Timed(TorchDispatchMode):
                 device.by_op_ns[name] = device.by_op_ns.get(name, 0) + timed.time_ns
                 if timed.kind == "gemm":
                     _count_gemm(device.gemms, name, args, timed)
+                else:
+                    _count_call(device.op_calls, name, args, timed)
             overlap = device.tp_overlap
             if overlap is None or not overlap.charged(timed.time_ns, timed.kind):
                 device.log_time()
@@ -366,6 +377,35 @@ def _count_gemm(gemms: dict[tuple, list[int]], name: str, args, timed) -> None:
     entry[0] += 1
     entry[1] += timed.time_ns
     entry[2] += timed.flops
+
+
+def _count_call(calls: dict[tuple, list[int]], name: str, args, timed) -> None:
+    """One charged memory-bound op, by its tensor arguments' shapes, dtypes and strides (a layout the
+    GPU would run otherwise, a broadcast or a transposed operand, shows in the strides)."""
+    try:
+        key = (
+            name,
+            tuple(
+                (
+                    tuple(map(int, a.shape)),
+                    str(a.dtype).removeprefix("torch."),
+                    tuple(map(int, a.stride())),
+                )
+                for a in args
+                if isinstance(a, torch.Tensor)
+            ),
+        )
+    except Exception:  # an unbacked symbolic size has no integer value yet
+        key = (name, ())
+    entry = calls.get(key)
+    if entry is None:
+        entry = calls[key] = [0, 0]
+    entry[0] += 1
+    entry[1] += timed.time_ns
+
+
+def _tensor_record(shape: tuple, dtype: str, stride: tuple) -> dict[str, Any]:
+    return {"shape": list(shape), "dtype": dtype, "stride": list(stride)}
 
 
 NORM_TYPES: tuple[type, ...] = (torch.nn.RMSNorm, torch.nn.LayerNorm)
