@@ -60,6 +60,9 @@ class ModelledClock:
         self.num_ops = 0
         self.flops = 0
         self._uncharged_depth = 0
+        self.last_key: object = None
+        """The cache key (GPU, op, its arguments' shapes, strides, dtypes and values) of the last op
+        charged a time: callers that keep per-call accounts key them by it instead of building one."""
 
     @contextlib.contextmanager
     def uncharged(self):
@@ -89,6 +92,7 @@ class ModelledClock:
             timed = _CACHE.get(key)
         if timed is None:
             timed = _CACHE[key] = op_time(self.gpu, func, args, kwargs or {}, out)
+        self.last_key = key
         self.now_ns += timed.time_ns
         self.flops += timed.flops
         self.by_kind_ns[timed.kind] = self.by_kind_ns.get(timed.kind, 0) + timed.time_ns

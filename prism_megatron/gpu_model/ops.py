@@ -145,6 +145,7 @@ _SCATTER_IN_PLACE_OPS = {
     )
     if hasattr(aten, n)
 }
+_SCATTERS = {getattr(aten, n) for n in ("scatter_", "scatter_add_", "scatter_reduce_") if hasattr(aten, n)}
 _INDEX_PUT_OPS = {getattr(aten, n) for n in ("index_put_", "_index_put_impl_") if hasattr(aten, n)}
 _ACCUMULATING_SCATTERS = {
     getattr(aten, n) for n in ("scatter_add_", "scatter_reduce_", "index_add_") if hasattr(aten, n)
@@ -241,7 +242,13 @@ def _indexed_bytes(func, args, kwargs, inputs: list[torch.Tensor], outs: list[to
     values and writes the elements they name, reading them first where it accumulates; the rest of
     `self` is not touched. Indices are the integer tensors among the arguments.
     """
-    indices = sum(accessed_bytes(t) for t in inputs if not t.is_floating_point() and t.dtype != torch.bool)
+    written_ids = {id(t) for t in outs}
+    # the indices: integer tensors after the source (or self), never the result
+    indices = sum(
+        accessed_bytes(t)
+        for t in inputs[1:]
+        if id(t) not in written_ids and not t.is_floating_point() and t.dtype not in (torch.bool, torch.uint8)
+    )
     if func.overloadpacket in _GATHER_OPS:
         written = sum(accessed_bytes(t) for t in outs)
         if not written:  # a boolean mask's result: its size is known only once the program runs
@@ -252,9 +259,19 @@ def _indexed_bytes(func, args, kwargs, inputs: list[torch.Tensor], outs: list[to
     packet = func.overloadpacket
     if packet in _INDEX_PUT_OPS:
         accumulates = bool(_argument(func, args, kwargs, "accumulate", False))
+    elif packet is getattr(aten, "scatter_", None):
+        accumulates = _argument(func, args, kwargs, "reduce", None) is not None
     else:
         accumulates = packet in _ACCUMULATING_SCATTERS
-    values = sum(accessed_bytes(t) for t in inputs[1:] if t.is_floating_point() or t.dtype == torch.bool)
+    if packet in _SCATTERS:  # the source is read where the index names it: one element per index
+        source = _argument(func, args, kwargs, "src", None)
+        values = touched * source.element_size() if isinstance(source, torch.Tensor) else 0
+    else:  # index_put_'s values, index_add_'s and index_copy_'s source, a mask: read whole
+        values = sum(
+            accessed_bytes(t)
+            for t in inputs[1:]
+            if id(t) not in written_ids and (t.is_floating_point() or t.dtype in (torch.bool, torch.uint8))
+        )
     return indices + values + touched * self_.element_size() * (2 if accumulates else 1)
 
 
@@ -265,18 +282,23 @@ def _scattered_elements(func, args, self_: torch.Tensor) -> int:
         # Each integer index covers one dim of self, a boolean mask as many dims as it has (and names at
         # most every element: how many are set is known only once the program runs); a None keeps
         # its dim whole, as do the dims after the last index.
-        named, sliced, dim = [], [], 0
+        # A mask set at n places stands for integer indices of n elements, which broadcast with the
+        # others: with an integer index beside it, that index's broadcast shape says how many.
+        integer, masks, sliced, dim = [], [], [], 0
         for index in args[1]:
             if index is None:
                 sliced.append(int(self_.shape[dim]))
                 dim += 1
             elif index.dtype in (torch.bool, torch.uint8):
-                named.append((int(index.numel()),))
+                masks.append(int(index.numel()))
                 dim += index.dim()
             else:
-                named.append(tuple(index.shape))
+                integer.append(tuple(index.shape))
                 dim += 1
-        count = math.prod(int(n) for n in torch.broadcast_shapes(*named)) if named else 1
+        if integer:
+            count = math.prod(int(n) for n in torch.broadcast_shapes(*integer))
+        else:
+            count = min(masks, default=1)
         return count * math.prod(sliced) * math.prod(int(n) for n in self_.shape[dim:])
     if packet in (getattr(aten, "index_add_", None), getattr(aten, "index_copy_", None)):
         return int(args[3].numel())
@@ -286,6 +308,25 @@ def _scattered_elements(func, args, self_: torch.Tensor) -> int:
             int(self_.numel()) // max(int(self_.shape[dim]), 1) if self_.dim() else 1
         )
     return int(args[2].numel())  # scatter_, scatter_add_, scatter_reduce_: one write per index
+
+
+def _layout_of(t: torch.Tensor) -> tuple:
+    """A tensor's strides where its size is not 1: TensorIterator ignores a size-1 dim's stride, so
+    [1, s, h] transposed from [s, 1, h] and made contiguous is as contiguous as [1, s, h] itself."""
+    return tuple(int(stride) for size, stride in zip(t.shape, t.stride(), strict=True) if size != 1)
+
+
+def _dense(t: torch.Tensor) -> bool:
+    """Whether `t` fills its memory without gaps or overlap, in some order of its dims (a view of a
+    slice does not: ATen runs an op on it in the strided kernel)."""
+    expected = 1
+    for stride, size in sorted(
+        (int(st), int(sz)) for sz, st in zip(t.shape, t.stride(), strict=True) if sz != 1
+    ):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
 
 
 def is_elementwise(func) -> bool:
@@ -311,7 +352,11 @@ def vectorised(func, inputs: list[torch.Tensor], outs: list[torch.Tensor]) -> bo
     result = outs[0]
     operands = [t for t in (*inputs, *outs) if t.dim() > 0]
     try:
-        dense = all(tuple(t.shape) == tuple(result.shape) and t.stride() == result.stride() for t in operands)
+        shape = tuple(int(n) for n in result.shape)
+        layout = _layout_of(result)
+        dense = result.dim() == 0 or (
+            _dense(result) and all(tuple(t.shape) == shape and _layout_of(t) == layout for t in operands)
+        )
     except Exception:  # unbacked symbolic sizes: assume the common, vectorised case
         return True
     if not dense:

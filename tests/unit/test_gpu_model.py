@@ -222,6 +222,37 @@ def test_elementwise_ops_aten_cannot_vectorise_run_at_the_tables_fraction(gpu):
     assert softmax.time_ns == _memory_ns(spec, softmax.bytes, vectorised=True)
 
 
+def test_size_one_dims_do_not_break_vectorising_and_a_slice_does():
+    """Micro-batch 1: [s, 1, h] transposed to [1, s, h] and made contiguous keeps strides (h, s h, 1),
+    which TensorIterator treats as contiguous. A view of half the columns is not dense."""
+    x = meta(8192, 1, 4096).transpose(0, 1)  # strides (4096, 4096, 1): no copy was needed
+    y = meta(1, 8192, 4096)
+    added = op_time(H100, aten.add.Tensor, (x, y), {}, y)
+    assert added.time_ns == _memory_ns(H100, added.bytes, vectorised=True)
+    half = meta(4096, 8192)[:, :4096]
+    scaled = op_time(H100, aten.mul_.Tensor, (half, half), {}, half)
+    assert scaled.time_ns == _memory_ns(H100, scaled.bytes, vectorised=False)
+
+
+def test_index_edge_cases_are_counted_not_refused():
+    """A mask beside an integer index, an integer source, a scatter with a reduction."""
+    x = meta(64, 1024)
+    mask = meta(64, dtype=torch.bool)
+    columns = torch.empty(8, dtype=torch.int64, device="meta")
+    mixed = op_time(H100, aten.index_put_.default, (x, [mask, columns], meta(1)[0]), {}, x)
+    assert mixed.bytes == 8 * 8 + 64 + 2 + 8 * 2  # 8 elements written: the mask is set at 8 places
+    tokens = torch.empty(50000, 4096, dtype=torch.int64, device="meta")
+    rows = torch.empty(8, dtype=torch.int64, device="meta")
+    picked = torch.empty(8, 4096, dtype=torch.int64, device="meta")
+    selected = op_time(H100, aten.index_select.default, (tokens, 0, rows), {}, picked)
+    assert selected.bytes == 2 * 8 * 4096 * 8 + 8 * 8  # the int64 source is not an index
+    grads = meta(64, 1024, dtype=torch.float32)
+    index = torch.empty(8, 1024, dtype=torch.int64, device="meta")
+    source = meta(64, 1024, dtype=torch.float32)
+    reduced = op_time(H100, aten.scatter_.reduce, (grads, 0, index, source), {"reduce": "add"}, grads)
+    assert reduced.bytes == 8 * 1024 * 8 + 8 * 1024 * 4 + 2 * 8 * 1024 * 4  # src read where indexed
+
+
 def test_gathers_and_scatters_touch_only_the_indexed_elements():
     """The cross entropy's target gather and update touch 4096 of 131 million logits; an embedding
     lookup reads the rows it returns, not the table."""

@@ -133,9 +133,10 @@ class ModelledDevice:
         self.op_fusions: dict[Any, Any] = {}
         """aten op -> `handler(func, args, kwargs, out) -> bool`, asked before an op outside fused
         scopes is charged; True: the handler charged it (a fusion of `modelled_fusions`)."""
-        self.op_calls: dict[tuple, list[int]] = {}
-        """(aten op name, each tensor argument's shape, dtype and strides) -> [count, charged ns] of the
-        memory-bound ops: where a GPU profile of the same program differs, by shape and layout."""
+        self.op_calls: dict[object, list] = {}
+        """The clock's key of each memory-bound op call -> [count, charged ns, (name, each tensor
+        argument's shape, dtype and strides)]: where a GPU profile of the same program differs, by
+        shape and layout."""
         self.gemms: dict[tuple, list[int]] = {}
         """(aten op name, its operands' shapes) -> [count, charged ns, FLOPs] of every GEMM charged op
         by op (not those a fusion re-priced): which shapes the model was asked to time."""
@@ -251,12 +252,7 @@ class ModelledDevice:
             "modelled_ns": int(self.clock.now_ns),
             "iterations_by_kind_ns": self.iterations_by_kind_ns,
             "top_ops_ns": dict(sorted(self.by_op_ns.items(), key=lambda item: -item[1])[:TOP_OPS]),
-            "top_op_calls": [
-                {"op": op, "inputs": [_tensor_record(*tensor) for tensor in inputs], "count": count, "ns": ns}
-                for (op, inputs), (count, ns) in sorted(self.op_calls.items(), key=lambda item: -item[1][1])[
-                    :TOP_OPS
-                ]
-            ],
+            "top_op_calls": self.top_op_calls(),
             "gemms": [
                 {
                     "op": op,
@@ -274,6 +270,19 @@ class ModelledDevice:
             "fused_modules": self.fused_modules,
             **({"tp_comm_overlap": self.tp_overlap.summary()} if self.tp_overlap is not None else {}),
         }
+
+    def top_op_calls(self) -> list[dict[str, Any]]:
+        """The memory-bound op calls that took the most time, by op and tensor arguments (calls that
+        differ only in a scalar argument together)."""
+        merged: dict[tuple, list[int]] = {}
+        for count, ns, call in self.op_calls.values():
+            entry = merged.setdefault(call, [0, 0])
+            entry[0] += count
+            entry[1] += ns
+        return [
+            {"op": op, "inputs": [_tensor_record(*tensor) for tensor in inputs], "count": count, "ns": ns}
+            for (op, inputs), (count, ns) in sorted(merged.items(), key=lambda item: -item[1][1])[:TOP_OPS]
+        ]
 
     def by_kind_ns(self) -> dict[str, int]:
         """Modelled device time charged so far, by kind (gemm, attention, memory, launch)."""
@@ -326,7 +335,7 @@ class _Timed(TorchDispatchMode):
                 if timed.kind == "gemm":
                     _count_gemm(device.gemms, name, args, timed)
                 else:
-                    _count_call(device.op_calls, name, args, timed)
+                    _count_call(device.op_calls, device.clock.last_key, name, args, timed)
             overlap = device.tp_overlap
             if overlap is None or not overlap.charged(timed.time_ns, timed.kind):
                 device.log_time()
@@ -379,27 +388,21 @@ def _count_gemm(gemms: dict[tuple, list[int]], name: str, args, timed) -> None:
     entry[2] += timed.flops
 
 
-def _count_call(calls: dict[tuple, list[int]], name: str, args, timed) -> None:
-    """One charged memory-bound op, by its tensor arguments' shapes, dtypes and strides (a layout the
-    GPU would run otherwise, a broadcast or a transposed operand, shows in the strides)."""
-    try:
-        key = (
-            name,
-            tuple(
-                (
-                    tuple(map(int, a.shape)),
-                    str(a.dtype).removeprefix("torch."),
-                    tuple(map(int, a.stride())),
-                )
-                for a in args
-                if isinstance(a, torch.Tensor)
-            ),
-        )
-    except Exception:  # an unbacked symbolic size has no integer value yet
-        key = (name, ())
+def _count_call(calls: dict[object, list], key: object, name: str, args, timed) -> None:
+    """One charged memory-bound op, counted under the clock's key of the call; its tensor arguments'
+    shapes, dtypes and strides are read once per key (a layout the GPU would run otherwise, a
+    broadcast or a transposed operand, shows in the strides)."""
     entry = calls.get(key)
     if entry is None:
-        entry = calls[key] = [0, 0]
+        try:
+            tensors = tuple(
+                (tuple(map(int, a.shape)), str(a.dtype).removeprefix("torch."), tuple(map(int, a.stride())))
+                for a in args
+                if isinstance(a, torch.Tensor)
+            )
+        except Exception:  # an unbacked symbolic size has no integer value yet
+            tensors = ()
+        entry = calls[key] = [0, 0, (name, tensors)]
     entry[0] += 1
     entry[1] += timed.time_ns
 
