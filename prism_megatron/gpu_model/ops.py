@@ -150,7 +150,8 @@ _INDEX_PUT_OPS = {getattr(aten, n) for n in ("index_put_", "_index_put_impl_") i
 _ACCUMULATING_SCATTERS = {
     getattr(aten, n) for n in ("scatter_add_", "scatter_reduce_", "index_add_") if hasattr(aten, n)
 }
-# Elementwise ops torch does not tag pointwise: copies and casts, and in-place forms of tagged ones.
+# Elementwise ops torch does not tag pointwise: copies and casts (in-place forms of tagged ops are
+# found through their out-of-place form, `is_elementwise`).
 _ELEMENTWISE_UNTAGGED = {getattr(aten, n) for n in ("_to_copy", "copy_", "clone") if hasattr(aten, n)}
 _REDUCED_PRECISION = (torch.bfloat16, torch.float16)
 
@@ -240,7 +241,7 @@ def _indexed_bytes(func, args, kwargs, inputs: list[torch.Tensor], outs: list[to
     A gather (index, index_select, gather, embedding, take) reads as many source elements as it writes,
     and its indices. An in-place scatter (index_put_, scatter_, index_add_ ...) reads its indices and
     values and writes the elements they name, reading them first where it accumulates; the rest of
-    `self` is not touched. Indices are the integer tensors among the arguments.
+    `self` is not touched. Indices are the integer tensors after the source (or self).
     """
     written_ids = {id(t) for t in outs}
     # the indices: integer tensors after the source (or self), never the result
@@ -279,11 +280,11 @@ def _scattered_elements(func, args, self_: torch.Tensor) -> int:
     """How many elements of `self_` an in-place scatter writes."""
     packet = func.overloadpacket
     if packet in _INDEX_PUT_OPS:
-        # Each integer index covers one dim of self, a boolean mask as many dims as it has (and names at
-        # most every element: how many are set is known only once the program runs); a None keeps
-        # its dim whole, as do the dims after the last index.
-        # A mask set at n places stands for integer indices of n elements, which broadcast with the
-        # others: with an integer index beside it, that index's broadcast shape says how many.
+        # Each integer index covers one dim of self, a boolean mask as many dims as it has; a None
+        # keeps its dim whole, as do the dims after the last index. A mask set at n places stands for
+        # integer indices of n elements, which broadcast with the others: beside an integer index,
+        # that index's broadcast shape says how many; alone, n is known only once the program runs
+        # (counted as every element the mask covers).
         integer, masks, sliced, dim = [], [], [], 0
         for index in args[1]:
             if index is None:
