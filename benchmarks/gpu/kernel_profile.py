@@ -63,11 +63,10 @@ def child_main(out_path: str, flags: list[str]) -> int:
             totals[0] += event.device_time_total
             totals[1] += 1
     ops = [
-        {"name": event.key, "device_us": event.self_device_time_total if on_gpu else event.self_cpu_time_total,
-         "count": event.count}
+        {"name": event.key, "device_us": own_us(event, on_gpu), "count": event.count}
         for event in prof.key_averages()
-        if event.key.startswith("aten::") and (event.self_device_time_total if on_gpu else event.self_cpu_time_total) > 0
-    ]  # fmt: skip
+        if event.key.startswith("aten::") and own_us(event, on_gpu) > 0
+    ]
     record = {
         "kernels": [{"name": name, "device_us": us, "count": count} for name, (us, count) in kernels.items()],
         "aten_ops": ops,
@@ -78,6 +77,11 @@ def child_main(out_path: str, flags: list[str]) -> int:
     return status
 
 
+def own_us(event, on_gpu: bool) -> float:
+    """An op's own time, its children's left out: its kernels' on a GPU, the host's without one."""
+    return event.self_device_time_total if on_gpu else event.self_cpu_time_total
+
+
 def op_calls(events, on_gpu: bool) -> list[dict]:
     """Each aten op's own device time (the CPU's without a GPU) by its tensor inputs' shapes, dtypes
     and strides (strides where this torch's profiler records them): the same key as a modelled run's
@@ -86,8 +90,8 @@ def op_calls(events, on_gpu: bool) -> list[dict]:
     for event in events:
         if not event.name.startswith("aten::"):
             continue
-        own_us = event.self_device_time_total if on_gpu else event.self_cpu_time_total
-        if own_us <= 0:
+        own = own_us(event, on_gpu)
+        if own <= 0:
             continue
         shapes = list(event.input_shapes or [])
         dtypes = list(getattr(event, "input_dtypes", None) or [])
@@ -103,7 +107,7 @@ def op_calls(events, on_gpu: bool) -> list[dict]:
         ]
         key = json.dumps([event.name, inputs])
         call = calls.setdefault(key, {"name": event.name, "inputs": inputs, "device_us": 0.0, "count": 0})
-        call["device_us"] += own_us
+        call["device_us"] += own
         call["count"] += 1
     return sorted(calls.values(), key=lambda call: -call["device_us"])[:TOP_KERNELS]
 

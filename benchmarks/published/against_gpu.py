@@ -89,7 +89,7 @@ def modelled_run(flags: list[str], world_size: int, rank: int, out_dir: str) -> 
         raise RuntimeError(f"the modelled run failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
     with open(os.path.join(out_dir, files.REPORT_JSON)) as f:
         report = json.load(f)
-    peaks, ops, calls, iterations_of = {}, {}, {}, {}
+    peaks, ops, calls = {}, {}, {}
     for path in files.results_paths(os.path.join(out_dir, files.CAPTURE_DIR)):
         with open(path) as f:
             rank = json.load(f)
@@ -99,11 +99,12 @@ def modelled_run(flags: list[str], world_size: int, rank: int, out_dir: str) -> 
         ops[str(rank["virtual_rank"])] = {
             name: ns / iterations for name, ns in (device.get("top_ops_ns") or {}).items()
         }
-        calls[str(rank["virtual_rank"])] = device.get("top_op_calls")
-        iterations_of[str(rank["virtual_rank"])] = iterations
+        calls[str(rank["virtual_rank"])] = [
+            {**call, "ns": call["ns"] / iterations} for call in device.get("top_op_calls") or []
+        ]
     return {
         "report": report, "seconds": seconds, "at_peak_allocations": peaks, "ops_ns_per_iteration": ops,
-        "op_calls": calls, "iterations": iterations_of,
+        "op_calls_per_iteration": calls,
     }  # fmt: skip
 
 
@@ -145,29 +146,28 @@ PROFILER_DTYPES = {
 """torch.profiler's names of dtypes (its C++ type names) -> the names a modelled run records."""
 
 
+def _tensors(inputs: list[dict]) -> list[dict]:
+    """A call's tensor inputs with the modelled run's dtype names; zero-dimensional tensors left out
+    (the profiler records them like scalars)."""
+    return [{**t, "dtype": PROFILER_DTYPES.get(t["dtype"], t["dtype"])} for t in inputs if t.get("shape")]
+
+
 def _call_key(op: str, inputs: list[dict]) -> tuple:
-    """An op call as both sides can match it: the op's family and its tensor inputs' shapes and dtypes
-    (zero-dimensional tensors left out: the profiler records them like scalars)."""
-    tensors = tuple(
-        (tuple(t["shape"]), PROFILER_DTYPES.get(t["dtype"], t["dtype"])) for t in inputs if t.get("shape")
-    )
-    return op_family(op), tensors
+    """An op call as both sides can match it: the op's family and its tensor inputs' shapes and dtypes."""
+    return op_family(op), tuple((tuple(t["shape"]), t["dtype"]) for t in _tensors(inputs))
 
 
 def _layout(inputs: list[dict]) -> str:
     return " ".join(
-        f"{PROFILER_DTYPES.get(t['dtype'], t['dtype'])}{list(t['shape'])}"
-        + ("" if t.get("stride") is None else f"/{list(t['stride'])}")
-        for t in inputs
-        if t.get("shape")
+        f"{t['dtype']}{list(t['shape'])}" + ("" if t.get("stride") is None else f"/{list(t['stride'])}")
+        for t in _tensors(inputs)
     )
 
 
-def call_rows(
-    profile: dict | None, modelled_calls: list[dict] | None, iterations: int, limit: int = 20
-) -> list[dict]:
+def call_rows(profile: dict | None, modelled_calls: list[dict] | None, limit: int = 20) -> list[dict]:
     """The GPU's largest op calls (op, input shapes, dtypes and strides; its own device time per
-    iteration) beside the modelled call of the same op, shapes and dtypes: the strides on each side show
+    iteration) beside the modelled call of the same op, shapes and dtypes (`modelled_calls`: charged
+    ns per iteration): the strides on each side show
     a layout the two ran differently. Copies are left out (a GPU copy_ has a destination the modelled
     _to_copy has not; the family table above holds them)."""
     if not profile or not profile.get("aten_op_calls") or modelled_calls is None:
@@ -189,7 +189,7 @@ def call_rows(
         rows.append({
             "op": key[0], "measured_layout": _layout(call["inputs"]),
             "measured_ms": call["device_us"] / 1e3 / profile["iterations"],
-            "modelled_ms": None if match is None else match["ns"] / 1e6 / iterations,
+            "modelled_ms": None if match is None else match["ns"] / 1e6,
             "modelled_layout": None if match is None else "; ".join(sorted(set(match["layouts"]))),
         })  # fmt: skip
         if len(rows) == limit:
@@ -276,8 +276,8 @@ def main_claim_rows(gpu_results: dict, work_dir: str) -> tuple[list[dict], dict]
     )
     ops = run["ops_ns_per_iteration"]
     by_op = op_rows(profile, ops.get(str(REAL_RANK)) or next(iter(ops.values()), None))
-    rank_key = str(REAL_RANK) if str(REAL_RANK) in run["op_calls"] else next(iter(run["op_calls"]), None)
-    by_call = call_rows(profile, run["op_calls"].get(rank_key), run["iterations"].get(rank_key, 1))
+    calls = run["op_calls_per_iteration"]
+    by_call = call_rows(profile, calls.get(str(REAL_RANK)) or next(iter(calls.values()), None))
     return rows, {
         "main_claim": {
             "seconds": run["seconds"], "time_by_kind_s": kinds, "at_peak": memory, "by_op": by_op,
@@ -314,7 +314,7 @@ def markdown(result: dict) -> str:
     lines = [
         f"# The modelled GPU against a lent GPU's run of the same program ({result['date']})",
         "",
-        f"Measured: `{result['gpu_results']}` ({_versions(result.get('measured_environment'), result['measured_on'])}). "
+        f"Measured: `{result['gpu_results']}` ({machine_line(result['measured_environment'], EVERY_PACKAGE) if result.get('measured_environment') else result['measured_on']}). "
         f"Modelled: `--prism-device model:{GPU}` on {machine_line(result['environment'], EVERY_PACKAGE)}, the "
         f"same flags with `--attention-backend unfused` and Megatron's fusions off ({', '.join(NO_FUSIONS)}). "
         "Error = modelled / measured - 1. Nothing in the model is fitted to these numbers.",
@@ -378,12 +378,6 @@ def markdown(result: dict) -> str:
             "",
         ]  # fmt: skip
     return "\n".join(lines)
-
-
-def _versions(env: dict | None, platform: str) -> str:
-    if not env:
-        return platform
-    return f"{platform}, " + ", ".join(f"{k.replace('_', '-')} {env[k]}" for k in EVERY_PACKAGE if k in env)
 
 
 def _version_warning(result: dict) -> list[str]:

@@ -130,26 +130,17 @@ _WRITE_ONLY_SELF = {
 _GATHER_OPS = {
     getattr(aten, n) for n in ("index", "index_select", "gather", "embedding", "take") if hasattr(aten, n)
 }
-# In-place ops that write only the elements an index names (read-modify-write where they accumulate).
-_SCATTER_IN_PLACE_OPS = {
-    getattr(aten, n)
-    for n in (
-        "index_put_",
-        "_index_put_impl_",
-        "scatter_",
-        "scatter_add_",
-        "scatter_reduce_",
-        "index_add_",
-        "index_copy_",
-        "index_fill_",
-    )
-    if hasattr(aten, n)
-}
 _SCATTERS = {getattr(aten, n) for n in ("scatter_", "scatter_add_", "scatter_reduce_") if hasattr(aten, n)}
 _INDEX_PUT_OPS = {getattr(aten, n) for n in ("index_put_", "_index_put_impl_") if hasattr(aten, n)}
 _ACCUMULATING_SCATTERS = {
     getattr(aten, n) for n in ("scatter_add_", "scatter_reduce_", "index_add_") if hasattr(aten, n)
 }
+# In-place ops that write only the elements an index names (read-modify-write where they accumulate).
+_SCATTER_IN_PLACE_OPS = (
+    _SCATTERS
+    | _INDEX_PUT_OPS
+    | {getattr(aten, n) for n in ("index_add_", "index_copy_", "index_fill_") if hasattr(aten, n)}
+)
 # Elementwise ops torch does not tag pointwise: copies and casts (in-place forms of tagged ops are
 # found through their out-of-place form, `is_elementwise`).
 _ELEMENTWISE_UNTAGGED = {getattr(aten, n) for n in ("_to_copy", "copy_", "clone") if hasattr(aten, n)}
