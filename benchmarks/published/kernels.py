@@ -6,9 +6,9 @@ For every figure in kernel_figures.py (OpenXLA's measured H100/B200 GEMM table, 
 FlashAttention-2/-3's forward and backward curves) the model's throughput at the same shape, in the
 source's own FLOP convention (2 m n k per GEMM; 4 b h s^2 d per attention forward, halved when
 causal, x 2.5 backward), and the error. Anchors (figures the formulas were solved from) are listed
-but kept out of the summary, which counts only the figures the model never saw. cuDNN's attention
-figures (what Transformer Engine calls on Hopper) are compared too, apart: the model is
-FlashAttention-3's, so they show how far another production kernel lies from it. Writes
+but kept out of the summary, which counts only the figures the model never saw. Attention has two
+curves, each its own anchors: FlashAttention-3's and cuDNN's fused attention (what Transformer
+Engine calls on Hopper, `GpuSpec.with_attention_kernel("cudnn")`). Writes
 benchmarks/results/<date>-kernels.md and .json. Pure arithmetic: seconds, no GPU.
 """
 
@@ -22,6 +22,9 @@ import torch
 from benchmarks import common
 from benchmarks.published.kernel_figures import ATTENTION_FIGURES, GEMM_FIGURES, AttentionFigure, GemmFigure
 from prism_megatron.gpu_model import attention_time, gemm_time, gpu_spec
+
+ATTENTION_KERNEL_NAMES = {"FlashAttention-3": "flash", "cuDNN": "cudnn"}
+"""A figure's kernel -> the model's name for it (`gpu_model.specs.ATTENTION_KERNELS`)."""
 
 DTYPES = {"bf16": torch.bfloat16, "fp8": torch.float8_e4m3fn}
 
@@ -43,7 +46,7 @@ def gemm_row(fig: GemmFigure) -> dict:
 
 
 def attention_row(fig: AttentionFigure) -> dict:
-    spec = gpu_spec(fig.gpu)
+    spec = gpu_spec(fig.gpu).with_attention_kernel(ATTENTION_KERNEL_NAMES.get(fig.kernel, "flash"))
     backward = fig.direction == "bwd"
     ns = attention_time(
         spec,
@@ -61,7 +64,7 @@ def attention_row(fig: AttentionFigure) -> dict:
     model = flops / ns / 1e3
     mask = "causal" if fig.causal else "non-causal"
     return {
-        "kind": "attention" if fig.kernel == "FlashAttention-3" else f"attention vs {fig.kernel}",
+        "kind": "attention" if fig.kernel == "FlashAttention-3" else f"attention ({fig.kernel})",
         "gpu": fig.gpu,
         "shape": f"{fig.direction} d{fig.head_dim} {mask} seq {fig.seq} (b{fig.batch} h{fig.heads})",
         "published_tflops": fig.tflops,
@@ -126,7 +129,7 @@ def groups(rows: list[dict]) -> dict[str, list[dict]]:
         if r["kind"].startswith("attention"):
             key += " " + r["shape"].split(" seq")[0].split(" ", 1)[0]
         out.setdefault(key, []).append(r)
-    out["all (model's own kernels)"] = [r for r in rows if "vs" not in r["kind"]]
+    out["all"] = list(rows)
     return out
 
 

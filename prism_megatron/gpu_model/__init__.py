@@ -19,7 +19,8 @@ where the program on a CPU runs several unfused aten ops. The modelled capture c
 kernels through `fused.py`, which prices each as one memory-bound kernel over the bytes the fused
 kernel reads and writes (one launch): fused RMSNorm/LayerNorm (forward and backward), bias+GeLU and
 SwiGLU, fused RoPE, fused softmax / cross-entropy, and the multi-tensor fused Adam step. Attention
-through TE's fused attention is charged by `attention_time`, the flash-attention cost.
+through TE's fused attention is charged by `attention_time`, the flash-attention cost, with the
+figures of the kernel the run takes (`GpuSpec.with_attention_kernel`: FlashAttention-3's or cuDNN's).
 """
 
 from prism_megatron.gpu_model.attention import attention_time

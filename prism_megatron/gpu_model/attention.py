@@ -17,7 +17,8 @@ SM. GQA changes neither: the kernels run one block per query head and read share
 
 tau and o are not chosen: they are solved, per direction, so that the formula reproduces the
 published FlashAttention-3 throughput at sequence 16k and at 512 (constants.py; the paper's shapes:
-batch * seq = 16k, 16 heads of 128, non-causal). A causal step costs a factor more (masking,
+batch * seq = 16k, 16 heads of 128, non-causal), or cuDNN's fused attention's from the same figures
+for a GpuSpec `with_attention_kernel("cudnn")` (the kernel Transformer Engine runs on Hopper). A causal step costs a factor more (masking,
 imbalance), solved from the causal forward at 16k and assumed for the backward. Head dims other than 128 scale tau by the published
 head-dim-64 / head-dim-128 throughput ratio (forward and backward each its own), interpolated in
 log2(head dim) and held constant above 128. FP8 attention is charged at the BF16

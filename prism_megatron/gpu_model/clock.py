@@ -25,7 +25,7 @@ _KIND_OF_FUNC: dict[object, str] = {}
 """OpOverload -> classify(func), filled as ops are first seen."""
 
 _CACHE: dict[tuple, OpTime] = {}
-"""(gpu name, func, argument key) -> OpTime."""
+"""((gpu name, attention kernel), func, argument key) -> OpTime."""
 
 
 def _key(value):
@@ -55,6 +55,7 @@ class ModelledClock:
 
     def __init__(self, gpu: GpuSpec | str) -> None:
         self.gpu = gpu if isinstance(gpu, GpuSpec) else gpu_spec(gpu)
+        self._gpu_key = (self.gpu.name, self.gpu.attention_kernel)
         self.now_ns = 0
         self.by_kind_ns: dict[str, int] = dict.fromkeys(KINDS, 0)
         self.num_ops = 0
@@ -63,6 +64,12 @@ class ModelledClock:
         self.last_key: object = None
         """The cache key (GPU, op, its arguments' shapes, strides, dtypes and values) of the last op
         charged a time: callers that keep per-call accounts key them by it instead of building one."""
+
+    def use(self, gpu: GpuSpec) -> None:
+        """Time the ops charged from now on on `gpu` (the same GPU with another attention kernel,
+        `GpuSpec.with_attention_kernel`, once the program's flags say which one a GPU run takes)."""
+        self.gpu = gpu
+        self._gpu_key = (gpu.name, gpu.attention_kernel)
 
     @contextlib.contextmanager
     def uncharged(self):
@@ -84,7 +91,7 @@ class ModelledClock:
             kind = _KIND_OF_FUNC[func] = classify(func)
         if kind == "none":
             return NONE
-        key = (self.gpu.name, func, _key(args), _key(kwargs) if kwargs else None)
+        key = (self._gpu_key, func, _key(args), _key(kwargs) if kwargs else None)
         try:
             timed = _CACHE.get(key)
         except TypeError:  # a symbolic size (SymInt) does not hash: key by its printed form

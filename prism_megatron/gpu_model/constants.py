@@ -115,6 +115,18 @@ OVERLAP_PAPER = (
     "layers run 18.9 % slower on average (40.0 % at most) while collectives run beside them than the "
     "same compute with no communication, measured on 4-GPU A100, H100, MI250 and MI210 systems"
 )
+CUDNN_FWD = (
+    "J. Shah et al., FlashAttention-3 (arXiv:2407.08608), Fig. 5 'Attention forward speed, head dim "
+    "128 (H100 80GB SXM5)', BF16, batch x seqlen = 16k, hidden 2048, cuDNN bars"
+)
+CUDNN_FWD_CAUSAL = (
+    "J. Shah et al., FlashAttention-3 (arXiv:2407.08608), Fig. 5, causal panel 'Attention forward speed, "
+    "head dim 128 (H100 80GB SXM5)', BF16, cuDNN bars"
+)
+CUDNN_BWD = (
+    "J. Shah et al., FlashAttention-3 (arXiv:2407.08608), Fig. 6 'Attention backward speed, head dim "
+    "128 (H100 80GB SXM5)', BF16, batch x seqlen = 16k, hidden 2048, cuDNN bars"
+)
 FA2_PAPER = (
     "T. Dao, FlashAttention-2 (arXiv:2307.08691), abstract and Sec. 4.1: on A100 the forward pass "
     "reaches up to 73 % and the backward pass up to 63 % of the 312 TFLOP/s BF16 peak"
@@ -152,6 +164,11 @@ GPU_QUANTITIES = (
     "attention_bwd_short_flops_per_s",
     "attention_fwd_d64_flops_per_s",
     "attention_bwd_d64_flops_per_s",
+    "cudnn_attention_fwd_flops_per_s",
+    "cudnn_attention_fwd_short_flops_per_s",
+    "cudnn_attention_fwd_causal_flops_per_s",
+    "cudnn_attention_bwd_flops_per_s",
+    "cudnn_attention_bwd_short_flops_per_s",
     "hbm_efficiency",
     "unvectorised_fraction",
     "launch_ns",
@@ -189,6 +206,28 @@ def _hopper_attention(gpu: str) -> dict[str, Constant]:
         f"{gpu}.attention_bwd_d64_flops_per_s": Constant(
             value=474e12, unit="FLOP/s", source=FA3_BWD_64, note=f"seqlen 16k. {carried}"
         ),
+    }
+
+
+CUDNN_FIGURES = {
+    "cudnn_attention_fwd_flops_per_s": (595, CUDNN_FWD, "non-causal, seqlen 16k"),
+    "cudnn_attention_fwd_short_flops_per_s": (497, CUDNN_FWD, "non-causal, seqlen 512"),
+    "cudnn_attention_fwd_causal_flops_per_s": (539, CUDNN_FWD_CAUSAL, "causal, seqlen 16k (FLOPs halved)"),
+    "cudnn_attention_bwd_flops_per_s": (516, CUDNN_BWD, "seqlen 16k"),
+    "cudnn_attention_bwd_short_flops_per_s": (305, CUDNN_BWD, "seqlen 512"),
+}
+"""cuDNN's fused attention on H100, TFLOP/s, read from the bars beside FlashAttention-3's in the same
+figures: the kernel Transformer Engine runs on Hopper and later unless told otherwise
+(`specs.ATTENTION_KERNELS`)."""
+
+
+def _cudnn_attention(gpu: str, *, scale: float = 1.0, carried: str = "") -> dict[str, Constant]:
+    """The cuDNN attention rows of `gpu`: H100's figures times `scale` (`carried` says why)."""
+    return {
+        f"{gpu}.{quantity}": Constant(
+            value=tflops * 1e12 * scale, unit="FLOP/s", source=source, note=f"{what}. {carried}".strip()
+        )
+        for quantity, (tflops, source, what) in CUDNN_FIGURES.items()
     }
 
 
@@ -275,6 +314,7 @@ def _hopper(
         f"{gpu}.launch_ns": Constant(value=1000, unit="ns", source=XLA_LAUNCH),
     }
     rows.update(_hopper_attention(gpu))
+    rows.update(_cudnn_attention(gpu, carried="" if gpu == "h100" else "H100 figure reused (same die)."))
     return rows
 
 
@@ -373,6 +413,11 @@ def _a100() -> dict[str, Constant]:
             note="vectorised time / unrolled time of the same cast, at the largest size in the table",
         ),
         "a100.launch_ns": Constant(value=1000, unit="ns", source=XLA_LAUNCH),
+        **_cudnn_attention(
+            "a100",
+            scale=peak / 989.4e12,
+            carried="H100's cuDNN efficiency (fraction of dense BF16 peak) assumed",
+        ),
     }
 
 
@@ -464,6 +509,11 @@ def _b200() -> dict[str, Constant]:
             note="H100 figure assumed for B200 (no B200 figure at hand)",
         ),
         "b200.launch_ns": Constant(value=1000, unit="ns", source=XLA_LAUNCH),
+        **_cudnn_attention(
+            "b200",
+            scale=peak / 989.4e12,
+            carried="H100's cuDNN efficiency (fraction of dense BF16 peak) assumed",
+        ),
     }
 
 

@@ -12,6 +12,15 @@ from prism_megatron.gpu_model.constants import GPU_QUANTITIES, value
 GPU_NAMES: tuple[str, ...] = ("a100", "b200", "h100", "h200")
 """The names `--prism-device model:<gpu>` accepts."""
 
+ATTENTION_KERNELS: dict[str, str] = {
+    "flash": "FlashAttention-3",
+    "cudnn": "cuDNN fused attention",
+}
+"""The attention kernels the model prices, by the names `GpuSpec.with_attention_kernel` takes: the
+GPU's own `attention_*` figures are FlashAttention-3's curve (FlashAttention-2's on A100); the
+`cudnn_attention_*` figures are cuDNN's, the kernel Transformer Engine runs on Hopper and later when
+both are available (its attention backend selection gives FusedAttention preference there)."""
+
 DISPLAY_NAMES = {"a100": "A100 80GB SXM", "b200": "B200", "h100": "H100 SXM", "h200": "H200 SXM"}
 
 
@@ -73,6 +82,13 @@ class GpuSpec:
     """Forward throughput at head dim 64, sequence 16k, non-causal: the head-dimension dependence."""
     attention_bwd_d64_flops_per_s: float
     """Backward throughput at head dim 64, sequence 16k: the head-dimension dependence."""
+    cudnn_attention_fwd_flops_per_s: float
+    """cuDNN's fused attention, the same five figures as `attention_*` above (head dim 128):
+    forward at 16k, at 512 and causal at 16k, backward at 16k and at 512."""
+    cudnn_attention_fwd_short_flops_per_s: float
+    cudnn_attention_fwd_causal_flops_per_s: float
+    cudnn_attention_bwd_flops_per_s: float
+    cudnn_attention_bwd_short_flops_per_s: float
     hbm_efficiency: float
     """Fraction of peak HBM bandwidth a streaming kernel achieves."""
     unvectorised_fraction: float
@@ -83,6 +99,9 @@ class GpuSpec:
     comm_overlap_compute_slowdown: float
     """Fraction by which compute slows while a communication kernel runs beside it (the simulation's
     contention term, `sim/contention.py`)."""
+    attention_kernel: str = "flash"
+    """Which kernel the `attention_*` figures describe (a key of ATTENTION_KERNELS): attention.py
+    times attention from them, so `with_attention_kernel` swaps the figures, not the formula."""
 
     def __post_init__(self) -> None:
         if self.name not in GPU_NAMES:
@@ -91,6 +110,38 @@ class GpuSpec:
             raise ValueError(
                 f"GpuSpec {self.name}: num_sms, hbm_bytes_per_s and bf16_flops_per_s must be > 0"
             )
+
+    def with_attention_kernel(self, kernel: str) -> GpuSpec:
+        """This GPU with attention timed as `kernel` (a key of ATTENTION_KERNELS) runs it.
+
+        For cuDNN the five calibrating figures are cuDNN's own; its head-dim-64 figures are not at
+        hand, so FlashAttention-3's head-dim 64/128 ratios are assumed for it.
+
+        Raises:
+            ValueError: `kernel` is not a key of ATTENTION_KERNELS.
+        """
+        if kernel not in ATTENTION_KERNELS:
+            raise ValueError(
+                f"attention kernel {kernel!r}: the GPU model prices {', '.join(ATTENTION_KERNELS)}"
+            )
+        base = gpu_spec(self.name)
+        if kernel == "flash":
+            return base
+        return dataclasses.replace(
+            base,
+            attention_kernel=kernel,
+            attention_fwd_flops_per_s=base.cudnn_attention_fwd_flops_per_s,
+            attention_fwd_short_flops_per_s=base.cudnn_attention_fwd_short_flops_per_s,
+            attention_fwd_causal_flops_per_s=base.cudnn_attention_fwd_causal_flops_per_s,
+            attention_bwd_flops_per_s=base.cudnn_attention_bwd_flops_per_s,
+            attention_bwd_short_flops_per_s=base.cudnn_attention_bwd_short_flops_per_s,
+            attention_fwd_d64_flops_per_s=base.attention_fwd_d64_flops_per_s
+            * base.cudnn_attention_fwd_flops_per_s
+            / base.attention_fwd_flops_per_s,
+            attention_bwd_d64_flops_per_s=base.attention_bwd_d64_flops_per_s
+            * base.cudnn_attention_bwd_flops_per_s
+            / base.attention_bwd_flops_per_s,
+        )
 
     @property
     def achievable_hbm_bytes_per_s(self) -> float:

@@ -42,6 +42,10 @@ class ModelledReport:
     moe_routing: str | None = None
     """"balanced" for an MoE model: the token counts its dispatchers read are the balanced-routing
     stand-in (`patches/modelled_moe.py`), not data; None for a dense model."""
+    attention_kernel: str | None = None
+    """The fused attention kernel whose measured curve timed attention ("cuDNN fused attention",
+    "FlashAttention-3"): the one a GPU run of the flags takes (--attention-backend; on auto,
+    Transformer Engine's choice for the GPU). None from a run that did not record it."""
 
     @property
     def method(self) -> str:
@@ -84,6 +88,7 @@ class ModelledReport:
             *rows,
             "",
             *_routing_note(self.moe_routing),
+            *_attention_note(self.attention_kernel),
             f"Time by kind of role `{self.critical_role}` (the most compute):",
             "",
             "| kind | time | share |",
@@ -105,6 +110,16 @@ def _routing_note(routing: str | None) -> list[str]:
     return [
         f"MoE routing is **{routing}** (a stand-in, fake tensors hold no routing): every expert receives "
         "tokens x topk / experts of the tokens routed to it, the all-to-all split sizes follow.",
+        "",
+    ]
+
+
+def _attention_note(kernel: str | None) -> list[str]:
+    if kernel is None:
+        return []
+    return [
+        f"Attention is timed as **{kernel}** runs it: the kernel a GPU run of these flags takes "
+        "(`--attention-backend`; on `auto`, Transformer Engine's choice for this GPU).",
         "",
     ]
 

@@ -82,6 +82,8 @@ def test_a_full_size_405b_rank_of_16384_runs_on_fake_tensors_and_is_timed_by_the
     assert result["virtual_rank"] == MIDDLE_RANK and result["world_size"] == 16384
     modelled = result["modelled_device"]
     assert modelled["gpu"] == "h100"
+    # --attention-backend as written (auto): Transformer Engine's choice on Hopper, cuDNN's kernel.
+    assert modelled["attention_kernel"] == "cudnn"
     first, second = modelled["iterations_by_kind_ns"]
     # The same program twice: the same GEMMs and attention, to the nanosecond.
     assert first["gemm"] == second["gemm"] > 0 and first["attention"] == second["attention"] > 0
@@ -199,6 +201,7 @@ def test_a_modelled_run_reports_what_it_is(runs):
     assert set(parts) == {"gemm", "attention", "memory", "launch", "exposed_communication", "pipeline_bubble"}
     assert sum(parts.values()) == pytest.approx(modelled["iteration_time_s"], rel=1e-6)
     assert report["prism"]["cluster"]["cluster"] == "dgx-h100"
+    assert modelled["attention_kernel"] == "cuDNN fused attention"
 
 
 def test_a_modelled_run_s_timeline_draws_the_asked_ranks_the_captured_ones_and_one_per_role(runs):

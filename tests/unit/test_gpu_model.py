@@ -628,3 +628,50 @@ def test_held_out_kernel_figures_stay_close():
     assert gemm["held_out"] > 100 and gemm["median_abs_error_pct"] <= 10
     assert attention["held_out"] >= 25 and attention["median_abs_error_pct"] <= 5
     assert head_dim_128["held_out"] >= 13 and head_dim_128["max_abs_error_pct"] <= 10
+
+
+def test_cudnn_attention_is_timed_from_cudnns_own_figures_and_nothing_else_changes():
+    """`with_attention_kernel("cudnn")`: the five calibrating figures are cuDNN's (FA3 paper Figs. 5
+    and 6, the cuDNN bars), so at those shapes the model gives cuDNN's throughput; every other op is
+    timed as before, and flash gives back the GPU as the table has it."""
+    h100 = gpu_spec("h100")
+    cudnn = h100.with_attention_kernel("cudnn")
+    assert (cudnn.name, cudnn.attention_kernel, h100.attention_kernel) == ("h100", "cudnn", "flash")
+    assert cudnn.with_attention_kernel("flash") == h100
+
+    def tflops(spec, seq, *, causal=False, backward=False):
+        ns = attention_time(spec, batch=16384 // seq, num_heads=16, num_kv_heads=16, seq_q=seq, seq_kv=seq,
+                            head_dim=128, causal=causal, backward=backward)  # fmt: skip
+        flops = 4 * 16384 * seq * 16 * 128 / (2 if causal else 1) * (2.5 if backward else 1)
+        return flops / ns / 1e3
+
+    assert tflops(cudnn, 16384) == pytest.approx(595, rel=1e-3)
+    assert tflops(cudnn, 512) == pytest.approx(497, rel=1e-3)
+    assert tflops(cudnn, 16384, causal=True) == pytest.approx(539, rel=1e-3)
+    assert tflops(cudnn, 16384, backward=True) == pytest.approx(516, rel=1e-3)
+    assert tflops(cudnn, 512, backward=True) == pytest.approx(305, rel=1e-3)
+    # A training shape (GPT at sequence 4096, causal): cuDNN's kernel is the slower one both ways.
+    for backward in (False, True):
+        assert tflops(cudnn, 4096, causal=True, backward=backward) < tflops(
+            h100, 4096, causal=True, backward=backward
+        )
+    # The head-dim-64 figures keep FlashAttention-3's 64/128 ratios (cuDNN's are not at hand).
+    assert cudnn.attention_fwd_d64_flops_per_s / cudnn.attention_fwd_flops_per_s == pytest.approx(497 / 648)
+    assert gemm_time(cudnn, 4096, 4096, 4096, torch.bfloat16) == gemm_time(
+        h100, 4096, 4096, 4096, torch.bfloat16
+    )
+    with pytest.raises(ValueError, match="prices flash, cudnn"):
+        h100.with_attention_kernel("fa2")
+
+
+def test_a_clock_keeps_the_two_attention_kernels_apart():
+    """The op cache is shared by every clock of a process: a clock switched to cuDNN must not be
+    answered from a flash clock's entry for the same op and shapes, nor the other way round."""
+    q = meta(1, 16, 4096, 128)
+    op = aten._scaled_dot_product_flash_attention_for_cpu.default
+    times = []
+    for kernel in ("flash", "cudnn", "flash"):
+        clock = ModelledClock("h100")
+        clock.use(H100.with_attention_kernel(kernel))
+        times.append(clock.charge(op, (q, q, q, 0.0, True), {}, None).time_ns)
+    assert times[0] == times[2] < times[1]

@@ -88,6 +88,61 @@ def test_the_report_says_modelled_where_a_measured_run_says_measured():
     moe = _report(moe_routing="balanced")
     assert ModelledReport.from_json(moe.to_json()) == moe
     assert "MoE routing is **balanced** (a stand-in" in "\n".join(moe.markdown())
+    assert "Attention is timed" not in text  # a report written before the kernel was recorded
+    cudnn = _report(attention_kernel="cuDNN fused attention")
+    assert ModelledReport.from_json(cudnn.to_json()) == cudnn
+    assert "Attention is timed as **cuDNN fused attention** runs it" in "\n".join(cudnn.markdown())
+
+
+@pytest.mark.parametrize(
+    ("backend", "gpu", "kernel"),
+    [
+        ("auto", "h100", "cudnn"),  # Megatron's default: Transformer Engine prefers cuDNN on Hopper+
+        ("auto", "h200", "cudnn"),
+        ("auto", "b200", "cudnn"),
+        ("auto", "a100", "flash"),  # ... and FlashAttention before Hopper
+        ("flash", "h100", "flash"),
+        ("fused", "a100", "cudnn"),
+        ("fused", "h100", "cudnn"),
+    ],
+)
+def test_the_attention_kernel_is_the_one_a_gpu_run_of_the_flags_takes(backend, gpu, kernel):
+    import argparse
+
+    from megatron.core.transformer.enums import AttnBackend
+
+    from prism_megatron.megatron.run.modelled_fusions import attention_kernel
+
+    assert attention_kernel(argparse.Namespace(attention_backend=backend), gpu) == kernel  # built-in entry
+    assert attention_kernel(argparse.Namespace(attention_backend=AttnBackend[backend]), gpu) == kernel
+    assert attention_kernel(argparse.Namespace(), gpu) == attention_kernel(
+        argparse.Namespace(attention_backend="auto"), gpu
+    )
+
+
+def test_a_modelled_device_times_attention_as_the_chosen_kernel_and_says_which():
+    import torch
+
+    from prism_megatron.megatron.run.modelled_device import ModelledDevice
+
+    def attention_ns(kernel: str | None) -> tuple[int, str]:
+        device = ModelledDevice("h100")
+        if kernel is not None:
+            device.use_attention_kernel(kernel)
+        with device.active():
+            q = torch.ones(1, 16, 4096, 128, dtype=torch.bfloat16)
+            torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
+        summary = device.summary()
+        return summary["modelled_ns_by_kind"]["attention"], summary["attention_kernel"]
+
+    flash_ns, flash = attention_ns(None)
+    cudnn_ns, cudnn = attention_ns("cudnn")
+    expected = gpu_model.attention_time(
+        gpu_model.gpu_spec("h100").with_attention_kernel("cudnn"), batch=1, num_heads=16, num_kv_heads=16,
+        seq_q=4096, seq_kv=4096, head_dim=128, causal=True,
+    )  # fmt: skip
+    assert (flash, cudnn) == ("flash", "cudnn")
+    assert cudnn_ns == expected > flash_ns
 
 
 def test_a_modelled_run_takes_a_megatron_lm_script_and_moe_and_refuses_a_graph_to_replay():

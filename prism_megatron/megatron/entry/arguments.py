@@ -88,7 +88,9 @@ def _model_args(parser: argparse.ArgumentParser) -> None:
         default="auto",
         help="as Megatron-LM: on cpu and cuda the local spec's attention materialises its scores whatever "
         "the choice; on --prism-device model:<gpu>, unfused and local keep that kernel (its GEMMs and "
-        "softmax timed and its scores held as a GPU would), the others run as one fused kernel",
+        "softmax timed and its scores held as a GPU would), the others run as one fused kernel, timed as "
+        "FlashAttention-3 (flash) or cuDNN's fused attention (fused; auto on Hopper and later, as "
+        "Transformer Engine picks)",
     )
     g.add_argument("--bf16", action="store_true")
     g.add_argument("--fp16", action="store_true")

@@ -150,6 +150,12 @@ class ModelledDevice:
         self.tp_overlap = None
         """`tp_overlap.TpCommOverlap` under --tp-comm-overlap: TE's userbuffers overlap, else None."""
 
+    def use_attention_kernel(self, kernel: str) -> None:
+        """Time attention from now on as `kernel` runs it (`gpu_model.specs.ATTENTION_KERNELS`): the
+        kernel a GPU run of the program's flags takes (`modelled_fusions.attention_kernel`)."""
+        self.gpu = self.gpu.with_attention_kernel(kernel)
+        self.clock.use(self.gpu)
+
     def iteration_begins(self) -> None:
         self._iteration_start = self.by_kind_ns()
 
@@ -248,6 +254,7 @@ class ModelledDevice:
         """What the rank's results keep: the GPU, its modelled time by kind, and the counts."""
         return {
             "gpu": self.gpu_name,
+            "attention_kernel": self.gpu.attention_kernel,
             "modelled_ns_by_kind": self.by_kind_ns(),
             "modelled_ns": int(self.clock.now_ns),
             "iterations_by_kind_ns": self.iterations_by_kind_ns,

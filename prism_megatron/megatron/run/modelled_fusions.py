@@ -17,7 +17,8 @@ close `ModelledDevice.fused_kernel` scopes, or re-price one op (`ModelledDevice.
 | cross-entropy (`--cross-entropy-loss-fusion` turns it on; off by default) | after the output layer's logits to the model's output (the loss), and back | `fused.cross_entropy_time` |
 | Adam (TE's FusedAdam; no flag) | the optimizer's `step()` | `fused.adam_step_time` without the BF16 copy (Megatron copies main to model weights after the step) |
 
-Norms are `modelled_device.fuse_norms`; attention is one op already. Not fused (charged as the ops
+Norms are `modelled_device.fuse_norms`; attention is one op already, timed as the kernel a GPU run
+of the flags takes (`attention_kernel`). Not fused (charged as the ops
 run, as on a GPU run of these defaults): the grad-norm and the main-to-model weight copies.
 """
 
@@ -86,9 +87,33 @@ def charge_as_a_gpu_runs(device: ModelledDevice, model_chunks, optimizer, args: 
     """What a GPU run of `args` (the flags as written) fuses or overlaps, charged so on `device`: the
     norms, Megatron's fusions and, with --tp-comm-overlap, TE's userbuffers overlap. Both entries
     call it once the model and optimizer exist (the built-in one, and a script's first step)."""
+    device.use_attention_kernel(attention_kernel(args, device.gpu.name))
     fuse_norms(device, model_chunks)
     install(device, model_chunks, optimizer, Fusions.from_args(args))
     overlap_tp_comm(device, model_chunks, args)
+
+
+CUDNN_PREFERRED_ON = frozenset({"h100", "h200", "b200"})
+"""GPUs on which Transformer Engine's attention backend selection, given the choice between
+FlashAttention and cuDNN's fused attention (FusedAttention, its F16_arbitrary_seqlen backend, which
+BF16 and FP16 training takes), disables FlashAttention "to give FusedAttention preference on Hopper+
+for performance reasons": compute capability 9.0 and later (TE 1.6 to 1.8 on 9.0 exactly, later
+releases on 9.0 and above). On A100 it keeps FlashAttention."""
+
+
+def attention_kernel(args: argparse.Namespace, gpu: str) -> str:
+    """The fused attention kernel a GPU run of `args` takes on `gpu` (a key of
+    `gpu_model.specs.ATTENTION_KERNELS`), by `--attention-backend`: flash -> FlashAttention, fused ->
+    cuDNN, auto (Megatron's default) -> Transformer Engine's own choice (CUDNN_PREFERRED_ON).
+    unfused and local run no fused kernel (their GEMMs and softmax are timed as ops): the answer is
+    then not used."""
+    backend = getattr(args, "attention_backend", "auto")
+    backend = getattr(backend, "name", backend)  # Megatron-LM parses it into megatron-core's AttnBackend
+    if backend == "flash":
+        return "flash"
+    if backend == "fused" or (backend == "auto" and gpu in CUDNN_PREFERRED_ON):
+        return "cudnn"
+    return "flash"
 
 
 def overlap_tp_comm(device: ModelledDevice, model_chunks, args: argparse.Namespace) -> None:
