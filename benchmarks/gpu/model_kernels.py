@@ -163,13 +163,15 @@ def attention_rows(name: str, shapes: dict, spec) -> list[dict]:
     )
     shape = f"b{b} h{n} (kv {a['kv_heads']}) s{s} d{d} causal"
     rows = []
-    for label, backend in (
-        ("cuDNN", SDPBackend.CUDNN_ATTENTION),
-        ("FlashAttention-2", SDPBackend.FLASH_ATTENTION),
+    # Each measured kernel against the model's figures for it: cuDNN's own (what a modelled run with
+    # --attention-backend auto takes on Hopper), torch's FlashAttention-2 against FlashAttention-3's.
+    for label, backend, kernel in (
+        ("cuDNN", SDPBackend.CUDNN_ATTENTION, "cudnn"),
+        ("FlashAttention-2", SDPBackend.FLASH_ATTENTION, "flash"),
     ):
         for backward in (False, True):
             model_ns = attention_time(
-                spec, batch=b, num_heads=n, num_kv_heads=a["kv_heads"], seq_q=s, seq_kv=s,
+                spec.with_attention_kernel(kernel), batch=b, num_heads=n, num_kv_heads=a["kv_heads"], seq_q=s, seq_kv=s,
                 head_dim=d, causal=True, backward=backward,
             )  # fmt: skip
             kind = f"attention {label}"

@@ -31,13 +31,14 @@ def peak_tflops(gpu: str) -> tuple[str, float]:
     return spec.display_name, spec.bf16_flops_per_s / 1e12
 
 
-def _attention_kernel(results: dict[int, dict[str, Any]]) -> str | None:
-    """The attention kernel the captured ranks were timed with, by name (None where no rank says)."""
-    from prism_megatron.gpu_model.specs import ATTENTION_KERNELS
+def _attention_kernel(gpu: str, results: dict[int, dict[str, Any]]) -> str | None:
+    """The fused attention kernel the captured ranks were timed with, by name (None where no rank
+    ran one or said which)."""
+    from prism_megatron.gpu_model.specs import attention_kernel_name
 
     kernels = {(data.get("modelled_device") or {}).get("attention_kernel") for data in results.values()}
     kernels.discard(None)
-    return ", ".join(ATTENTION_KERNELS.get(k, k) for k in sorted(kernels)) or None
+    return ", ".join(attention_kernel_name(gpu, k) for k in sorted(kernels)) or None
 
 
 def _role_class_of(plan: RunPlan, role: str) -> str:
@@ -100,5 +101,5 @@ def modelled_report(
         critical_role=critical.role,
         time_by_kind_s=by_kind,
         moe_routing="balanced" if plan.job.model.num_experts else None,
-        attention_kernel=_attention_kernel(results),
+        attention_kernel=_attention_kernel(gpu, results),
     )

@@ -210,25 +210,38 @@ def _hopper_attention(gpu: str) -> dict[str, Constant]:
 
 
 CUDNN_FIGURES = {
-    "cudnn_attention_fwd_flops_per_s": (595, CUDNN_FWD, "non-causal, seqlen 16k"),
-    "cudnn_attention_fwd_short_flops_per_s": (497, CUDNN_FWD, "non-causal, seqlen 512"),
-    "cudnn_attention_fwd_causal_flops_per_s": (539, CUDNN_FWD_CAUSAL, "causal, seqlen 16k (FLOPs halved)"),
-    "cudnn_attention_bwd_flops_per_s": (516, CUDNN_BWD, "seqlen 16k"),
-    "cudnn_attention_bwd_short_flops_per_s": (305, CUDNN_BWD, "seqlen 512"),
+    "cudnn_attention_fwd_flops_per_s": (595, 648, CUDNN_FWD, "non-causal, seqlen 16k"),
+    "cudnn_attention_fwd_short_flops_per_s": (497, 467, CUDNN_FWD, "non-causal, seqlen 512"),
+    "cudnn_attention_fwd_causal_flops_per_s": (
+        539,
+        616,
+        CUDNN_FWD_CAUSAL,
+        "causal, seqlen 16k (FLOPs halved)",
+    ),
+    "cudnn_attention_bwd_flops_per_s": (516, 561, CUDNN_BWD, "seqlen 16k"),
+    "cudnn_attention_bwd_short_flops_per_s": (305, 316, CUDNN_BWD, "seqlen 512"),
 }
-"""cuDNN's fused attention on H100, TFLOP/s, read from the bars beside FlashAttention-3's in the same
-figures: the kernel Transformer Engine runs on Hopper and later unless told otherwise
-(`specs.ATTENTION_KERNELS`)."""
+"""cuDNN's fused attention on H100 and FlashAttention-3's bar beside it in the same figure, TFLOP/s
+(`specs.ATTENTION_KERNELS`: the kernel Transformer Engine runs on Hopper and later unless told
+otherwise). Each `cudnn_<q>` quantity pairs with the GPU's own `<q>` (FlashAttention's figure)."""
 
 
-def _cudnn_attention(gpu: str, *, scale: float = 1.0, carried: str = "") -> dict[str, Constant]:
-    """The cuDNN attention rows of `gpu`: H100's figures times `scale` (`carried` says why)."""
-    return {
-        f"{gpu}.{quantity}": Constant(
-            value=tflops * 1e12 * scale, unit="FLOP/s", source=source, note=f"{what}. {carried}".strip()
+def _cudnn_attention(table: dict[str, Constant], gpu: str) -> dict[str, Constant]:
+    """The cuDNN attention rows of `gpu`: its FlashAttention figure times cuDNN's / FlashAttention-3's
+    on H100 in the same figure (on H100 that is cuDNN's own bar; elsewhere H100's ratio is assumed)."""
+    rows = {}
+    for quantity, (cudnn, fa3, source, what) in CUDNN_FIGURES.items():
+        flash = table[f"{gpu}.{quantity.removeprefix('cudnn_')}"].value
+        if gpu == "h100":
+            note = what
+        else:
+            note = (
+                f"{what}; H100's cuDNN / FlashAttention-3 ratio ({cudnn}/{fa3}) times this GPU's flash figure"
+            )
+        rows[f"{gpu}.{quantity}"] = Constant(
+            value=flash * cudnn / fa3, unit="FLOP/s", source=source, note=note
         )
-        for quantity, (tflops, source, what) in CUDNN_FIGURES.items()
-    }
+    return rows
 
 
 def _hopper(
@@ -314,7 +327,6 @@ def _hopper(
         f"{gpu}.launch_ns": Constant(value=1000, unit="ns", source=XLA_LAUNCH),
     }
     rows.update(_hopper_attention(gpu))
-    rows.update(_cudnn_attention(gpu, carried="" if gpu == "h100" else "H100 figure reused (same die)."))
     return rows
 
 
@@ -413,11 +425,6 @@ def _a100() -> dict[str, Constant]:
             note="vectorised time / unrolled time of the same cast, at the largest size in the table",
         ),
         "a100.launch_ns": Constant(value=1000, unit="ns", source=XLA_LAUNCH),
-        **_cudnn_attention(
-            "a100",
-            scale=peak / 989.4e12,
-            carried="H100's cuDNN efficiency (fraction of dense BF16 peak) assumed",
-        ),
     }
 
 
@@ -509,11 +516,6 @@ def _b200() -> dict[str, Constant]:
             note="H100 figure assumed for B200 (no B200 figure at hand)",
         ),
         "b200.launch_ns": Constant(value=1000, unit="ns", source=XLA_LAUNCH),
-        **_cudnn_attention(
-            "b200",
-            scale=peak / 989.4e12,
-            carried="H100's cuDNN efficiency (fraction of dense BF16 peak) assumed",
-        ),
     }
 
 
@@ -534,13 +536,20 @@ def _overlap() -> dict[str, Constant]:
     }
 
 
-CONSTANTS: dict[str, Constant] = {
-    **_overlap(),
-    **_a100(),
-    **_b200(),
-    **_hopper("h100", datasheet=H100_DATASHEET, hbm_bytes_per_s=3.35e12, capacity_bytes=80e9),
-    **_hopper("h200", datasheet=H200_DATASHEET, hbm_bytes_per_s=4.8e12, capacity_bytes=141e9),
-}
+def _table() -> dict[str, Constant]:
+    table = {
+        **_overlap(),
+        **_a100(),
+        **_b200(),
+        **_hopper("h100", datasheet=H100_DATASHEET, hbm_bytes_per_s=3.35e12, capacity_bytes=80e9),
+        **_hopper("h200", datasheet=H200_DATASHEET, hbm_bytes_per_s=4.8e12, capacity_bytes=141e9),
+    }
+    for gpu in ("a100", "b200", "h100", "h200"):
+        table.update(_cudnn_attention(table, gpu))
+    return table
+
+
+CONSTANTS: dict[str, Constant] = _table()
 """The one table. Read it through `value(gpu, quantity)` or `specs.gpu_spec`."""
 
 

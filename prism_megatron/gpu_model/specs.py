@@ -13,13 +13,22 @@ GPU_NAMES: tuple[str, ...] = ("a100", "b200", "h100", "h200")
 """The names `--prism-device model:<gpu>` accepts."""
 
 ATTENTION_KERNELS: dict[str, str] = {
-    "flash": "FlashAttention-3",
+    "flash": "FlashAttention",
     "cudnn": "cuDNN fused attention",
 }
 """The attention kernels the model prices, by the names `GpuSpec.with_attention_kernel` takes: the
-GPU's own `attention_*` figures are FlashAttention-3's curve (FlashAttention-2's on A100); the
-`cudnn_attention_*` figures are cuDNN's, the kernel Transformer Engine runs on Hopper and later when
-both are available (its attention backend selection gives FusedAttention preference there)."""
+GPU's own `attention_*` figures are FlashAttention's curve (FlashAttention-3's, FlashAttention-2's on
+A100: `attention_kernel_name`); the `cudnn_attention_*` figures are cuDNN's, the kernel Transformer
+Engine runs on Hopper and later when both are available (its attention backend selection gives
+FusedAttention preference there)."""
+
+
+def attention_kernel_name(gpu: str, kernel: str) -> str:
+    """How a report names `kernel` on `gpu`: the FlashAttention version whose figures time it."""
+    if kernel == "flash":
+        return "FlashAttention-2" if gpu == "a100" else "FlashAttention-3"
+    return ATTENTION_KERNELS.get(kernel, kernel)
+
 
 DISPLAY_NAMES = {"a100": "A100 80GB SXM", "b200": "B200", "h100": "H100 SXM", "h200": "H200 SXM"}
 
@@ -114,8 +123,9 @@ class GpuSpec:
     def with_attention_kernel(self, kernel: str) -> GpuSpec:
         """This GPU with attention timed as `kernel` (a key of ATTENTION_KERNELS) runs it.
 
-        For cuDNN the five calibrating figures are cuDNN's own; its head-dim-64 figures are not at
-        hand, so FlashAttention-3's head-dim 64/128 ratios are assumed for it.
+        For cuDNN the five calibrating figures are cuDNN's own (on other GPUs than H100, H100's
+        cuDNN / FlashAttention-3 ratio times the GPU's flash figure); its head-dim-64 figures are not
+        at hand, so the flash head-dim 64/128 ratios are assumed for it.
 
         Raises:
             ValueError: `kernel` is not a key of ATTENTION_KERNELS.

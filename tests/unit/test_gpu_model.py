@@ -628,6 +628,9 @@ def test_held_out_kernel_figures_stay_close():
     assert gemm["held_out"] > 100 and gemm["median_abs_error_pct"] <= 10
     assert attention["held_out"] >= 25 and attention["median_abs_error_pct"] <= 5
     assert head_dim_128["held_out"] >= 13 and head_dim_128["max_abs_error_pct"] <= 10
+    # cuDNN's fused attention, from its own five figures, against the rest of its bars.
+    cudnn = kernels.summary([kernels.attention_row(f) for f in ATTENTION_FIGURES if f.kernel == "cuDNN"])
+    assert cudnn["held_out"] == 13 and cudnn["median_abs_error_pct"] <= 5 and cudnn["max_abs_error_pct"] <= 10
 
 
 def test_cudnn_attention_is_timed_from_cudnns_own_figures_and_nothing_else_changes():
@@ -662,6 +665,11 @@ def test_cudnn_attention_is_timed_from_cudnns_own_figures_and_nothing_else_chang
     )
     with pytest.raises(ValueError, match="prices flash, cudnn"):
         h100.with_attention_kernel("fa2")
+    # Elsewhere H100's cuDNN / FlashAttention-3 ratio scales the GPU's own flash figures (A100's FA2).
+    a100 = gpu_spec("a100")
+    assert a100.with_attention_kernel("cudnn").attention_bwd_flops_per_s == pytest.approx(
+        a100.attention_bwd_flops_per_s * 516 / 561
+    )
 
 
 def test_a_clock_keeps_the_two_attention_kernels_apart():

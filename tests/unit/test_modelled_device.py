@@ -92,6 +92,15 @@ def test_the_report_says_modelled_where_a_measured_run_says_measured():
     cudnn = _report(attention_kernel="cuDNN fused attention")
     assert ModelledReport.from_json(cudnn.to_json()) == cudnn
     assert "Attention is timed as **cuDNN fused attention** runs it" in "\n".join(cudnn.markdown())
+    # What report.json's schema holds of the section: every field the report writes, with or without.
+    import jsonschema
+
+    from prism_megatron.report.schema import json_schema
+
+    full = json_schema()
+    section = {**full["properties"]["modelled"], "$defs": full["$defs"]}
+    for each in (report, moe, cudnn):
+        jsonschema.validate(each.to_json(), section)
 
 
 @pytest.mark.parametrize(
@@ -104,6 +113,8 @@ def test_the_report_says_modelled_where_a_measured_run_says_measured():
         ("flash", "h100", "flash"),
         ("fused", "a100", "cudnn"),
         ("fused", "h100", "cudnn"),
+        ("unfused", "h100", None),  # no fused kernel: the attention's GEMMs and softmax are timed
+        ("local", "h100", None),
     ],
 )
 def test_the_attention_kernel_is_the_one_a_gpu_run_of_the_flags_takes(backend, gpu, kernel):
@@ -125,9 +136,9 @@ def test_a_modelled_device_times_attention_as_the_chosen_kernel_and_says_which()
 
     from prism_megatron.megatron.run.modelled_device import ModelledDevice
 
-    def attention_ns(kernel: str | None) -> tuple[int, str]:
+    def attention_ns(kernel: str | None) -> tuple[int, str | None]:
         device = ModelledDevice("h100")
-        if kernel is not None:
+        if kernel != "default":
             device.use_attention_kernel(kernel)
         with device.active():
             q = torch.ones(1, 16, 4096, 128, dtype=torch.bfloat16)
@@ -135,8 +146,10 @@ def test_a_modelled_device_times_attention_as_the_chosen_kernel_and_says_which()
         summary = device.summary()
         return summary["modelled_ns_by_kind"]["attention"], summary["attention_kernel"]
 
-    flash_ns, flash = attention_ns(None)
+    flash_ns, flash = attention_ns("default")
     cudnn_ns, cudnn = attention_ns("cudnn")
+    _, none = attention_ns(None)
+    assert none is None  # --attention-backend unfused or local: no fused kernel to name
     expected = gpu_model.attention_time(
         gpu_model.gpu_spec("h100").with_attention_kernel("cudnn"), batch=1, num_heads=16, num_kv_heads=16,
         seq_q=4096, seq_kv=4096, head_dim=128, causal=True,

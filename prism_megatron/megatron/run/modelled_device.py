@@ -149,12 +149,18 @@ class ModelledDevice:
         self._iteration_start: dict[str, int] | None = None
         self.tp_overlap = None
         """`tp_overlap.TpCommOverlap` under --tp-comm-overlap: TE's userbuffers overlap, else None."""
+        self.attention_kernel: str | None = self.gpu.attention_kernel
+        """The fused attention kernel attention is timed as (`use_attention_kernel`); None where the
+        program's flags run none."""
 
-    def use_attention_kernel(self, kernel: str) -> None:
-        """Time attention from now on as `kernel` runs it (`gpu_model.specs.ATTENTION_KERNELS`): the
-        kernel a GPU run of the program's flags takes (`modelled_fusions.attention_kernel`)."""
-        self.gpu = self.gpu.with_attention_kernel(kernel)
-        self.clock.use(self.gpu)
+    def use_attention_kernel(self, kernel: str | None) -> None:
+        """Time fused attention from now on as `kernel` runs it (`gpu_model.specs.ATTENTION_KERNELS`):
+        the kernel a GPU run of the program's flags takes (`modelled_fusions.attention_kernel`). None:
+        the run has no fused attention kernel (its attention's ops are timed one by one)."""
+        self.attention_kernel = kernel
+        if kernel is not None:
+            self.gpu = self.gpu.with_attention_kernel(kernel)
+            self.clock.use(self.gpu)
 
     def iteration_begins(self) -> None:
         self._iteration_start = self.by_kind_ns()
@@ -254,7 +260,7 @@ class ModelledDevice:
         """What the rank's results keep: the GPU, its modelled time by kind, and the counts."""
         return {
             "gpu": self.gpu_name,
-            "attention_kernel": self.gpu.attention_kernel,
+            "attention_kernel": self.attention_kernel,
             "modelled_ns_by_kind": self.by_kind_ns(),
             "modelled_ns": int(self.clock.now_ns),
             "iterations_by_kind_ns": self.iterations_by_kind_ns,

@@ -101,16 +101,15 @@ for performance reasons": compute capability 9.0 and later (TE 1.6 to 1.8 on 9.0
 releases on 9.0 and above). On A100 it keeps FlashAttention."""
 
 
-def attention_kernel(args: argparse.Namespace, gpu: str) -> str:
+def attention_kernel(args: argparse.Namespace, gpu: str) -> str | None:
     """The fused attention kernel a GPU run of `args` takes on `gpu` (a key of
     `gpu_model.specs.ATTENTION_KERNELS`), by `--attention-backend`: flash -> FlashAttention, fused ->
-    cuDNN, auto (Megatron's default) -> Transformer Engine's own choice (CUDNN_PREFERRED_ON).
-    unfused and local run no fused kernel (their GEMMs and softmax are timed as ops): the answer is
-    then not used."""
+    cuDNN, auto (Megatron's default) -> Transformer Engine's own choice (CUDNN_PREFERRED_ON). None for
+    unfused and local: no fused kernel runs (the GEMMs and softmax are timed as the ops they are)."""
     backend = getattr(args, "attention_backend", "auto")
     backend = getattr(backend, "name", backend)  # Megatron-LM parses it into megatron-core's AttnBackend
-    if backend == "flash":
-        return "flash"
+    if backend in ("unfused", "local"):
+        return None
     if backend == "fused" or (backend == "auto" and gpu in CUDNN_PREFERRED_ON):
         return "cudnn"
     return "flash"
