@@ -87,8 +87,7 @@ class ModelledReport:
             "|---|---|",
             *rows,
             "",
-            *_routing_note(self.moe_routing),
-            *_attention_note(self.attention_kernel),
+            *self._notes(),
             f"Time by kind of role `{self.critical_role}` (the most compute):",
             "",
             "| kind | time | share |",
@@ -96,32 +95,30 @@ class ModelledReport:
             *kinds,
         ]
 
+    def _notes(self) -> list[str]:
+        """The paragraphs that apply to this run: the MoE routing stand-in, the attention kernel."""
+        notes = []
+        if self.moe_routing is not None:
+            notes += [
+                f"MoE routing is **{self.moe_routing}** (a stand-in, fake tensors hold no routing): every "
+                "expert receives tokens x topk / experts of the tokens routed to it, the all-to-all split "
+                "sizes follow.",
+                "",
+            ]
+        if self.attention_kernel is not None:
+            notes += [
+                f"Attention is timed as **{self.attention_kernel}** runs it: the kernel a GPU run of these "
+                "flags takes (`--attention-backend`; on `auto`, Transformer Engine's choice for this GPU).",
+                "",
+            ]
+        return notes
+
     def summary_line(self) -> str:
         return (
             f"modelled iteration time: {self.iteration_time_s * 1e3:9.2f} ms  ({self.method}); "
             f"{_num(self.tflops_per_gpu, '.1f')} TFLOP/s per GPU, MFU {_num(self.mfu, '.1%')}, "
             f"{_num(self.tokens_per_s_per_gpu, '.0f')} tokens/s per GPU"
         )
-
-
-def _routing_note(routing: str | None) -> list[str]:
-    if routing is None:
-        return []
-    return [
-        f"MoE routing is **{routing}** (a stand-in, fake tensors hold no routing): every expert receives "
-        "tokens x topk / experts of the tokens routed to it, the all-to-all split sizes follow.",
-        "",
-    ]
-
-
-def _attention_note(kernel: str | None) -> list[str]:
-    if kernel is None:
-        return []
-    return [
-        f"Attention is timed as **{kernel}** runs it: the kernel a GPU run of these flags takes "
-        "(`--attention-backend`; on `auto`, Transformer Engine's choice for this GPU).",
-        "",
-    ]
 
 
 def _num(value: float | None, spec: str) -> str:
