@@ -171,8 +171,8 @@ def attention_rows(name: str, shapes: dict, spec) -> list[dict]:
     ):
         for backward in (False, True):
             model_ns = attention_time(
-                spec.with_attention_kernel(kernel), batch=b, num_heads=n, num_kv_heads=a["kv_heads"], seq_q=s, seq_kv=s,
-                head_dim=d, causal=True, backward=backward,
+                spec.with_attention_kernel(kernel), batch=b, num_heads=n, num_kv_heads=a["kv_heads"],
+                seq_q=s, seq_kv=s, head_dim=d, causal=True, backward=backward,
             )  # fmt: skip
             kind = f"attention {label}"
             pass_name = "bwd" if backward else "fwd"

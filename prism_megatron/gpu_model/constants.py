@@ -210,36 +210,34 @@ def _hopper_attention(gpu: str) -> dict[str, Constant]:
 
 
 CUDNN_FIGURES = {
-    "cudnn_attention_fwd_flops_per_s": (595, 648, CUDNN_FWD, "non-causal, seqlen 16k"),
-    "cudnn_attention_fwd_short_flops_per_s": (497, 467, CUDNN_FWD, "non-causal, seqlen 512"),
-    "cudnn_attention_fwd_causal_flops_per_s": (
-        539,
-        616,
-        CUDNN_FWD_CAUSAL,
-        "causal, seqlen 16k (FLOPs halved)",
-    ),
-    "cudnn_attention_bwd_flops_per_s": (516, 561, CUDNN_BWD, "seqlen 16k"),
-    "cudnn_attention_bwd_short_flops_per_s": (305, 316, CUDNN_BWD, "seqlen 512"),
+    "cudnn_attention_fwd_flops_per_s": (595, CUDNN_FWD, "non-causal, seqlen 16k"),
+    "cudnn_attention_fwd_short_flops_per_s": (497, CUDNN_FWD, "non-causal, seqlen 512"),
+    "cudnn_attention_fwd_causal_flops_per_s": (539, CUDNN_FWD_CAUSAL, "causal, seqlen 16k (FLOPs halved)"),
+    "cudnn_attention_bwd_flops_per_s": (516, CUDNN_BWD, "seqlen 16k"),
+    "cudnn_attention_bwd_short_flops_per_s": (305, CUDNN_BWD, "seqlen 512"),
 }
-"""cuDNN's fused attention on H100 and FlashAttention-3's bar beside it in the same figure, TFLOP/s
-(`specs.ATTENTION_KERNELS`: the kernel Transformer Engine runs on Hopper and later unless told
-otherwise). Each `cudnn_<q>` quantity pairs with the GPU's own `<q>` (FlashAttention's figure)."""
+"""cuDNN's fused attention on H100, TFLOP/s, from the bars beside FlashAttention-3's in the same
+figures (`specs.ATTENTION_KERNELS`: the kernel Transformer Engine runs on Hopper and later unless
+told otherwise). Each `cudnn_<q>` quantity pairs with the GPU's own `<q>` (FlashAttention's figure,
+H100's being FlashAttention-3's bar in the same panel)."""
 
 
 def _cudnn_attention(table: dict[str, Constant], gpu: str) -> dict[str, Constant]:
     """The cuDNN attention rows of `gpu`: its FlashAttention figure times cuDNN's / FlashAttention-3's
     on H100 in the same figure (on H100 that is cuDNN's own bar; elsewhere H100's ratio is assumed)."""
     rows = {}
-    for quantity, (cudnn, fa3, source, what) in CUDNN_FIGURES.items():
-        flash = table[f"{gpu}.{quantity.removeprefix('cudnn_')}"].value
-        if gpu == "h100":
-            note = what
-        else:
-            note = (
-                f"{what}; H100's cuDNN / FlashAttention-3 ratio ({cudnn}/{fa3}) times this GPU's flash figure"
+    for quantity, (cudnn_tflops, source, what) in CUDNN_FIGURES.items():
+        flash_quantity = quantity.removeprefix("cudnn_")
+        h100_fa3 = table[f"h100.{flash_quantity}"].value
+        ratio = cudnn_tflops * 1e12 / h100_fa3
+        note = what
+        if gpu != "h100":
+            note += (
+                f"; H100's cuDNN / FlashAttention-3 ratio ({cudnn_tflops}/{h100_fa3 / 1e12:.0f}) "
+                "times this GPU's flash figure"
             )
         rows[f"{gpu}.{quantity}"] = Constant(
-            value=flash * cudnn / fa3, unit="FLOP/s", source=source, note=note
+            value=table[f"{gpu}.{flash_quantity}"].value * ratio, unit="FLOP/s", source=source, note=note
         )
     return rows
 
