@@ -136,6 +136,14 @@ def parse_op(text: str) -> Op:
         raise ValueError(f"cannot parse op {text!r}: {exc}") from None
 
 
+def is_collective_head(head: str) -> bool:
+    """Whether `head`, an op's first token, is a collective's (its GROUP#SEQ is the next token)."""
+    if head.startswith("c:") or head == "w" or head.startswith("w:") or _P2P_HEAD.match(head):
+        return False
+    match = _COLL_HEAD.match(head)
+    return match is not None and match.group(1) in _COMM_BY_CODE
+
+
 def _parse(text: str) -> Op:
     head, *rest = text.split(" ")
     fields: dict = {}

@@ -18,8 +18,9 @@ iteration's start), so a real rank's send to a virtual peer gets no arrow.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from typing import NamedTuple
 
-from prism_megatron.graph.printable import parse_op
+from prism_megatron.graph.printable import is_collective_head, parse_op
 from prism_megatron.graph.schema import NodeType, Op
 from prism_megatron.graph.world import World, peer_of
 from prism_megatron.report.trace import Flow, FlowEnd
@@ -97,11 +98,16 @@ def _measured_collectives(spans: Iterable[Span]) -> dict[tuple, list[tuple[Span,
 
 def _simulated_p2p(spans: list[Span], world: World) -> Iterator[tuple[str, tuple[int, int, int], Span]]:
     parsed: dict[str, Op] = {}
+    peers: dict[tuple[str, int, int], int] = {}
     for span in spans:
         if span.category != "p2p" or "op" not in span.args:
             continue
         op = _parsed(parsed, span.args["op"])
-        peer = peer_of(world, op.group, span.process, op.offset)
+        peer = peers.get((op.group, span.process, op.offset))
+        if peer is None:  # every microbatch's transfer asks again: a layout's group is not free
+            peer = peers[op.group, span.process, op.offset] = peer_of(
+                world, op.group, span.process, op.offset
+            )
         if op.type == NodeType.SEND:
             yield "send", (span.process, peer, op.seq), span
         else:
@@ -123,10 +129,24 @@ def _simulated_collectives(spans: list[Span], world: World) -> dict[tuple, list[
     return instances
 
 
-def _parsed(cache: dict[str, Op], text: str) -> Op:
-    """`parse_op(text)`, once per distinct text: a modelled job's timeline repeats each role's ops
-    on every rank drawn, and parsing was most of the timeline's time."""
-    op = cache.get(text)
+class _Identity(NamedTuple):
+    type: NodeType
+    group: str
+    offset: int
+    seq: int
+
+
+def _parsed(cache: dict[str, Op], text: str) -> _Identity:
+    """What the arrows match an op by (type, group, offset, sequence number), from its printable
+    text. A modelled job's timeline has 10^5 communication spans whose texts differ mostly in the
+    sequence number (each microbatch's transfer, each bucket's collective): the rest of the op
+    parses once per form, and parsing every text whole was most of the timeline's time."""
+    head, _, rest = text.partition(" ")
+    key = f"{head} {rest.partition(' ')[0]}" if is_collective_head(head) else head
+    form, _, seq = key.rpartition("#")
+    if not seq.isdigit() or len(seq) > 16:
+        parse_op(text)  # raises, quoting the text
+    op = cache.get(form)
     if op is None:
-        op = cache[text] = parse_op(text)
-    return op
+        op = cache[form] = parse_op(f"{form}#0")
+    return _Identity(op.type, op.group, op.offset, int(seq))

@@ -233,6 +233,8 @@ def _simulated_origin_ns(real_logs: Mapping[int, OpLog], run_start_ns: int) -> i
 
 def _shifted(items: Iterable[Span], offset_ns: int) -> list[Span]:
     """The spans moved by `offset_ns` (with the last arrival a simulated span records)."""
+    if offset_ns == 0:  # a modelled run's: every span where the simulation put it
+        return list(items)
     out = []
     for s in items:  # Span(...), not dataclasses.replace: a modelled job's timeline has 10^5 spans
         args = {**s.args, "ready_ns": s.args["ready_ns"] + offset_ns} if "ready_ns" in s.args else s.args
