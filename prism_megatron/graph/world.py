@@ -171,6 +171,10 @@ class LayoutWorld:
         self._by_name = {role.name: role for role in self._roles}
         self._role_ids: np.ndarray | None = None
         self._everyone: tuple[int, ...] | None = None
+        self._members: dict[tuple[str, int], tuple[int, ...]] = {}
+        """(kind, rank) -> its group, for the ranks asked about: a simulation or a timeline asks
+        for a few ranks' groups hundreds of thousands of times, and the layout computes each."""
+        self._sizes: dict[str, int] = {}
 
     @property
     def world_size(self) -> int:
@@ -198,7 +202,10 @@ class LayoutWorld:
             if self._everyone is None:
                 self._everyone = tuple(range(self.world_size))
             return self._everyone
-        return self.layout.group(kind, virtual_rank)
+        members = self._members.get((kind, virtual_rank))
+        if members is None:
+            members = self._members[kind, virtual_rank] = self.layout.group(kind, virtual_rank)
+        return members
 
     def groups(self, kind: str) -> Iterable[tuple[int, ...]]:
         if kind == WORLD_GROUP:
@@ -206,7 +213,12 @@ class LayoutWorld:
         return self.layout.groups(kind)
 
     def group_size(self, kind: str) -> int:
-        return self.world_size if kind == WORLD_GROUP else self.layout.group_size(kind)
+        size = self._sizes.get(kind)
+        if size is None:
+            size = self._sizes[kind] = (
+                self.world_size if kind == WORLD_GROUP else self.layout.group_size(kind)
+            )
+        return size
 
 
 def world_from_metadata(layout: Mapping[str, object]) -> LayoutWorld:

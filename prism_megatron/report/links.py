@@ -98,16 +98,11 @@ def _measured_collectives(spans: Iterable[Span]) -> dict[tuple, list[tuple[Span,
 
 def _simulated_p2p(spans: list[Span], world: World) -> Iterator[tuple[str, tuple[int, int, int], Span]]:
     parsed: dict[str, Op] = {}
-    peers: dict[tuple[str, int, int], int] = {}
     for span in spans:
         if span.category != "p2p" or "op" not in span.args:
             continue
         op = _parsed(parsed, span.args["op"])
-        peer = peers.get((op.group, span.process, op.offset))
-        if peer is None:  # every microbatch's transfer asks again: a layout's group is not free
-            peer = peers[op.group, span.process, op.offset] = peer_of(
-                world, op.group, span.process, op.offset
-            )
+        peer = peer_of(world, op.group, span.process, op.offset)
         if op.type == NodeType.SEND:
             yield "send", (span.process, peer, op.seq), span
         else:
