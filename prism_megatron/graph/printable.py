@@ -136,28 +136,61 @@ def parse_op(text: str) -> Op:
         raise ValueError(f"cannot parse op {text!r}: {exc}") from None
 
 
-def is_collective_head(head: str) -> bool:
-    """Whether `head`, an op's first token, is a collective's (its GROUP#SEQ is the next token)."""
-    if head.startswith("c:") or head == "w" or head.startswith("w:") or _P2P_HEAD.match(head):
-        return False
-    match = _COLL_HEAD.match(head)
-    return match is not None and match.group(1) in _COMM_BY_CODE
+def split_seq(text: str) -> tuple[str, int] | None:
+    """A transfer's or collective's text cut at its sequence number: (what comes before the number,
+    the number), or None for a compute or wait op. Ops that differ only in their sequence number (each
+    microbatch's transfer, each bucket's collective) share the first part, so a reader that matches
+    ops with each other parses that part once (`report.links`).
+
+    Raises:
+        ValueError: the text has no valid head or sequence number; the message quotes it.
+    """
+    try:
+        return _split_seq(text)
+    except ValueError as exc:
+        raise ValueError(f"cannot parse op {text!r}: {exc}") from None
+
+
+def _split_seq(text: str) -> tuple[str, int] | None:
+    head, _, rest = text.partition(" ")
+    kind, match = _head(head)
+    if kind in (NodeType.SEND, NodeType.RECV):
+        return head[: match.start(6) - 1], _index(match.group(6), "seq")
+    if kind == NodeType.COLLECTIVE:
+        group = _COLL_GROUP.match(rest.partition(" ")[0])
+        if group is None:
+            raise ValueError("a collective needs GROUP#SEQ after its code")
+        return f"{head} {group.group(1)}", _index(group.group(2), "seq")
+    if kind is None:
+        raise ValueError(f"unknown head {head!r}")
+    return None
+
+
+def _head(head: str) -> tuple[NodeType | None, re.Match | None]:
+    """The type of op a text's first token begins (None: no op's) and the grammar's match of it."""
+    if head.startswith("c:"):
+        return NodeType.COMPUTE, None
+    if head == "w" or head.startswith("w:"):
+        return NodeType.WAIT, None
+    if match := _P2P_HEAD.match(head):
+        return (NodeType.SEND if match.group(1) == "S" else NodeType.RECV), match
+    if (match := _COLL_HEAD.match(head)) and match.group(1) in _COMM_BY_CODE:
+        return NodeType.COLLECTIVE, match
+    return None, None
 
 
 def _parse(text: str) -> Op:
     head, *rest = text.split(" ")
     fields: dict = {}
-    if head.startswith("c:"):
-        fields.update(type=NodeType.COMPUTE, name=head[2:])
-    elif head == "w" or head.startswith("w:"):
-        fields.update(type=NodeType.WAIT, name=head[2:])
-    elif match := _P2P_HEAD.match(head):
-        letter, name, _arrow, group, offset, seq = match.groups()
-        kind = NodeType.SEND if letter == "S" else NodeType.RECV
+    kind, match = _head(head)
+    if kind in (NodeType.COMPUTE, NodeType.WAIT):
+        fields.update(type=kind, name=head[2:])
+    elif kind in (NodeType.SEND, NodeType.RECV):
+        _letter, name, _arrow, group, offset, seq = match.groups()
         fields.update(
             type=kind, name=name or "", group=group, offset=_index(offset, "offset"), seq=_index(seq, "seq")
         )
-    elif (match := _COLL_HEAD.match(head)) and match.group(1) in _COMM_BY_CODE:
+    elif kind == NodeType.COLLECTIVE:
         if not rest or not (group := _COLL_GROUP.match(rest[0])):
             raise ValueError("a collective needs GROUP#SEQ after its code")
         fields.update(type=NodeType.COLLECTIVE, comm=_COMM_BY_CODE[match.group(1)], name=match.group(2) or "")

@@ -174,6 +174,8 @@ class LayoutWorld:
         self._members: dict[tuple[str, int], tuple[int, ...]] = {}
         """(kind, rank) -> its group, for the ranks asked about: a simulation or a timeline asks
         for a few ranks' groups hundreds of thousands of times, and the layout computes each."""
+        self._interned: dict[tuple[int, ...], tuple[int, ...]] = {}
+        """Each group once, whichever of its members asked (a full simulation asks for every rank)."""
         self._sizes: dict[str, int] = {}
 
     @property
@@ -202,9 +204,11 @@ class LayoutWorld:
             if self._everyone is None:
                 self._everyone = tuple(range(self.world_size))
             return self._everyone
+        virtual_rank = self.layout.check_rank(virtual_rank)
         members = self._members.get((kind, virtual_rank))
         if members is None:
-            members = self._members[kind, virtual_rank] = self.layout.group(kind, virtual_rank)
+            members = self.layout.group(kind, virtual_rank)
+            members = self._members[kind, virtual_rank] = self._interned.setdefault(members, members)
         return members
 
     def groups(self, kind: str) -> Iterable[tuple[int, ...]]:

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import NamedTuple
 
-from prism_megatron.graph.printable import is_collective_head, parse_op
+from prism_megatron.graph.printable import parse_op, split_seq
 from prism_megatron.graph.schema import NodeType, Op
 from prism_megatron.graph.world import World, peer_of
 from prism_megatron.report.trace import Flow, FlowEnd
@@ -134,14 +134,16 @@ class _Identity(NamedTuple):
 def _parsed(cache: dict[str, Op], text: str) -> _Identity:
     """What the arrows match an op by (type, group, offset, sequence number), from its printable
     text. A modelled job's timeline has 10^5 communication spans whose texts differ mostly in the
-    sequence number (each microbatch's transfer, each bucket's collective): the rest of the op
-    parses once per form, and parsing every text whole was most of the timeline's time."""
-    head, _, rest = text.partition(" ")
-    key = f"{head} {rest.partition(' ')[0]}" if is_collective_head(head) else head
-    form, _, seq = key.rpartition("#")
-    if not seq.isdigit() or len(seq) > 16:
-        parse_op(text)  # raises, quoting the text
+    sequence number (each microbatch's transfer, each bucket's collective): the first text of each
+    form (`split_seq`) is parsed whole, so a malformed one is refused quoting it, and a later text of
+    that form only for its sequence number (its size, dtype and dependencies make no arrow). Parsing
+    every text whole was most of the timeline's time."""
+    cut = split_seq(text)
+    if cut is None:  # a compute or wait op: parse_op says what is wrong with it, if anything
+        parse_op(text)
+        raise ValueError(f"cannot parse op {text!r}: a span of a transfer or collective holds another op")
+    form, seq = cut
     op = cache.get(form)
     if op is None:
-        op = cache[form] = parse_op(f"{form}#0")
-    return _Identity(op.type, op.group, op.offset, int(seq))
+        op = cache[form] = parse_op(text)
+    return _Identity(op.type, op.group, op.offset, seq)

@@ -63,3 +63,17 @@ def test_a_collective_links_its_last_arrival_per_sequence_number():
 def test_an_op_text_without_a_valid_sequence_number_is_refused_with_the_text(text):
     with pytest.raises(ValueError, match="cannot parse op"):
         flows([], [Span(0, "p2p", "SEND", "p2p", 0, 1, {"op": text})], WORLD)
+
+
+@pytest.mark.parametrize(
+    "texts",
+    [
+        ["S→p-p+1#3 4MiB"],  # a group kind no op has: the text itself is quoted
+        ["S→pp+1#0 4KiB BFloat16", "S→pp+1#99999999999999 4KiB BFloat16"],  # seq above the largest
+        ["c:compute 1ms"],  # a span of a transfer holding a compute op
+    ],
+)
+def test_a_malformed_op_is_refused_quoting_its_own_text_even_after_its_form_was_seen(texts):
+    spans = [Span(0, "p2p", "SEND", "p2p", 0, 1, {"op": text}) for text in texts]
+    with pytest.raises(ValueError, match="cannot parse op " + repr(texts[-1]).replace("+", r"\+")):
+        flows([], spans, WORLD)
