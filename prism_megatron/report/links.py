@@ -112,14 +112,11 @@ def _simulated_p2p(spans: list[Span], world: World) -> Iterator[tuple[str, tuple
 def _simulated_collectives(spans: list[Span], world: World) -> dict[tuple, list[tuple[Span, int]]]:
     instances: dict[tuple, list[tuple[Span, int]]] = {}
     parsed: dict[str, Op] = {}
-    groups: dict[tuple[str, int], tuple[int, ...]] = {}
     for span in spans:
         if span.category != "collective" or "op" not in span.args:
             continue
         op = _parsed(parsed, span.args["op"])
-        members = groups.get((op.group, span.process))
-        if members is None:
-            members = groups[op.group, span.process] = world.group(op.group, span.process)
+        members = world.group(op.group, span.process)
         instances.setdefault((op.group, members, op.seq), []).append((span, int(span.args["ready_ns"])))
     return instances
 

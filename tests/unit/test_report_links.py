@@ -40,9 +40,8 @@ def test_sends_meet_the_receive_of_their_own_sequence_number():
     assert len(arrows) == 3
     for arrow in arrows:
         assert arrow.name == "send 0 -> 2" and (arrow.source.process, arrow.target.process) == (0, 2)
-        assert (
-            arrow.target.time_ns == arrow.source.time_ns + 59
-        )  # the receive of the same seq, just inside its end
+        # the receive of the same seq, just inside its end
+        assert arrow.target.time_ns == arrow.source.time_ns + 59
 
 
 def test_a_collective_links_its_last_arrival_per_sequence_number():
