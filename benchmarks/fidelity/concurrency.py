@@ -10,6 +10,11 @@ the factor on them at each G: the median over message sizes of cost(G, size) / c
 simulator applies it to every op by the groups its simulated schedule overlaps
 (`prism_megatron.sim.concurrency`).
 
+The interleaved pipeline's batches with two peers (`calibrate._timed_batch`: 2 or 4 ops, a ring of
+`ring_size` processes) are measured too, with one ring at a time (G = 1), into the file's
+`batches_us`: without them the simulation costs each op of such a batch as a one-peer exchange
+alone. Their factor at G > 1 is the exchange's (the simulator asks the SEND table for every p2p op).
+
     python -m benchmarks.fidelity.concurrency --processes 16 --out costs.json   (minutes)
 """
 
@@ -39,10 +44,14 @@ class ConcurrencyPlan:
     repetitions: int = 10
     warmup: int = 2
     lead_in: str = "sleep"
+    ring_size: int = 4
+    """Members of the ring the two-peer batches are measured in, one ring at a time (0: none)."""
 
     def __post_init__(self) -> None:
         if not self.levels or 1 not in self.levels or min(self.levels) < 1:
             raise ValueError(f"levels must include 1 (the cost alone) and be >= 1, got {self.levels}")
+        if self.ring_size and self.ring_size < 3:
+            raise ValueError(f"ring_size must be 0 (no batches) or >= 3 (two peers), got {self.ring_size}")
 
     @property
     def timing(self) -> calibrate.Plan:
@@ -68,6 +77,12 @@ def measure(plan: ConcurrencyPlan) -> dict[str, list[float]]:
                 group = dist.new_group(members)
                 if rank in members:
                     mine[n] = (group, members, index)
+        if plan.ring_size and plan.ring_size <= world_size:
+            for index, first in enumerate(range(0, world_size - plan.ring_size + 1, plan.ring_size)):
+                members = list(range(first, first + plan.ring_size))
+                group = dist.new_group(members)  # every process creates every group, in order
+                if index == 0 and rank in members:
+                    mine[calibrate.BATCH_KEY] = (group, members, index)
         for repetition in range(plan.warmup + plan.repetitions):
             _one_round(plan, mine, world_size, rng, samples, keep=repetition >= plan.warmup)
     finally:
@@ -96,11 +111,24 @@ def _one_round(plan: ConcurrencyPlan, mine: dict, world_size: int, rng, samples:
                     cost = calibrate._timed_collective(group, len(members), size, timing, rng)
                 if keep and cost is not None:
                     samples.setdefault(f"{kind.name}/{n}/{size}@{level}", []).append(cost)
+    if not plan.ring_size or plan.ring_size > world_size:
+        return
+    for num_ops in calibrate.BATCH_OPS:
+        for size in plan.sizes_bytes:
+            if calibrate.BATCH_KEY not in mine:
+                calibrate._start(None, timing, rng)  # the deadline is the whole job's
+                continue
+            group, members, _ = mine[calibrate.BATCH_KEY]
+            cost = calibrate._timed_batch(group, members, num_ops, size, timing, rng)
+            if keep and cost is not None:
+                samples.setdefault(f"{calibrate.BATCH_KEY}/{num_ops}/{size}@1", []).append(cost)
 
 
 def fit(per_process: Sequence[dict[str, list[float]]], name: str) -> MeasuredCost:
-    """Costs alone (G = 1) and each (kind, n)'s factors: median over sizes of cost(G) / cost(1)."""
+    """Costs alone (G = 1), each (kind, n)'s factors (median over sizes of cost(G) / cost(1)) and the
+    two-peer batches alone (per op count: median over members and repetitions)."""
     medians: dict[tuple[OpKind, int, int], dict[int, float]] = {}
+    batches: dict[int, list[tuple[int, float]]] = {}
     merged: dict[str, list[float]] = {}
     for samples in per_process:
         for key, values in samples.items():
@@ -108,6 +136,9 @@ def fit(per_process: Sequence[dict[str, list[float]]], name: str) -> MeasuredCos
     for key, values in merged.items():
         head, _, level = key.partition("@")
         kind, n, size = head.split("/")
+        if kind == calibrate.BATCH_KEY:
+            batches.setdefault(int(n), []).append((int(size), statistics.median(values)))
+            continue
         medians.setdefault((OpKind[kind], int(n), int(level)), {})[int(size)] = statistics.median(values)
     tables, factors = {}, {}
     for (kind, n, level), by_size in sorted(medians.items()):
@@ -120,7 +151,12 @@ def fit(per_process: Sequence[dict[str, list[float]]], name: str) -> MeasuredCos
         if ratios:
             factors.setdefault((kind, n), []).append((float(level), statistics.median(ratios)))
     concurrency = {key: tuple(sorted(points)) for key, points in factors.items() if len(points) > 1}
-    return MeasuredCost(tables, name=name, concurrency=concurrency)
+    return MeasuredCost(
+        tables,
+        name=name,
+        batches={num_ops: monotone(sorted(points)) for num_ops, points in batches.items()},
+        concurrency=concurrency,
+    )
 
 
 def calibrate_concurrency(

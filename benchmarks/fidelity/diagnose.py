@@ -6,7 +6,11 @@ first real rank, each step's start and end in the real run and in the simulation
 iteration start) and how far apart their ends are. A drift that grows step by step is compute or
 latency the simulation lacks; a jump at one op is that op's cost.
 
-Run: ``python -m benchmarks.fidelity.diagnose CASE [--iteration N]``.
+The last line splits the difference: before the first step, compute between the steps (what the
+rank computed longer or shorter than its spans), and the steps themselves (the op and the wait in it
+for later peers).
+
+Run: ``python -m benchmarks.fidelity.diagnose CASE [--iteration N] [--rank R]``.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import os
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import argparse
+import itertools
 import sys
 import warnings
 
@@ -68,7 +73,36 @@ def _measure(case, work: str):
     return real, passes.simulate(plan, passes.capture(plan, case.job))
 
 
-def diagnose(name: str, iteration: int | None) -> None:
+def real_steps(trace: dict, index: int) -> list[tuple[float, float, str]]:
+    """(start ms, end ms, what) of each traced exchange and all-reduce of a rank's iteration `index`
+    (ms from the iteration's start), in order."""
+    start, end = trace["starts_ns"][index], trace["ends_ns"][index]
+    windows = sorted(
+        [(a, b, "exchange") for a, b in trace["exchanges_ns"]]
+        + [(a, b, "all-reduce") for a, b in trace["all_reduces_ns"]]
+    )
+    return [((a - start) / 1e6, (b - start) / 1e6, what) for a, b, what in windows if start <= a < end]
+
+
+def split(real: list[tuple[float, float, str]], simulated: list[tuple[float, float, str]]) -> dict:
+    """Where the real iteration's steps drift from the simulated ones, in ms (real - simulated), over
+    the steps both have: `before` the first step's start (the first compute), `compute` the sum over
+    the gaps between consecutive steps (what the rank computed between two ops) and `steps` the sum
+    over the steps' own lengths (the op, and waiting in it for its peers). The three add up to the
+    last matched step's end difference."""
+    pairs = list(zip(real, simulated, strict=False))
+    if not pairs:
+        return {"steps_matched": 0, "before": 0.0, "compute": 0.0, "steps": 0.0}
+    gaps = [(r[0] - r_prev[1]) - (s[0] - s_prev[1]) for (r_prev, s_prev), (r, s) in itertools.pairwise(pairs)]
+    return {
+        "steps_matched": len(pairs),
+        "before": pairs[0][0][0] - pairs[0][1][0],
+        "compute": sum(gaps),
+        "steps": sum((r[1] - r[0]) - (s[1] - s[0]) for r, s in pairs),
+    }
+
+
+def diagnose(name: str, iteration: int | None, rank: int | None = None) -> None:
     import tempfile
 
     from benchmarks.fidelity.cases import real_compute_cases, sleep_cases, smoke_case
@@ -77,30 +111,33 @@ def diagnose(name: str, iteration: int | None) -> None:
     if name not in cases:
         raise ValueError(f"no case {name!r}; cases: {', '.join(cases)}")
     case = cases[name]
+    virtual_rank = case.real_ranks[0] if rank is None else rank
+    if not 0 <= virtual_rank < case.job.world_size:
+        raise ValueError(f"--rank must be a rank of the case's job, 0..{case.job.world_size - 1}, got {rank}")
     with tempfile.TemporaryDirectory(prefix="prism-diagnose-") as work:
         real, result = _measure(case, work)
-    rank = real[case.real_ranks[0]]
-    times = rank["iteration_times_ms"]
+    trace = real[virtual_rank]
+    times = trace["iteration_times_ms"]
     index = case.iterations - 1 if iteration is None else iteration
-    start, end = rank["starts_ns"][index], rank["ends_ns"][index]
-    windows = sorted(
-        [(a, b, "exchange") for a, b in rank["exchanges_ns"]]
-        + [(a, b, "all-reduce") for a, b in rank["all_reduces_ns"]]
-    )
-    windows = [((a - start) / 1e6, (b - start) / 1e6, what) for a, b, what in windows if start <= a < end]
+    start, end = trace["starts_ns"][index], trace["ends_ns"][index]
+    windows = real_steps(trace, index)
+    simulated = _simulated_steps(result, virtual_rank)
+    finish_ms = result.finish_ns(virtual_rank) / 1e6
     print(
-        f"{name}: virtual rank {rank['virtual_rank']}, real iterations {[round(t, 1) for t in times]} ms, "
-        f"simulated {result.finish_ns(rank['virtual_rank']) / 1e6:.1f} ms; iteration {index}:"
+        f"{name}: virtual rank {virtual_rank}, real iterations {[round(t, 1) for t in times]} ms, "
+        f"simulated {finish_ms:.1f} ms; iteration {index}:"
     )
     print(
         f"{'real':>10} {'start':>9} {'end':>9}   {'sim start':>9} {'sim end':>9}   {'end diff':>8}  simulated ops"
     )
-    for (a, b, what), (sa, sb, ops) in zip(
-        windows, _simulated_steps(result, rank["virtual_rank"]), strict=False
-    ):
+    for (a, b, what), (sa, sb, ops) in zip(windows, simulated, strict=False):
         print(f"{what:>10} {a:9.2f} {b:9.2f}   {sa:9.2f} {sb:9.2f}   {b - sb:+8.2f}  {ops}")
+    print(f"{'end':>10} {(end - start) / 1e6:9.2f}   simulated {finish_ms:9.2f}")
+    parts = split(windows, simulated)
     print(
-        f"{'end':>10} {(end - start) / 1e6:9.2f}   simulated {result.finish_ns(rank['virtual_rank']) / 1e6:9.2f}"
+        f"real - simulated over the {parts['steps_matched']} matched steps: before the first "
+        f"{parts['before']:+.2f} ms, compute between steps {parts['compute']:+.2f} ms, the steps "
+        f"themselves {parts['steps']:+.2f} ms; the iteration {(end - start) / 1e6 - finish_ms:+.2f} ms"
     )
 
 
@@ -110,11 +147,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--iteration", type=int, default=None, help="which timed iteration (default: the last)"
     )
+    parser.add_argument(
+        "--rank",
+        type=int,
+        default=None,
+        help="which rank of the real run (every rank is traced; default: the case's first real rank)",
+    )
     args = parser.parse_args(argv)
     warnings.filterwarnings("ignore")
     import megatron.core  # noqa: F401  (once here; the forked processes inherit it)
 
-    diagnose(args.case, args.iteration)
+    try:
+        diagnose(args.case, args.iteration, args.rank)
+    except ValueError as exc:
+        parser.error(str(exc))
     return 0
 
 

@@ -1,0 +1,76 @@
+"""The fidelity suite's tools that need no process: the concurrency calibration's fit (two-peer
+batches included) and the diagnosis's split of a real iteration's drift."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks.fidelity import calibrate, concurrency, diagnose
+from prism_megatron.replay import OpKind
+
+
+def test_the_concurrency_fit_keeps_the_two_peer_batches_measured_alone():
+    one = {
+        "SEND/2/512@1": [100e3, 110e3],
+        "SEND/2/512@2": [150e3],
+        "BATCH/2/512@1": [120e3, 140e3],
+        "BATCH/4/512@1": [300e3],
+    }
+    other = {"SEND/2/512@1": [90e3], "BATCH/2/512@1": [130e3], "BATCH/4/4096@1": [250e3]}
+    cost = concurrency.fit([one, other], name="test")
+    assert cost.tables[(OpKind.SEND, 2)] == ((512, 100e3),)
+    assert cost.concurrency[(OpKind.SEND, 2)] == ((1.0, 1.0), (2.0, 1.5))
+    assert cost.batches[2] == ((512, 130e3),)  # median over members and repetitions
+    assert cost.batches[4] == ((512, 300e3), (4096, 300e3))  # monotone: more bytes never cost less
+    assert cost.batch_cost(2, 512) == 130e3 and cost.batch_cost(4, 4096) == 300e3
+    # and the file keeps them: a cost file read back costs the batches the same
+    assert cost.to_dict()["batches_us"] == {"2": [[512, 130.0]], "4": [[512, 300.0], [4096, 300.0]]}
+
+
+def test_without_batch_samples_the_concurrency_fit_has_no_batch_table():
+    cost = concurrency.fit([{"SEND/2/512@1": [100e3]}], name="test")
+    assert cost.batches == {} and cost.batch_cost(2, 512) is None
+
+
+def test_the_concurrency_plan_rejects_a_ring_without_two_peers():
+    with pytest.raises(ValueError, match="ring_size"):
+        concurrency.ConcurrencyPlan(ring_size=2)
+    assert concurrency.ConcurrencyPlan(ring_size=0).ring_size == 0
+    # the batches are measured from the job pattern's common deadline, as every other op here
+    assert concurrency.ConcurrencyPlan().timing.pattern == "job"
+    assert calibrate.BATCH_OPS == (2, 4)
+
+
+def test_the_split_of_a_drift_adds_up_to_the_last_step_s_end_difference():
+    real = [(5.0, 6.0, "exchange"), (10.0, 13.0, "exchange"), (20.0, 21.0, "all-reduce")]
+    simulated = [(4.0, 5.0, "S"), (8.0, 9.0, "R"), (14.0, 16.0, "AR")]
+    parts = diagnose.split(real, simulated)
+    assert parts["steps_matched"] == 3
+    assert parts["before"] == pytest.approx(1.0)  # the first compute ran 1 ms longer
+    assert parts["compute"] == pytest.approx((4.0 - 3.0) + (7.0 - 5.0))
+    assert parts["steps"] == pytest.approx((1 - 1) + (3 - 1) + (1 - 2))
+    assert parts["before"] + parts["compute"] + parts["steps"] == pytest.approx(
+        real[-1][1] - simulated[-1][1]
+    )
+
+
+def test_the_split_matches_only_the_steps_both_have():
+    assert diagnose.split([], [(0.0, 1.0, "S")]) == {
+        "steps_matched": 0,
+        "before": 0.0,
+        "compute": 0.0,
+        "steps": 0.0,
+    }
+    parts = diagnose.split([(1.0, 2.0, "exchange")], [(0.0, 1.0, "S"), (3.0, 4.0, "R")])
+    assert parts == {"steps_matched": 1, "before": 1.0, "compute": 0, "steps": 0.0}
+
+
+def test_real_steps_are_the_iteration_s_windows_in_order_from_its_start():
+    trace = {
+        "starts_ns": [0, 100_000_000],
+        "ends_ns": [100_000_000, 200_000_000],
+        "exchanges_ns": [[110_000_000, 111_000_000], [50_000_000, 51_000_000]],
+        "all_reduces_ns": [[190_000_000, 195_000_000]],
+    }
+    assert diagnose.real_steps(trace, 1) == [(10.0, 11.0, "exchange"), (90.0, 95.0, "all-reduce")]
+    assert diagnose.real_steps(trace, 0) == [(50.0, 51.0, "exchange")]
