@@ -26,11 +26,6 @@ namespace prism::backend {
 
 namespace {
 
-std::atomic<bool>& polling() {
-  static std::atomic<bool> poll{false};
-  return poll;
-}
-
 // Longest a real step is polled before the wait blocks: a guard, should a kind taken for pollable
 // stop completing on its own in another torch release (the wait then still ends, this much late).
 constexpr int64_t kMaxPollNs = 50'000'000;
@@ -40,7 +35,7 @@ constexpr int64_t kMaxPollNs = 50'000'000;
 // completed op and raises its error or the timeout.
 void wait_real_step(RealStep& step, int64_t limit_ns) {
   c10d::Work& work = *step.work;
-  if (step.pollable && polling().load(std::memory_order_relaxed)) {
+  if (step.pollable && clock::active_waits()) {
     const int64_t poll_until = std::min(limit_ns, clock::now_ns() + kMaxPollNs);
     while (!work.isCompleted() && clock::now_ns() < poll_until) {
       sched_yield();
@@ -164,12 +159,12 @@ std::exception_ptr PrismWork::wrap(std::exception_ptr raw, int64_t waited_ns, in
   return make_error(text);
 }
 
-void PrismWork::run(int64_t timeout_ns) {
+void PrismWork::run(int64_t timeout_ns, bool program_waits) {
   std::lock_guard<std::mutex> lock(run_mu_);
-  run_locked(timeout_ns);
+  run_locked(timeout_ns, program_waits);
 }
 
-void PrismWork::run_locked(int64_t timeout_ns) {
+void PrismWork::run_locked(int64_t timeout_ns, bool program_waits) {
   {
     std::lock_guard<std::mutex> lock(future_mu_);
     if (settled_) {
@@ -209,7 +204,11 @@ void PrismWork::run_locked(int64_t timeout_ns) {
       throw std::runtime_error("the replay engine completes it " + seconds(spec_.deadline_ns - start_ns) +
                                " after the wait began (a virtual peer arrives that late)");
     }
-    clock::wait_until_ns(spec_.deadline_ns);
+    if (program_waits) {
+      clock::await_until_ns(spec_.deadline_ns);
+    } else {
+      clock::wait_until_ns(spec_.deadline_ns);
+    }
     settle(nullptr);
   } catch (...) {
     settle(wrap(std::current_exception(), clock::now_ns() - start_ns, timeout_ns));
@@ -218,7 +217,7 @@ void PrismWork::run_locked(int64_t timeout_ns) {
 
 bool PrismWork::wait(std::chrono::milliseconds timeout) {
   replay::op_log().waited(spec_.log_id, clock::now_ns());  // where the program's compute stopped
-  run(static_cast<int64_t>(timeout.count()) * 1'000'000);
+  run(static_cast<int64_t>(timeout.count()) * 1'000'000, /*program_waits=*/true);
   std::lock_guard<std::mutex> lock(mutex_);
   if (exception_) {
     std::rethrow_exception(exception_);
@@ -255,7 +254,7 @@ bool PrismWork::isCompleted() {
       return false;
     }
   }
-  run_locked(0);  // everything it waits for is done: this neither blocks nor spins
+  run_locked(0, false);  // everything it waits for is done: this neither blocks nor spins
   return true;
 }
 
@@ -366,8 +365,8 @@ bool completes_unwaited(replay::OpKind kind) {
   }
 }
 
-void set_poll_real_waits(bool poll) { polling().store(poll); }
+void set_poll_real_waits(bool poll) { clock::set_active_waits(poll); }
 
-bool poll_real_waits() { return polling().load(); }
+bool poll_real_waits() { return clock::active_waits(); }
 
 }  // namespace prism::backend

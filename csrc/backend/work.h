@@ -75,11 +75,14 @@ class PrismWork : public c10d::Work {
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
 
   // Drive the op to completion on this thread (real steps, local part, deadline); records the
-  // outcome. timeout_ns <= 0 means the op's own timeout.
-  void run(int64_t timeout_ns);
+  // outcome. timeout_ns <= 0 means the op's own timeout. `program_waits`: the thread is the
+  // program's, blocked in wait(), and waits for the deadline with clock::await_until_ns (keeping
+  // its core where the process owns it); the completion thread sleeps instead, so as not to take
+  // the core from the program's computation.
+  void run(int64_t timeout_ns, bool program_waits = false);
 
  private:
-  void run_locked(int64_t timeout_ns);
+  void run_locked(int64_t timeout_ns, bool program_waits);
   void settle(std::exception_ptr error);
   std::exception_ptr wrap(std::exception_ptr raw, int64_t waited_ns, int64_t timeout_ns) const;
 

@@ -8,7 +8,10 @@
 // Light headers only (no torch, no pybind): this file compiles in about a second.
 #include "replay/clock.h"
 
+#include <sched.h>
+
 #include <algorithm>
+#include <atomic>
 #include <ctime>
 
 #if defined(__linux__)
@@ -88,6 +91,31 @@ void wait_until_ns(int64_t deadline_ns, int64_t spin_window_ns) {
 }
 
 void wait_until_ns(int64_t deadline_ns) { wait_until_ns(deadline_ns, kDefaultSpinWindowNs); }
+
+namespace {
+std::atomic<bool>& active() {
+  static std::atomic<bool> flag{false};
+  return flag;
+}
+}  // namespace
+
+void set_active_waits(bool on) { active().store(on); }
+
+bool active_waits() { return active().load(std::memory_order_relaxed); }
+
+void await_until_ns(int64_t deadline_ns) {
+  if (!active_waits()) {
+    wait_until_ns(deadline_ns);
+    return;
+  }
+  const int64_t spin_from_ns = deadline_ns - kDefaultSpinWindowNs;
+  while (now_ns() < spin_from_ns) {
+    sched_yield();  // the core stays this process's; its other threads (gloo's) still run at once
+  }
+  while (now_ns() < deadline_ns) {
+    cpu_relax();
+  }
+}
 
 std::vector<int64_t> measure_wait_errors_ns(int64_t duration_ns, int num_waits, int64_t spin_window_ns) {
   std::vector<int64_t> errors_ns;

@@ -32,6 +32,21 @@ int64_t default_spin_window_ns();
 // measurements that choose the window; callers on the hot path use the one-argument form.
 void wait_until_ns(int64_t deadline_ns, int64_t spin_window_ns);
 
+// Whether this process owns its cores (no other process of the job runs on them): its threads then
+// wait for a peer actively instead of sleeping (the backend's polling of real parts, await_until_ns).
+// Off by default; the backend's activation sets it (prism_megatron.backend.activate).
+void set_active_waits(bool active);
+bool active_waits();
+
+// The calling thread waits for a peer until deadline_ns (a virtual member's completion, an agreed
+// start): with active waits it keeps its core, yielding to the process's other threads (gloo's)
+// until the spin window and spinning the rest; otherwise wait_until_ns. A thread that sleeps gives
+// its core up, and on a virtual machine the computation after the wake-up runs slower (one real
+// rank of the demo's job computed a median 1.41x its capture's when its waits slept, 1.09x when they
+// kept the core: benchmarks/fidelity/emulated_compute.py), so a process that owns its core does not
+// sleep while its program waits.
+void await_until_ns(int64_t deadline_ns);
+
 // Perform num_waits waits of duration_ns each (deadline = now_ns() + duration_ns) back to back and
 // return each wait's completion error (return time - deadline, ns), with no Python in the loop.
 std::vector<int64_t> measure_wait_errors_ns(int64_t duration_ns, int num_waits, int64_t spin_window_ns);

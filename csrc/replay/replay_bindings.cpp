@@ -279,7 +279,7 @@ void bind(py::module_& m) {
       py::arg("members"), py::arg("kind"), py::arg("size_bytes"));
   m.def("p2p_completion_ns", &p2p_completion_ns, py::arg("peer"), py::arg("is_send"), py::arg("size_bytes"));
   m.def(
-      "wait_until_ns", [](int64_t t) { clock::wait_until_ns(t); }, Release(), py::arg("deadline_ns"));
+      "wait_until_ns", [](int64_t t) { clock::await_until_ns(t); }, Release(), py::arg("deadline_ns"));
   m.def("reset_engine", [] { engine().reset(); });
 
   m.def("flight_recorder_dump", [] { return op_log().dump(clock::now_ns()); });

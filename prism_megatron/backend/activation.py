@@ -206,8 +206,12 @@ def activate(
             each group with virtual members as it is created.
         poll_real_waits: wait for the real parts of ops (gloo among real members) by polling with
             sched_yield instead of blocking: a peer's completion is seen sooner (two pinned processes,
-            a 4-byte all-reduce: p50 0.9 -> 0.4 ms). Only for a process with cores of its own: where
-            processes share cores it takes the others' CPU.
+            a 4-byte all-reduce: p50 0.9 -> 0.4 ms); and where the program waits for a virtual peer's
+            time, yield and spin instead of sleeping (`replay.wait_until_ns`): on a virtual machine
+            the computation after a sleep runs slower (one real rank of the demo's job: its compute a
+            median 1.41x its capture's with sleeping waits, 1.09x without;
+            `benchmarks/fidelity/emulated_compute.py`). Only for a process with cores of its own:
+            where processes share cores it takes the others' CPU.
 
     Raises:
         ValueError: on a bad argument, when torch.distributed is already initialised, or when

@@ -30,6 +30,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from prism_megatron import replay
 from prism_megatron.replay import clock
 
 MIN_MARGIN_NS = 300_000
@@ -103,7 +104,7 @@ class StartAgreement:
         )
         start_ns = last_ready_ns + margin_ns
         self._exchange_ns = max(learned_ns - last_ready_ns, 0)
-        clock.wait_until_ns(start_ns)  # sleeps, then spins the clock's default window (100 us)
+        replay.wait_until_ns(start_ns)  # a peer's time: kept on the core where the process owns it
         began_ns = clock.now_ns()
         if number >= 2:  # every rank has read it: it reached the start of `number - 1`
             self.store.delete_key(_key(number - 2, self.virtual_rank))

@@ -170,7 +170,9 @@ def device_p2p(
 
 
 def wait_until_ns(t_ns: int) -> None:
-    """Block until ``t_ns`` (CLOCK_MONOTONIC ns): C++ sleep then spin, GIL released."""
+    """Block the program until ``t_ns`` (CLOCK_MONOTONIC ns), GIL released: a peer's time. C++ sleep
+    then spin, or, where the process owns its core (``backend.activate(poll_real_waits=True)``),
+    yield then spin without giving the core up (`clock::await_until_ns`)."""
     _native().wait_until_ns(t_ns)
 
 

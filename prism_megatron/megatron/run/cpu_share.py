@@ -8,8 +8,10 @@ So each real process takes `EmulationConfig.resolved_cpu_threads` intra-op threa
 run on more cores than that, as many cores of its own, chosen by its local rank (the physical rank
 on this machine), before any process group exists so that gloo's threads inherit the affinity.
 `CpuShare.restore` gives back what the process had (tests run several passes in one process).
-Where each local process gets cores no other one runs on (`CpuShare.own_cores`), its waits for
-real peers poll instead of blocking.
+Where each local process gets cores no other one runs on (`CpuShare.own_cores`), its waits keep
+the core: for real peers they poll instead of blocking, and where the program waits for a virtual
+peer's time they yield and spin instead of sleeping (on a virtual machine the computation after a
+sleep runs slower, so the emulated rank would compute slower than its capture did).
 
 On a modelled GPU (`--prism-device model:<gpu>`) no process is pinned: its times are the GPU
 model's, not the CPU's, so it has no share to keep fixed, and the capture passes that run at the same
@@ -36,7 +38,7 @@ class CpuShare:
     pinned: bool
     own_cores: bool = False
     """Pinned, and no other process of this machine's job (LOCAL_WORLD_SIZE) runs on its cores: it
-    may poll for its real peers instead of blocking (`prism_megatron.backend.activate`)."""
+    may wait for its peers without giving its core up (`prism_megatron.backend.activate`)."""
     previous_threads: int = 0
     previous_cores: tuple[int, ...] = ()
 
