@@ -19,7 +19,6 @@ Run: ``python -m benchmarks.fidelity.emulated_compute [--runs N] [--out DIR]``; 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -27,6 +26,7 @@ import sys
 import tempfile
 
 from benchmarks.common import EVERY_PACKAGE, RESULTS_DIR, environment, machine_line, today, write_results
+from benchmarks.gpu.emulated_llama_rank import compute_iterations_ms
 
 REAL_RANK = 1024
 TRAIN_ITERS = 12
@@ -45,23 +45,6 @@ def job_flags(out_dir: str) -> list[str]:
     ]  # fmt: skip
 
 
-def compute_per_iteration_ms(out_dir: str, rank: int = REAL_RANK) -> tuple[list[float], list[float]]:
-    """The rank's compute per iteration (ms): in its capture (recorded iterations) and emulated."""
-    from prism_megatron import files
-    from prism_megatron.graph.capture import RankCapture, compute_intervals
-
-    capture = RankCapture.load(files.capture_path(os.path.join(out_dir, files.CAPTURE_DIR), rank))
-    captured = [sum(b - a for a, b in compute_intervals(it)) / 1e6 for it in capture.recorded()]
-    with open(os.path.join(out_dir, "ops", f"rank-{rank:05d}.json"), encoding="utf-8") as f:
-        log = json.load(f)
-    starts = [*log["iteration_starts_ns"], float("inf")]
-    emulated = [0.0] * len(log["iteration_starts_ns"])
-    for span in log["compute"]:
-        index = next(i for i in range(len(starts) - 1) if starts[i] <= span["start_ns"] < starts[i + 1])
-        emulated[index] += (span["end_ns"] - span["start_ns"]) / 1e6
-    return captured, emulated
-
-
 def run_once(work_dir: str) -> dict:
     out_dir = os.path.join(work_dir, "run")
     done = subprocess.run(
@@ -72,7 +55,7 @@ def run_once(work_dir: str) -> dict:
     )
     if done.returncode != 0:
         raise RuntimeError(f"the emulation failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
-    captured, emulated = compute_per_iteration_ms(out_dir)
+    captured, emulated = compute_iterations_ms(out_dir, REAL_RANK)
     capture_ms, emulated_ms = statistics.median(captured), statistics.median(emulated[WARMUP:])
     return {
         "capture_ms": [round(x, 2) for x in captured],

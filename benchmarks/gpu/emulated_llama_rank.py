@@ -135,21 +135,30 @@ def compute_per_iteration_ms(
     emulation's op log)."""
     import statistics
 
+    alone, emulated = compute_iterations_ms(out_dir, virtual_rank, captured_rank)
+    emulated = emulated[WARMUP_ITERATIONS:] or emulated
+    return statistics.median(alone), statistics.median(emulated)
+
+
+def compute_iterations_ms(
+    out_dir: str, virtual_rank: int, captured_rank: int | None = None
+) -> tuple[list[float], list[float]]:
+    """The rank's compute in each iteration (ms): of its role's capture (`captured_rank`'s, default
+    its own; the recorded iterations) and of the emulation (every iteration, warm-up included)."""
     from prism_megatron import files
     from prism_megatron.graph.capture import RankCapture, compute_intervals
     from prism_megatron.report.oplog import load_op_logs
 
     captured = virtual_rank if captured_rank is None else captured_rank
     capture = RankCapture.load(files.capture_path(os.path.join(out_dir, files.CAPTURE_DIR), captured))
-    alone = [sum(b - a for a, b in compute_intervals(it)) for it in capture.recorded()]
+    alone = [sum(b - a for a, b in compute_intervals(it)) / 1e6 for it in capture.recorded()]
     log = load_op_logs(out_dir)[virtual_rank]
     starts = [*log.iteration_starts_ns, float("inf")]
     per_iteration = [0] * len(log.iteration_starts_ns)
     for span in log.compute:
         index = next(i for i in range(len(starts) - 1) if starts[i] <= span.start_ns < starts[i + 1])
         per_iteration[index] += span.end_ns - span.start_ns
-    emulated = per_iteration[WARMUP_ITERATIONS:] or per_iteration
-    return statistics.median(alone) / 1e6, statistics.median(emulated) / 1e6
+    return alone, [ns / 1e6 for ns in per_iteration]
 
 
 def markdown(result: dict) -> str:
