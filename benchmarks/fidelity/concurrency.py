@@ -56,7 +56,14 @@ class ConcurrencyPlan:
     @property
     def timing(self) -> calibrate.Plan:
         """The deadline start of the job pattern (every process reaches it out of its compute)."""
-        return calibrate.Plan(group_sizes=self.group_sizes, pattern="job", lead_in=self.lead_in, ring_size=0)
+        return calibrate.Plan(
+            group_sizes=self.group_sizes,
+            sizes_bytes=self.sizes_bytes,
+            large_sizes_bytes=(),
+            pattern="job",
+            lead_in=self.lead_in,
+            ring_size=self.ring_size,
+        )
 
 
 def measure(plan: ConcurrencyPlan) -> dict[str, list[float]]:
@@ -77,12 +84,12 @@ def measure(plan: ConcurrencyPlan) -> dict[str, list[float]]:
                 group = dist.new_group(members)
                 if rank in members:
                     mine[n] = (group, members, index)
-        if plan.ring_size and plan.ring_size <= world_size:
-            for index, first in enumerate(range(0, world_size - plan.ring_size + 1, plan.ring_size)):
-                members = list(range(first, first + plan.ring_size))
+        if plan.ring_size:  # the calibration's own rings, the first measuring (one at a time)
+            blocks, measuring = calibrate._groups_of(plan.ring_size, world_size, "alone")
+            for index, members in enumerate(blocks):
                 group = dist.new_group(members)  # every process creates every group, in order
-                if index == 0 and rank in members:
-                    mine[calibrate.BATCH_KEY] = (group, members, index)
+                if index < measuring and rank in members:
+                    mine[calibrate.BATCH_KEY] = (group, members)
         for repetition in range(plan.warmup + plan.repetitions):
             _one_round(plan, mine, world_size, rng, samples, keep=repetition >= plan.warmup)
     finally:
@@ -111,17 +118,12 @@ def _one_round(plan: ConcurrencyPlan, mine: dict, world_size: int, rng, samples:
                     cost = calibrate._timed_collective(group, len(members), size, timing, rng)
                 if keep and cost is not None:
                     samples.setdefault(f"{kind.name}/{n}/{size}@{level}", []).append(cost)
-    if not plan.ring_size or plan.ring_size > world_size:
+    if plan.ring_size > world_size:
         return
-    for num_ops in calibrate.BATCH_OPS:
-        for size in plan.sizes_bytes:
-            if calibrate.BATCH_KEY not in mine:
-                calibrate._start(None, timing, rng)  # the deadline is the whole job's
-                continue
-            group, members, _ = mine[calibrate.BATCH_KEY]
-            cost = calibrate._timed_batch(group, members, num_ops, size, timing, rng)
-            if keep and cost is not None:
-                samples.setdefault(f"{calibrate.BATCH_KEY}/{num_ops}/{size}@1", []).append(cost)
+    batches: dict[str, list[float]] = {}  # the job pattern's batches, as calibrate measures them
+    calibrate._batches(timing, mine, rng, batches, keep=keep)
+    for key, values in batches.items():
+        samples.setdefault(f"{key}@1", []).extend(values)
 
 
 def fit(per_process: Sequence[dict[str, list[float]]], name: str) -> MeasuredCost:

@@ -26,12 +26,11 @@ import sys
 import tempfile
 
 from benchmarks.common import EVERY_PACKAGE, RESULTS_DIR, environment, machine_line, today, write_results
-from benchmarks.gpu.emulated_llama_rank import compute_iterations_ms
+from benchmarks.gpu.emulated_llama_rank import WARMUP_ITERATIONS, compute_iterations_ms
 
 REAL_RANK = 1024
 TRAIN_ITERS = 12
 CAPTURE_ITERS = 4
-WARMUP = 1
 
 
 def job_flags(out_dir: str) -> list[str]:
@@ -56,7 +55,7 @@ def run_once(work_dir: str) -> dict:
     if done.returncode != 0:
         raise RuntimeError(f"the emulation failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
     captured, emulated = compute_iterations_ms(out_dir, REAL_RANK)
-    capture_ms, emulated_ms = statistics.median(captured), statistics.median(emulated[WARMUP:])
+    capture_ms, emulated_ms = statistics.median(captured), statistics.median(emulated[WARMUP_ITERATIONS:])
     return {
         "capture_ms": [round(x, 2) for x in captured],
         "emulated_ms": [round(x, 2) for x in emulated],
@@ -78,7 +77,7 @@ def markdown(record: dict) -> str:
         f"Machine: {machine_line(record['environment'], EVERY_PACKAGE)}. `python -m "
         f"benchmarks.fidelity.emulated_compute`: the demo's job (W = 8192, TP8 PP8), real rank {REAL_RANK} "
         f"alone, {len(runs)} runs; per run the median compute per iteration in the capture and "
-        f"emulated (after {WARMUP} warm-up).\n\n"
+        f"emulated (after {WARMUP_ITERATIONS} warm-up).\n\n"
         "| run | capture ms | emulated ms | ratio |\n|---:|---:|---:|---:|\n"
         f"{rows}\n\nRatio: median {statistics.median(ratios):.2f}, range {min(ratios):.2f} to "
         f"{max(ratios):.2f}.\n"

@@ -108,13 +108,10 @@ void await_until_ns(int64_t deadline_ns) {
     wait_until_ns(deadline_ns);
     return;
   }
-  const int64_t spin_from_ns = deadline_ns - kDefaultSpinWindowNs;
-  while (now_ns() < spin_from_ns) {
+  while (now_ns() < deadline_ns - kDefaultSpinWindowNs) {
     sched_yield();  // the core stays this process's; its other threads (gloo's) still run at once
   }
-  while (now_ns() < deadline_ns) {
-    cpu_relax();
-  }
+  wait_until_ns(deadline_ns);  // inside the spin window now: it spins the rest
 }
 
 std::vector<int64_t> measure_wait_errors_ns(int64_t duration_ns, int num_waits, int64_t spin_window_ns) {
