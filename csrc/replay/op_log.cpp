@@ -85,6 +85,8 @@ void OpLog::real_part_done(int64_t id, int64_t t_ns) { note_first(id, &OpRecord:
 
 void OpLog::waited(int64_t id, int64_t t_ns) { note_first(id, &OpRecord::wait_ns, t_ns); }
 
+void OpLog::waited_marked(int64_t id, int64_t mark) { note_first(id, &OpRecord::wait_mark, mark); }
+
 void OpLog::note_first(int64_t id, int64_t OpRecord::*field, int64_t t_ns) {
   std::lock_guard<std::mutex> lock(mu_);
   auto note = [&](OpRecord& record) {
@@ -209,6 +211,9 @@ std::vector<OpRecord> OpLog::stop_recording(int64_t timeout_ns) {
     }
     if (r.complete_mark >= 0) {
       r.complete_ns = timeline::resolve(r.complete_mark, timeout_ns);
+    }
+    if (r.wait_mark >= 0) {
+      r.wait_ns = timeline::resolve(r.wait_mark, timeout_ns);
     }
   }
   return out;

@@ -55,6 +55,10 @@ struct OpRecord {
   int64_t issue_mark = -1;
   int64_t start_mark = -1;
   int64_t complete_mark = -1;
+  // Where the program first waited on the op, as a mark (the pipeline interceptor's transfers, whose
+  // wait the program makes outside the backend; on a device, on the waiting stream): -1, none.
+  // Read into wait_ns when the recording is exported.
+  int64_t wait_mark = -1;
   bool async_op = false;
   bool has_virtual = false;
   OpState state = OpState::kPending;
@@ -73,6 +77,8 @@ class OpLog {
   void real_part_done(int64_t id, int64_t t_ns);
   // The program began to wait on the op `id` at t_ns (host time; the first wait counts).
   void waited(int64_t id, int64_t t_ns);
+  // The same, at a mark on the device timeline (the first wait counts).
+  void waited_marked(int64_t id, int64_t mark);
 
   // Human-readable: the last ops (oldest first) with their state and times relative to now.
   std::string dump(int64_t now_ns) const;

@@ -139,7 +139,7 @@ py::list export_records(const std::vector<OpRecord>& records) {
 
 void record_p2p(int32_t kind, int64_t self_rank, int64_t peer, int64_t seq, int64_t size_bytes, const std::string& dtype,
                 int64_t issue_ns, int64_t start_ns, int64_t complete_ns, bool async_op, bool has_virtual,
-                int64_t issue_mark, int64_t complete_mark) {
+                int64_t issue_mark, int64_t complete_mark, int64_t wait_mark) {
   const OpKind op_kind = to_kind(kind);
   checked_rank(self_rank, "self_rank");
   checked_rank(peer, "peer");
@@ -160,6 +160,7 @@ void record_p2p(int32_t kind, int64_t self_rank, int64_t peer, int64_t seq, int6
   record.has_virtual = has_virtual;
   record.issue_mark = issue_mark;
   record.start_mark = issue_mark;
+  record.wait_mark = wait_mark;
   const int64_t id = op_log().begin(std::move(record));
   if (complete_mark >= 0) {
     op_log().complete_marked(id, complete_mark, true);
@@ -177,6 +178,9 @@ class DeviceP2P {
 
   void wait() {
     const device::StreamId waiter = queue_->current_stream();
+    if (!waited_) {
+      op_log().waited_marked(log_id_, timeline::mark_on(queue_, waiter));
+    }
     queue_->wait(waiter, done_);
     if (!waited_) {
       waited_ = true;
@@ -304,7 +308,8 @@ void bind(py::module_& m) {
   m.def("is_recording", [] { return op_log().recording(); });
   m.def("record_p2p", &record_p2p, py::arg("kind"), py::arg("self_rank"), py::arg("peer"), py::arg("seq"),
         py::arg("size_bytes"), py::arg("dtype"), py::arg("issue_ns"), py::arg("start_ns"), py::arg("complete_ns"),
-        py::arg("async_op"), py::arg("has_virtual"), py::arg("issue_mark") = -1, py::arg("complete_mark") = -1);
+        py::arg("async_op"), py::arg("has_virtual"), py::arg("issue_mark") = -1, py::arg("complete_mark") = -1,
+        py::arg("wait_mark") = -1);
   m.def("clear_log", [] { op_log().clear(); });
 
   py::class_<DeviceP2P, std::shared_ptr<DeviceP2P>>(m, "DeviceP2P")

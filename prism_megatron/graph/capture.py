@@ -11,11 +11,18 @@ One iteration becomes a role's streams (`iteration_streams`) by walking its ops 
 the compute stream (CPU clock on CPU; CUDA events would feed the same walk on GPU):
 
 * a blocking collective is a COLLECTIVE op; a pipeline-communicator call is its p2p ops posted
-  together (`coalesced`), the stream moving on when the call returned;
+  together (`coalesced`), the stream moving on when the call returned, except the transfers the
+  program waited on only after the call returned (megatron-core's interleaved schedule with
+  `overlap_p2p_comm`, the default there, waits a send one step later and a receive just before its
+  forward or backward): those are async ops as below, so the transfer overlaps the compute between
+  the call and the wait, as it does on NCCL;
 * an async op (`async_op=True`) goes on a side stream per group kind (`async-tp`, ...), an async p2p
   op on one per direction (`async-p2p-send`, `async-p2p-recv`: a send and a receive posted together,
   as context parallelism's ring posts them, progress together; on one stream each rank's send would
-  wait for its peer's receive queued behind the peer's own send), after the
+  wait for its peer's receive queued behind the peer's own send), a pipeline transfer on one per
+  direction and neighbour (`async-p2p-send-pp+1`, ...: PyTorch's NCCL runs each peer pair's p2p on
+  its own stream, and the two directions apart keep the interceptor's posting order, receives
+  first, from waiting on each other), after the
   compute that preceded its issue, and a WAIT on the compute stream where the program began to
   wait on it (`OpEvent.wait_ns`, recorded by the backend's `Work.wait`), the compute resuming when
   it completed. Where no wait was recorded (the program asked through a future), the WAIT is where
@@ -29,8 +36,7 @@ Collectives are named by group kind (`group_kind_of`), p2p peers by (group kind,
 (`peer_spec`), and numbered within the iteration as the schema says. `role_graph` drops the
 warm-up iterations, checks the others agree op for op, and takes the median of each compute span.
 Limits: an async op waited in a later iteration (a parameter all-gather overlapped with the next
-forward) is waited at the end of its own; p2p ops left pending by an overlapping schedule
-(`overlap_p2p_comm`) count as waited when their call returned; where the program's wait on an
+forward) is waited at the end of its own; where the program's wait on an
 async op was not recorded and its real peers (other ranks of the same capture pass) arrived after
 the program began to wait, the span before its wait includes that wait (the median over
 iterations bounds one such outlier; ranks of one pass are alike, so they arrive close together).
@@ -64,6 +70,8 @@ from prism_megatron.topology.equivalence import RoleClass
 CAPTURE_SCHEMA_VERSION = 1
 COMPUTE_NAME = "compute"
 ASYNC_STREAM_PREFIX = "async-"
+PIPELINE_GROUP = "pp"
+"""The pipeline's group kind: its async transfers go on one side stream per direction and neighbour."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -174,7 +182,8 @@ def _points(iteration: CapturedIteration) -> list[_Point]:
     points: list[_Point] = []
     for order, event in enumerate(events):
         call = bisect.bisect_right(enters, event.issue_ns) - 1
-        if event.peer >= 0 and call >= 0 and event.issue_ns <= calls[call][1]:
+        in_call = event.peer >= 0 and call >= 0 and event.issue_ns <= calls[call][1]
+        if in_call and not (event.async_op and event.wait_ns > calls[call][1]):
             batches.setdefault(call, []).append(event)
         elif event.async_op:
             done_ns = event.complete_ns if 0 <= event.complete_ns <= iteration.end_ns else iteration.end_ns
@@ -271,6 +280,8 @@ class _StreamBuilder:
             stream = ASYNC_STREAM_PREFIX + op.group
         else:
             stream = ASYNC_STREAM_PREFIX + ("p2p-send" if op.type == NodeType.SEND else "p2p-recv")
+            if op.group == PIPELINE_GROUP:
+                stream += f"-{op.group}{op.offset:+d}"
         ops = self.streams.setdefault(stream, [])
         self.posted[event] = Dep(stream, len(ops))
         ops.append(op)

@@ -35,6 +35,7 @@ from collections.abc import Mapping, Sequence
 from prism_megatron import files
 from prism_megatron.graph.capture import (
     COMPUTE_NAME,
+    PIPELINE_GROUP,
     compute_durations,
     first_difference,
     structure,
@@ -54,7 +55,6 @@ from prism_megatron.graph.schema import (
 )
 from prism_megatron.topology.equivalence import RoleClass
 
-PIPELINE_GROUP = "pp"
 CLASSES_KEY = "role_classes"
 """Key of the role classes (`RoleClass.to_json()` each) in a graph's `metadata.extra`."""
 

@@ -129,7 +129,9 @@ class Transfer:
     def direction(self) -> str:
         return "send" if self.kind == OpKind.SEND else "recv"
 
-    def log(self, *, complete: Mark, has_virtual: bool) -> None:
+    def log(self, *, complete: Mark, has_virtual: bool, wait: Mark | None = None) -> None:
+        """Log the transfer; `wait` is where the program began to wait on it (graph/capture.py keeps a
+        transfer waited after its pipeline call returned, megatron-core's overlapped p2p, async)."""
         replay.record_p2p(
             kind=self.kind,
             self_rank=self.self_rank,
@@ -140,6 +142,7 @@ class Transfer:
             complete=complete,
             async_op=self.async_op,
             has_virtual=has_virtual,
+            wait=wait,
         )
 
 
@@ -194,8 +197,11 @@ class VirtualPeerOp:
             if self._device_op is not None:
                 self._device_op.wait()
             else:
+                waited = timeline.mark()
                 replay.wait_until_ns(self._complete_ns)
-                self._transfer.log(complete=timeline.mark_at(self._complete_ns), has_virtual=True)
+                self._transfer.log(
+                    complete=timeline.mark_at(self._complete_ns), has_virtual=True, wait=waited
+                )
                 _NOT_WAITED.pop(id(self), None)
         return True
 
@@ -221,13 +227,14 @@ class RealPeerOp:
         _NOT_WAITED[id(self)] = self
 
     def wait(self, *args: Any, **kwargs: Any) -> Any:
+        waited = timeline.mark() if self._data is not None else None
         result = self._work.wait(*args, **kwargs)
         if self._data is not None:
             self._checksums[self._key] = self._checksums.get(self._key, 0.0) + float(
                 self._data.double().sum()
             )
             self._data = None
-            self._transfer.log(complete=timeline.mark(), has_virtual=False)
+            self._transfer.log(complete=timeline.mark(), has_virtual=False, wait=waited)
             _NOT_WAITED.pop(id(self), None)
         return result
 

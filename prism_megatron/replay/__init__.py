@@ -225,11 +225,13 @@ def record_p2p(
     async_op: bool = True,
     has_virtual: bool = True,
     seq: int | None = None,
+    wait: Mark | None = None,
 ) -> None:
     """Log a p2p op served outside the backend (the pipeline interceptor); same fields as OpEvent.
 
-    ``issue`` and ``complete`` are marks on the device timeline (``complete`` None: not completed);
-    the op's start is its issue. ``seq`` None: the next sequence number of the (peer, direction),
+    ``issue``, ``complete`` and ``wait`` are marks on the device timeline (``complete`` None: not
+    completed; ``wait``, where the program began to wait on it, None: not recorded); the op's start
+    is its issue. ``seq`` None: the next sequence number of the (peer, direction),
     shared with the backend's own send/recv.
     """
     if kind not in (OpKind.SEND, OpKind.RECV):
@@ -248,6 +250,7 @@ def record_p2p(
         has_virtual,
         issue.id,
         -1 if complete is None else complete.id,
+        -1 if wait is None else wait.id,
     )
 
 

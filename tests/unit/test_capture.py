@@ -109,6 +109,30 @@ def test_p2p_ops_of_one_communicator_call_are_one_batch_and_the_stream_resumes_w
     }  # fmt: skip
 
 
+def test_pipeline_transfers_waited_after_their_call_returned_overlap_the_compute_until_the_wait():
+    """megatron-core's interleaved schedule with overlapped p2p: send_forward_recv_forward posts a
+    receive from the previous stage and a send to the next, returns at 40 us, and the program waits
+    on the receive at 150 us (before the forward that needs it) and on the send at 300 us (one step
+    later). Both run on their own side streams, the compute between call and waits stays compute;
+    a transfer waited inside its call (200-230 us) is still part of the blocking call."""
+    stage_1 = 2  # of PP4 (TP1 DP2): rank 0 before it, rank 4 after it
+    recv = dataclasses.replace(p2p(OpKind.RECV, 0, 31, 31, self_rank=stage_1), async_op=True, wait_ns=us(150))
+    send = dataclasses.replace(p2p(OpKind.SEND, 4, 32, 32, self_rank=stage_1), async_op=True, wait_ns=us(300))
+    in_call = dataclasses.replace(
+        p2p(OpKind.SEND, 4, 201, 205, self_rank=stage_1), seq=1, async_op=True, wait_ns=us(210)
+    )
+    it = iteration([recv, send, in_call], end_us=400, calls=[(30, 40), (200, 230)])
+    streams = iteration_streams(it, GroupNames(LayoutWorld(Layout(world_size=8, tp=1, pp=4)), stage_1))
+    assert printed(streams) == {
+        COMPUTE_STREAM: ["c:compute 31us", "c:compute 1us", "c:compute 118us", "w <async-p2p-recv-pp-1:0",
+                         "c:compute 51us", "S→pp+1#1 4KiB Float", "c:compute 70us", "w <async-p2p-send-pp+1:0",
+                         "c:compute 100us"],
+        "async-p2p-recv-pp-1": ["R←pp-1#0 4KiB Float <compute:0"],
+        "async-p2p-send-pp+1": ["S→pp+1#0 4KiB Float <compute:1"],
+    }  # fmt: skip
+    assert sum(compute_durations(streams)) == 400_000 - 29_000  # all but the blocking call, 201-230 us
+
+
 def test_an_async_op_runs_on_a_side_stream_and_the_compute_stream_waits_where_it_completed():
     it = iteration([collective(OpKind.ALL_REDUCE, (0, 1), 100, 300, async_op=True)], end_us=500)
     streams = iteration_streams(it, GroupNames(WORLD, 0))
