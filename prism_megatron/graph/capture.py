@@ -14,8 +14,10 @@ the compute stream (CPU clock on CPU; CUDA events would feed the same walk on GP
   together (`coalesced`), the stream moving on when the call returned, except the transfers the
   program waited on only after the call returned (megatron-core's interleaved schedule with
   `overlap_p2p_comm`, the default there, waits a send one step later and a receive just before its
-  forward or backward): those are async ops as below, so the transfer overlaps the compute between
-  the call and the wait, as it does on NCCL;
+  forward or backward): on a GPU and a modelled GPU those are async ops as below, so the transfer
+  overlaps the compute between the call and the wait, as it does on NCCL (on the CPU device, where a
+  transfer is gloo's work on the compute's cores, the interceptor records no wait and they stay in
+  their call: `patches/pipeline_ops.py`);
 * an async op (`async_op=True`) goes on a side stream per group kind (`async-tp`, ...), an async p2p
   op on one per direction (`async-p2p-send`, `async-p2p-recv`: a send and a receive posted together,
   as context parallelism's ring posts them, progress together; on one stream each rank's send would

@@ -94,6 +94,11 @@ def set_time_map(time_map: Callable[[int], int] | None, on_mark: Callable[[], No
     _time_map, _on_mark = time_map, on_mark
 
 
+def modelled() -> bool:
+    """Whether a modelled GPU is in use (a time map is installed, `set_time_map`)."""
+    return _time_map is not None
+
+
 def map_time(t_ns: int) -> int:
     """A host time read on the device timeline: itself, or on a modelled GPU its modelled time."""
     return t_ns if _time_map is None else _time_map(t_ns)
