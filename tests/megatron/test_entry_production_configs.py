@@ -123,7 +123,13 @@ def llama_flags() -> list[str]:
         "--decoder-first-pipeline-num-layers", "1", "--decoder-last-pipeline-num-layers", "1",
         "--global-batch-size", "8", "--prism-world-size", "8",
     )  # fmt: skip
-    return [*config_flags("llama3-405b-8192gpus"), *TINY, *uneven]
+    # The shipped configuration's layers without its interleaving (one layer per virtual stage, the
+    # embedding and loss counted as layers): megatron-core's reference model here is one chunk a rank.
+    flags = config_flags("llama3-405b-8192gpus")
+    at = flags.index("--num-layers-per-virtual-pipeline-stage")
+    del flags[at : at + 2]
+    split = ("--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split")
+    return [*(flag for flag in flags if flag not in split), *TINY, *uneven]
 
 
 def deepseek_flags() -> list[str]:

@@ -115,10 +115,12 @@ def test_the_modelled_rank_holds_the_plan_s_parameters_gradients_and_optimizer_s
 
 
 def test_the_modelled_rank_s_activations_are_the_fused_kernels_for_the_microbatches_in_flight(llama_rank):
-    """Stage 8 of 16 holds 8 microbatches' activations at its peak (1F1B), whatever the 16 microbatches
-    of an iteration and the 2 iterations run, each layer keeping what Transformer Engine's fused
-    kernels keep. Within 20 % of the plan's estimate (Korthikanti et al.'s formula for 8 microbatches;
-    2026-12-03: 37.9 GB against 34.1 GB). Before that day's fixes a modelled run kept every
+    """Stage 8 of 16 holds the activations of the chunk-microbatches its schedule has in flight at its
+    peak (interleaved, one layer per chunk: 2 x 7 + 7 x 16 warm-up forwards and the one it runs),
+    whatever the 16 microbatches of an iteration and the 2 iterations run, each layer keeping what
+    Transformer Engine's fused kernels keep. Within 20 % of the plan's estimate (Korthikanti et al.'s
+    formula for those chunks; without interleaving, 8 microbatches of 8 layers, 2026-12-03: 37.9 GB
+    against 34.1 GB). Before that day's fixes a modelled run kept every
     microbatch's activations (a hook held its own tensor), torch's decomposed RMSNorm's FP32 copies
     and unfused SwiGLU's intermediates: 65.0 GB after the first fix, 51.8 GB after the second."""
     (plan,) = plan_ranks(job_from_flags(LLAMA_405B), [MIDDLE_RANK])

@@ -139,8 +139,10 @@ def test_activation_estimate_reproduces_korthikanti_table_2_for_gpt(flags, per_l
 def test_in_flight_microbatches_follow_megatron_s_schedules():
     j = job("llama3-70b-8192gpus")  # PP4, VPP4, 8 microbatches
     assert [activations.in_flight_microbatches(j, r) for r in range(4)] == [19, 17, 15, 13]
-    j = job("llama3-405b-8192gpus")  # PP16, 1F1B, 32 microbatches
+    j = job("gpt-462b-6144gpus")  # PP16, 1F1B, 64 microbatches
     assert [activations.in_flight_microbatches(j, r) for r in (0, 7, 15)] == [16, 9, 1]
+    j = job("llama3-405b-8192gpus")  # PP16, VPP8, 32 microbatches: 2 (16 - r - 1) + 7 x 16 warm-up
+    assert [activations.in_flight_microbatches(j, r) for r in (0, 7, 15)] == [143, 129, 113]
 
 
 def test_plan_command_prints_each_category_and_writes_json(tmp_path, capsys):
