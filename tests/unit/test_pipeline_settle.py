@@ -40,3 +40,30 @@ def test_settling_waits_and_logs_each_unwaited_transfer_once(monkeypatch):
     assert pipeline_ops.settle_unwaited() == 0
     ops[0][0].wait()  # a late wait by the program logs nothing twice
     assert len(logged) == 3
+
+
+def test_a_transfers_wait_is_recorded_on_a_modelled_gpu_and_not_on_the_cpu(monkeypatch):
+    """Where the program waits on a transfer decides whether the capture keeps it beside the compute
+    (graph/capture.py); on the CPU device gloo's transfer work shares the compute's cores, so no wait
+    is recorded there and the transfer stays in its pipeline call."""
+    from prism_megatron.replay import timeline
+
+    waits = []
+    monkeypatch.setattr(pipeline_ops.Transfer, "log", lambda self, **kw: waits.append(kw["wait"]))
+    monkeypatch.setattr(pipeline_ops, "_NOT_WAITED", {})
+
+    def wait_once() -> None:
+        transfer = pipeline_ops.Transfer(
+            kind=OpKind.RECV, self_rank=0, peer=1, tensor=torch.ones(4), async_op=True
+        )
+        pipeline_ops.RealPeerOp(_Work(), transfer, {}, "recv_prev").wait()
+
+    assert timeline.device_name() == "host" and not timeline.modelled()
+    wait_once()
+    timeline.set_time_map(lambda t_ns: t_ns)
+    try:
+        assert timeline.modelled()
+        wait_once()
+    finally:
+        timeline.set_time_map(None)
+    assert waits[0] is None and isinstance(waits[1], timeline.Mark)
