@@ -14,7 +14,8 @@ the compute stream (CPU clock on CPU; CUDA events would feed the same walk on GP
   together (`coalesced`), the stream moving on when the call returned, except the transfers the
   program waited on only after the call returned (megatron-core's interleaved schedule with
   `overlap_p2p_comm`, the default there, waits a send one step later and a receive just before its
-  forward or backward): on a GPU and a modelled GPU those are async ops as below, so the transfer
+  forward or backward in its steady phase; its warm-up and cool-down wait in the call unless
+  `overlap_p2p_comm_warmup_flush`): on a GPU and a modelled GPU those are async ops as below, so the transfer
   overlaps the compute between the call and the wait, as it does on NCCL (on the CPU device, where a
   transfer is gloo's work on the compute's cores, the interceptor records no wait and they stay in
   their call: `patches/pipeline_ops.py`);
