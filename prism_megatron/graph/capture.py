@@ -15,19 +15,18 @@ the compute stream (CPU clock on CPU; CUDA events would feed the same walk on GP
   program waited on only after the call returned (megatron-core's interleaved schedule with
   `overlap_p2p_comm`, the default there, waits a send one step later and a receive just before its
   forward or backward in its steady phase; its warm-up and cool-down wait in the call unless
-  `overlap_p2p_comm_warmup_flush`): on a GPU and a modelled GPU those are async ops as below, so the transfer
-  overlaps the compute between the call and the wait, as it does on NCCL (on the CPU device, where a
-  transfer is gloo's work on the compute's cores, the interceptor records no wait and they stay in
-  their call: `patches/pipeline_ops.py`);
+  `overlap_p2p_comm_warmup_flush`): on a GPU and a modelled GPU those are async ops as below, so
+  the transfer overlaps the compute between the call and the wait, as it does on NCCL (on the CPU
+  device, where a transfer is gloo's work on the compute's cores, the interceptor records no wait
+  and they stay in their call: `patches/pipeline_ops.py`);
 * an async op (`async_op=True`) goes on a side stream per group kind (`async-tp`, ...), an async p2p
   op on one per direction (`async-p2p-send`, `async-p2p-recv`: a send and a receive posted together,
   as context parallelism's ring posts them, progress together; on one stream each rank's send would
   wait for its peer's receive queued behind the peer's own send), a pipeline transfer on one per
   direction and neighbour (`async-p2p-send-pp+1`, ...: PyTorch's NCCL runs each peer pair's p2p on
   its own stream, and the two directions apart keep the interceptor's posting order, receives
-  first, from waiting on each other), after the
-  compute that preceded its issue, and a WAIT on the compute stream where the program began to
-  wait on it (`OpEvent.wait_ns`, recorded by the backend's `Work.wait`), the compute resuming when
+  first, from waiting on each other), after the compute that preceded its issue, and a WAIT on the
+  compute stream where the program began to wait on it (`OpEvent.wait_ns`, recorded by the backend's `Work.wait`), the compute resuming when
   it completed. Where no wait was recorded (the program asked through a future), the WAIT is where
   it completed: on CPU, the prism backend completes an op with instant peers when the program
   waits on it. A WAIT that falls after the iteration's end is put at the end;
@@ -39,10 +38,10 @@ Collectives are named by group kind (`group_kind_of`), p2p peers by (group kind,
 (`peer_spec`), and numbered within the iteration as the schema says. `role_graph` drops the
 warm-up iterations, checks the others agree op for op, and takes the median of each compute span.
 Limits: an async op waited in a later iteration (a parameter all-gather overlapped with the next
-forward) is waited at the end of its own; where the program's wait on an
-async op was not recorded and its real peers (other ranks of the same capture pass) arrived after
-the program began to wait, the span before its wait includes that wait (the median over
-iterations bounds one such outlier; ranks of one pass are alike, so they arrive close together).
+forward) is waited at the end of its own; where the program's wait on an async op was not
+recorded and its real peers (other ranks of the same capture pass) arrived after the program began
+to wait, the span before its wait includes that wait (the median over iterations bounds one such
+outlier; ranks of one pass are alike, so they arrive close together).
 """
 
 from __future__ import annotations
