@@ -10,7 +10,9 @@ whole iteration [0, iteration time], so the three parts add up to the iteration 
   slowest rank finishes). Pipeline fill and drain, skew between stages at the final collectives
   and waiting for a straggler all land here.
 * exposed communication: the rest: the transfer part (end - ready) of communication ops on the
-  compute stream, and waits for other streams (overlapped communication that was not hidden).
+  compute stream, and waits for other streams (overlapped communication that was not hidden). A
+  wait for a pipeline transfer on a side stream (megatron-core's overlapped p2p) counts as the
+  blocking transfer it stands for: its part before the peer was there is bubble.
 
 Communication on other streams that ends before the compute stream needs it is hidden and counts
 nowhere.
@@ -56,8 +58,10 @@ def rank_breakdown(result: SimResult, virtual_rank: int, num_ranks: int = 1) -> 
     role = int(problem.arrays["node_role"][problem.node_of(rank)])
     name = problem.role_names[role]
     start, ready, end = result.times(rank)
+    ops = problem.role_ops[role]
+    local_of = {(stream, index): local for local, (stream, index, _) in enumerate(ops)}
     compute = bubble = busy = 0
-    for local, (stream, _, op) in enumerate(problem.role_ops[role]):
+    for local, (stream, _, op) in enumerate(ops):
         if stream != COMPUTE_STREAM:
             continue
         span = int(end[local] - start[local])
@@ -66,6 +70,12 @@ def rank_breakdown(result: SimResult, virtual_rank: int, num_ranks: int = 1) -> 
             compute += span
         elif op.type in (NodeType.COLLECTIVE, NodeType.SEND, NodeType.RECV):
             bubble += int(ready[local] - start[local])
+        elif op.type == NodeType.WAIT:
+            transfers = [local_of[(d.stream, d.index)] for d in op.deps]
+            transfers = [t for t in transfers if ops[t][2].type in (NodeType.SEND, NodeType.RECV)]
+            if transfers:  # until the last waited transfer's peer was there
+                peer_there = min(max(int(ready[t]) for t in transfers), int(end[local]))
+                bubble += max(0, peer_there - int(start[local]))
     idle = result.iteration_time_ns - busy
     bubble += idle
     return RoleBreakdown(
