@@ -176,9 +176,11 @@ class DeviceP2P {
   DeviceP2P(device::Queue* queue, std::shared_ptr<device::Event> done, int64_t log_id)
       : queue_(queue), done_(std::move(done)), log_id_(log_id) {}
 
-  void wait() {
+  // record_wait: keep where the stream began to wait (false for the wait a pipeline call makes
+  // before it returns, which the capture keeps in the call: graph/capture.py).
+  void wait(bool record_wait) {
     const device::StreamId waiter = queue_->current_stream();
-    if (!waited_) {
+    if (!waited_ && record_wait) {
       op_log().waited_marked(log_id_, timeline::mark_on(queue_, waiter));
     }
     queue_->wait(waiter, done_);
@@ -313,7 +315,8 @@ void bind(py::module_& m) {
   m.def("clear_log", [] { op_log().clear(); });
 
   py::class_<DeviceP2P, std::shared_ptr<DeviceP2P>>(m, "DeviceP2P")
-      .def("wait", &DeviceP2P::wait, "The caller's stream waits for the op (the host does not).")
+      .def("wait", &DeviceP2P::wait, "The caller's stream waits for the op (the host does not).",
+           py::arg("record_wait") = true)
       .def("is_completed", &DeviceP2P::is_completed);
   m.def("device_p2p", &device_p2p, py::arg("self_rank"), py::arg("peer"), py::arg("is_send"), py::arg("size_bytes"),
         py::arg("dtype"), py::arg("async_op"));

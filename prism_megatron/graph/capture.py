@@ -38,7 +38,9 @@ Collectives are named by group kind (`group_kind_of`), p2p peers by (group kind,
 (`peer_spec`), and numbered within the iteration as the schema says. `role_graph` drops the
 warm-up iterations, checks the others agree op for op, and takes the median of each compute span.
 Limits: an async op waited in a later iteration (a parameter all-gather overlapped with the next
-forward) is waited at the end of its own; where the program's wait on an async op was not
+forward) is waited at the end of its own; a pipeline transfer the program never waits on counts
+as waited when its call returned on a device (on the host it is settled, and so waited, where the
+step ends: `pipeline_ops.settle_unwaited`); where the program's wait on an async op was not
 recorded and its real peers (other ranks of the same capture pass) arrived after the program began
 to wait, the span before its wait includes that wait (the median over iterations bounds one such
 outlier; ranks of one pass are alike, so they arrive close together).
@@ -185,7 +187,7 @@ def _points(iteration: CapturedIteration) -> list[_Point]:
     for order, event in enumerate(events):
         call = bisect.bisect_right(enters, event.issue_ns) - 1
         in_call = event.peer >= 0 and call >= 0 and event.issue_ns <= calls[call][1]
-        if in_call and not (event.async_op and event.wait_ns > calls[call][1]):
+        if in_call and not (event.async_op and event.wait_ns >= 0):  # waited in its call: no wait kept
             batches.setdefault(call, []).append(event)
         elif event.async_op:
             done_ns = event.complete_ns if 0 <= event.complete_ns <= iteration.end_ns else iteration.end_ns

@@ -109,7 +109,7 @@ class PrismP2PCommunicator(P2PCommunicator):
             self._send(self.prev_rank, tensor_send_prev, "send_prev", TAG_GRADIENT, handles)
         if config.batch_p2p_comm or wait_on_reqs:
             for handle in handles.values():
-                handle.wait()
+                handle.wait_in_call()
             reqs: Any = [] if config.batch_p2p_comm or config.use_ring_exchange_p2p else None
             if config.batch_p2p_comm and config.batch_p2p_sync and torch.cuda.is_available():
                 torch.cuda.synchronize()

@@ -204,12 +204,20 @@ class VirtualPeerOp:
         self._done = False
 
     def wait(self, *args: Any, **kwargs: Any) -> bool:
+        return self._wait(in_call=False)
+
+    def wait_in_call(self) -> bool:
+        """The wait the pipeline call itself makes before it returns (no overlap): no wait is
+        recorded, so the capture keeps the transfer in its call whatever the clock's resolution."""
+        return self._wait(in_call=True)
+
+    def _wait(self, *, in_call: bool) -> bool:
         if not self._done:
             self._done = True
             if self._device_op is not None:
-                self._device_op.wait()
+                self._device_op.wait(record_wait=not in_call)
             else:
-                waited = _wait_mark()
+                waited = None if in_call else _wait_mark()
                 replay.wait_until_ns(self._complete_ns)
                 self._transfer.log(
                     complete=timeline.mark_at(self._complete_ns), has_virtual=True, wait=waited
@@ -239,7 +247,14 @@ class RealPeerOp:
         _NOT_WAITED[id(self)] = self
 
     def wait(self, *args: Any, **kwargs: Any) -> Any:
-        waited = _wait_mark() if self._data is not None else None
+        return self._wait(args, kwargs, in_call=False)
+
+    def wait_in_call(self) -> Any:
+        """As `VirtualPeerOp.wait_in_call`."""
+        return self._wait((), {}, in_call=True)
+
+    def _wait(self, args: tuple, kwargs: dict, *, in_call: bool) -> Any:
+        waited = _wait_mark() if self._data is not None and not in_call else None
         result = self._work.wait(*args, **kwargs)
         if self._data is not None:
             self._checksums[self._key] = self._checksums.get(self._key, 0.0) + float(

@@ -98,3 +98,19 @@ def test_the_configuration_runs_as_written_at_full_world_size(tmp_path, path):
     )
     result = json.loads((tmp_path / "rank-00000.json").read_text())
     assert all(it["grad_norm"] is not None and it["grad_norm"] > 0 for it in result["iterations"])
+
+
+def test_a_split_that_counts_the_embedding_and_loss_as_layers_shrinks_to_what_megatron_takes():
+    """Interleaved or not, the embedding and the loss take a layer's place in the shrunk split."""
+    for interleaved in ((), ("--num-layers-per-virtual-pipeline-stage", "2")):
+        production = [
+            "--num-layers", "30", "--hidden-size", "256", "--num-attention-heads", "8", "--seq-length", "64",
+            "--max-position-embeddings", "64", "--vocab-size", "1024", "--micro-batch-size", "1",
+            "--global-batch-size", "64",
+            "--pipeline-model-parallel-size", "4", "--account-for-embedding-in-pipeline-split",
+            "--account-for-loss-in-pipeline-split", *interleaved, "--prism-world-size", "8",
+        ]  # fmt: skip
+        small = shrink_size(production)
+        check_builtin_flags(small, world_size_of(small))
+        # 2 per stage less the two, or 1 per chunk (PP 4 x VPP 4, the production's 32 / 4 / 2) less the two
+        assert _flag_values(small)["--num-layers"] == ("14" if interleaved else "6")

@@ -114,13 +114,12 @@ def test_pipeline_transfers_waited_after_their_call_returned_overlap_the_compute
     receive from the previous stage and a send to the next, returns at 40 us, and the program waits
     on the receive at 150 us (before the forward that needs it) and on the send at 300 us (one step
     later). Both run on their own side streams, the compute between call and waits stays compute;
-    a transfer waited inside its call (200-230 us) is still part of the blocking call."""
+    a transfer waited inside its call (200-230 us: the interceptor records no wait) is still part of
+    the blocking call."""
     stage_1 = 2  # of PP4 (TP1 DP2): rank 0 before it, rank 4 after it
     recv = dataclasses.replace(p2p(OpKind.RECV, 0, 31, 31, self_rank=stage_1), async_op=True, wait_ns=us(150))
     send = dataclasses.replace(p2p(OpKind.SEND, 4, 32, 32, self_rank=stage_1), async_op=True, wait_ns=us(300))
-    in_call = dataclasses.replace(
-        p2p(OpKind.SEND, 4, 201, 205, self_rank=stage_1), seq=1, async_op=True, wait_ns=us(210)
-    )
+    in_call = dataclasses.replace(p2p(OpKind.SEND, 4, 201, 205, self_rank=stage_1), seq=1, async_op=True)
     it = iteration([recv, send, in_call], end_us=400, calls=[(30, 40), (200, 230)])
     streams = iteration_streams(it, GroupNames(LayoutWorld(Layout(world_size=8, tp=1, pp=4)), stage_1))
     assert printed(streams) == {

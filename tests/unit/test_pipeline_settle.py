@@ -52,11 +52,15 @@ def test_a_transfers_wait_is_recorded_on_a_modelled_gpu_and_not_on_the_cpu(monke
     monkeypatch.setattr(pipeline_ops.Transfer, "log", lambda self, **kw: waits.append(kw["wait"]))
     monkeypatch.setattr(pipeline_ops, "_NOT_WAITED", {})
 
-    def wait_once() -> None:
+    def wait_once(*, in_call: bool = False) -> None:
         transfer = pipeline_ops.Transfer(
             kind=OpKind.RECV, self_rank=0, peer=1, tensor=torch.ones(4), async_op=True
         )
-        pipeline_ops.RealPeerOp(_Work(), transfer, {}, "recv_prev").wait()
+        op = pipeline_ops.RealPeerOp(_Work(), transfer, {}, "recv_prev")
+        if in_call:
+            op.wait_in_call()
+        else:
+            op.wait()
 
     assert timeline.device_name() == "host" and not timeline.modelled()
     wait_once()
@@ -64,6 +68,7 @@ def test_a_transfers_wait_is_recorded_on_a_modelled_gpu_and_not_on_the_cpu(monke
     try:
         assert timeline.modelled()
         wait_once()
+        wait_once(in_call=True)  # the call's own wait (no overlap): the transfer stays in its call
     finally:
         timeline.set_time_map(None)
-    assert waits[0] is None and isinstance(waits[1], timeline.Mark)
+    assert waits[0] is None and isinstance(waits[1], timeline.Mark) and waits[2] is None

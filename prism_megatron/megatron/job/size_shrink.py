@@ -48,10 +48,10 @@ VOCAB = 255  # with the NullTokenizer's end-of-document token, 256 before paddin
 
 
 def _stage_layers(a) -> dict[str, int]:
-    """The fewest layers for the pipeline layout: 1 per model chunk when interleaved (the embedding
-    and the loss taking a chunk's place where the split counts them as layers), 2 per middle stage
-    when the first/last stage is uneven (an end stage keeps its production difference, at least 1
-    layer), else 2 per stage."""
+    """The fewest layers for the pipeline layout: 1 per model chunk when interleaved, 2 per middle
+    stage when the first/last stage is uneven (an end stage keeps its production difference, at
+    least 1 layer), else 2 per stage; the embedding and the loss take a layer's place where the split
+    counts them as layers."""
     pp, vpp = a.pipeline_model_parallel_size, a.virtual_pipeline_model_parallel_size
     first, last = a.decoder_first_pipeline_num_layers, a.decoder_last_pipeline_num_layers
     if first is not None or last is not None:
@@ -64,12 +64,12 @@ def _stage_layers(a) -> dict[str, int]:
             flags["--decoder-last-pipeline-num-layers"] = max(1, 2 - (middle - last))
         flags["--num-layers"] = sum(flags.values()) + 2 * (pp - len(ends))
         return flags
+    counted = int(bool(a.account_for_embedding_in_pipeline_split)) + int(
+        bool(a.account_for_loss_in_pipeline_split)
+    )
     if vpp is not None:
-        counted = int(bool(a.account_for_embedding_in_pipeline_split)) + int(
-            bool(a.account_for_loss_in_pipeline_split)
-        )
         return {"--num-layers": pp * vpp - counted, "--num-layers-per-virtual-pipeline-stage": 1}
-    return {"--num-layers": 2 * pp}
+    return {"--num-layers": 2 * pp - counted}
 
 
 def _width(a) -> dict[str, int]:
