@@ -26,10 +26,11 @@ the compute stream (CPU clock on CPU; CUDA events would feed the same walk on GP
   direction and neighbour (`async-p2p-send-pp+1`, ...: PyTorch's NCCL runs each peer pair's p2p on
   its own stream, and the two directions apart keep the interceptor's posting order, receives
   first, from waiting on each other), after the compute that preceded its issue, and a WAIT on the
-  compute stream where the program began to wait on it (`OpEvent.wait_ns`, recorded by the backend's `Work.wait`), the compute resuming when
-  it completed. Where no wait was recorded (the program asked through a future), the WAIT is where
-  it completed: on CPU, the prism backend completes an op with instant peers when the program
-  waits on it. A WAIT that falls after the iteration's end is put at the end;
+  compute stream where the program began to wait on it (`OpEvent.wait_ns`, recorded by the
+  backend's `Work.wait` and by the pipeline interceptor), the compute resuming when it completed.
+  Where no wait was recorded (the program asked through a future), the WAIT is where it completed:
+  on CPU, the prism backend completes an op with instant peers when the program waits on it. A
+  WAIT that falls after the iteration's end is put at the end;
 * the gaps between them on the compute stream are COMPUTE spans, one before every op (possibly of
   0 ns) and one closing the iteration, so every iteration has the same structure and durations can
   be compared position by position.
