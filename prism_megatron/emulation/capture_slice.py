@@ -3,10 +3,9 @@
 The classes come from the job (`topology.equivalence.role_classes` over the flags' `JobModel`);
 each class's representative role is captured by its smallest rank. A pass runs `nproc` processes,
 so the last pass may have places to spare: they capture a second member of the classes whose
-members run in different orders (middle stages of a 1F1B pipeline) and then of the largest (the
-member whose schedule differs most from the representative's, with the fewest warm-up
-microbatches), which confirms the class op for op when the graph is built and pools its
-spans, at no extra pass. With `--prism-capture-all-roles` every role is its own class, as before.
+members run in different orders (middle stages of a pipeline) and then of the largest (the member
+whose schedule differs most from the representative's: the most distant warm-up), which confirms
+the class op for op when the graph is built and pools its spans, at no extra pass. With `--prism-capture-all-roles` every role is its own class, as before.
 """
 
 from __future__ import annotations
@@ -19,11 +18,15 @@ from prism_megatron.topology import Layout, RoleClass, role_classes
 
 
 def _confirmer(role_class: RoleClass) -> str:
-    """The member that checks the class hardest: the fewest warm-up microbatches, else the second."""
+    """The member that checks the class hardest: the warm-up furthest from the representative's
+    (under 1F1B the fewest, under the interleaved schedule the most), else the second."""
     others = role_class.members[1:]
     if role_class.warmup is None:
         return others[0]
-    return min(others, key=lambda member: (role_class.warmup[member], role_class.members.index(member)))
+    own = role_class.warmup[role_class.representative]
+    return min(
+        others, key=lambda member: (-abs(role_class.warmup[member] - own), role_class.members.index(member))
+    )
 
 
 def capture_ranks(layout: Layout, classes: Sequence[RoleClass], nproc: int) -> tuple[int, ...]:

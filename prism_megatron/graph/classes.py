@@ -10,7 +10,20 @@ Here that decision meets the capture:
   stream at its pipeline calls into prologue, F_i, B_i, idle gaps and epilogue, checks the calls
   are the 1F1B order of its own warm-up (`graph.schedule`), and reassembles the steps in each
   member's order: the same ops, renumbered as that member's capture would number them, every side
-  stream rebuilt in posting order, every wait pointing at the same posted op.
+  stream rebuilt in posting order, every wait pointing at the same posted op;
+* a class of middle stages under the interleaved schedule (`RoleClass.chunks`) runs the same steps
+  F_k and B_k per virtual microbatch k in an order set by its warm-up, its pipeline transfers
+  waited in the call in warm-up and cool-down and posted and waited later in the steady phase
+  (`graph.schedule.interleaved`). The reference's pipeline ops and waits must be that order under
+  one of its variants (waits recorded or not; where a forward send is waited); the variant it
+  follows is the one its members follow. A member's program is the reference's prologue, its steps
+  by identity in the member's order, new pipeline ops and waits where the member's order has them,
+  the reference's gap of the schedule's loop between the same two kinds of pipeline op (one compute
+  span, as the capture puts one before every op), and the epilogue, whose waits on a pipeline send
+  point at the member's post (or go, with their spans joined, where the member waited in the call).
+  A step's span holds the loop's host time next to it in the reference (a few microseconds on a
+  modelled GPU: the buffer a posted receive allocates), so a member's total may differ from its own
+  capture's by that much.
 
 Every compute span of a member is the representative's span of the same work (its `source`: the
 prologue, F_i, B_i, the epilogue), never a span found by position in the member's op order. An idle
@@ -42,7 +55,18 @@ from prism_megatron.graph.capture import (
     with_span,
 )
 from prism_megatron.graph.printable import format_op
-from prism_megatron.graph.schedule import IDLE, StageOrder, Step, one_f_one_b
+from prism_megatron.graph.schedule import (
+    BACKWARD,
+    IDLE,
+    SEND_WAIT_AT_POST,
+    SEND_WAIT_NEXT_POST,
+    Call,
+    StageOrder,
+    Step,
+    Wait,
+    interleaved,
+    one_f_one_b,
+)
 from prism_megatron.graph.schema import (
     COMPUTE_STREAM,
     P2P,
@@ -53,7 +77,7 @@ from prism_megatron.graph.schema import (
     RoleGraph,
     derived,
 )
-from prism_megatron.topology.equivalence import RoleClass
+from prism_megatron.topology.equivalence import RoleClass, grad_sync_points, schedule_table
 
 CLASSES_KEY = "role_classes"
 """Key of the role classes (`RoleClass.to_json()` each) in a graph's `metadata.extra`."""
@@ -99,26 +123,31 @@ def _program(streams: Mapping[str, Sequence[Op]]) -> list[_Item]:
     return [_Item(name, op, tuple(where[(d.stream, d.index)] for d in op.deps)) for name, op in order]
 
 
-def _reassemble(items: Sequence[_Item], pieces: Sequence[int | Op]) -> dict[str, tuple[Op, ...]]:
-    """Streams from `pieces` in program order: an int is that item of `items`, an Op a new one on
-    the compute stream (no deps). Side streams appear in the order of their first op, collectives
-    and p2p ops are numbered afresh in program order: as a capture of that order makes them.
+@dataclasses.dataclass(frozen=True)
+class _Piece:
+    """One op of a member's program: its stream, the op, and its cross-stream deps as indices of
+    earlier pieces."""
+
+    stream: str
+    op: Op
+    deps: tuple[int, ...] = ()
+
+
+def _assemble(pieces: Sequence[_Piece]) -> dict[str, tuple[Op, ...]]:
+    """Streams from pieces in program order. Side streams appear in the order of their first op,
+    collectives and p2p ops are numbered afresh in program order: as a capture of that order makes them.
 
     Raises:
         ValueError: an op would depend on one that comes after it.
     """
     streams: dict[str, list[Op]] = {COMPUTE_STREAM: []}
-    placed: dict[int, Dep] = {}
+    placed: list[Dep] = []
     collective_seq: dict[str, int] = {}
     p2p_seq: dict[tuple[NodeType, str, int], int] = {}
-    for piece in pieces:
-        item = piece if isinstance(piece, int) else None
-        stream, op = (items[piece].stream, items[piece].op) if item is not None else (COMPUTE_STREAM, piece)
-        deps = ()
-        if item is not None:
-            if any(d not in placed for d in items[item].deps):
-                raise ValueError(f"{format_op(op)!r} would come before the op it waits for")
-            deps = tuple(placed[d] for d in items[item].deps)
+    for number, piece in enumerate(pieces):
+        op = piece.op
+        if any(d >= number for d in piece.deps):
+            raise ValueError(f"{format_op(op)!r} would come before the op it waits for")
         seq = None
         if op.type == NodeType.COLLECTIVE:
             seq = collective_seq.get(op.group, 0)
@@ -127,11 +156,31 @@ def _reassemble(items: Sequence[_Item], pieces: Sequence[int | Op]) -> dict[str,
             key = (op.type, op.group, op.offset)
             seq = p2p_seq.get(key, 0)
             p2p_seq[key] = seq + 1
-        op = derived(op, seq=seq, deps=deps)
-        if item is not None:
-            placed[item] = Dep(stream, len(streams.setdefault(stream, [])))
-        streams[stream].append(op)
+        ops = streams.setdefault(piece.stream, [])
+        placed.append(Dep(piece.stream, len(ops)))
+        ops.append(derived(op, seq=seq, deps=tuple(placed[d] for d in piece.deps)))
     return {name: tuple(ops) for name, ops in streams.items()}
+
+
+def _reassemble(items: Sequence[_Item], pieces: Sequence[int | Op]) -> dict[str, tuple[Op, ...]]:
+    """Streams from `pieces` in program order: an int is that item of `items`, an Op a new one on
+    the compute stream (no deps); see `_assemble`.
+
+    Raises:
+        ValueError: an op would depend on one that comes after it.
+    """
+    out: list[_Piece] = []
+    where: dict[int, int] = {}
+    for piece in pieces:
+        if not isinstance(piece, int):
+            out.append(_Piece(COMPUTE_STREAM, piece))
+            continue
+        item = items[piece]
+        if any(d not in where for d in item.deps):
+            raise ValueError(f"{format_op(item.op)!r} would come before the op it waits for")
+        where[piece] = len(out)
+        out.append(_Piece(item.stream, item.op, tuple(where[d] for d in item.deps)))
+    return _assemble(out)
 
 
 def _calls(items: Sequence[_Item]) -> list[range]:
@@ -200,6 +249,172 @@ def _cut(items: Sequence[_Item], order: StageOrder, role: str, what: str) -> _St
     return _Steps(range(0, calls[0].start), range(calls[-1].stop, len(items)), steps, p2p, idle_after)
 
 
+# --- the interleaved schedule ------------------------------------------------------------------
+
+_VARIANTS = ((True, SEND_WAIT_NEXT_POST), (True, SEND_WAIT_AT_POST), (False, SEND_WAIT_NEXT_POST))
+"""(waits recorded, send-wait variant) of `interleaved`, in the order a reference is tried against."""
+
+
+@dataclasses.dataclass(frozen=True)
+class _Atom:
+    """One pipeline op or wait of a program: "call" (waited in its call), "post" or "wait"."""
+
+    kind: str
+    key: tuple[NodeType, int, int]
+    joined: bool = False
+    """A call's op after its first: posted with the one before, no compute between them."""
+    step: Step | None = None
+    """The step that runs just before it (None: the glue of the schedule's loop, or nothing)."""
+
+    @property
+    def shape(self) -> tuple[str, NodeType, int]:
+        return self.kind, self.key[0], self.key[1]
+
+
+def _atoms(tokens: Sequence[Call | Wait | Step]) -> list[_Atom]:
+    atoms: list[_Atom] = []
+    step = None
+    for token in tokens:
+        if isinstance(token, Step):
+            step = token
+        elif isinstance(token, Call):
+            kind = "call" if token.blocking else "post"
+            for i, key in enumerate(token.ops):
+                atoms.append(_Atom(kind, key, joined=token.blocking and i > 0, step=step if i == 0 else None))
+                step = None
+        else:
+            atoms.append(_Atom("wait", token.key, step=step))
+            step = None
+    return atoms
+
+
+def _found_atoms(items: Sequence[_Item]) -> list[tuple[int, _Atom]]:
+    """The program's pipeline ops and waits on them, by item index."""
+    found = []
+    previous_coalesced = False
+    for index, item in enumerate(items):
+        op = item.op
+        if op.type in P2P and op.group == PIPELINE_GROUP:
+            blocking = item.stream == COMPUTE_STREAM
+            found.append(
+                (
+                    index,
+                    _Atom("call" if blocking else "post", _key(op), joined=blocking and previous_coalesced),
+                )
+            )
+            previous_coalesced = blocking and op.coalesced
+            continue
+        previous_coalesced = False
+        if op.type == NodeType.WAIT and len(item.deps) == 1:
+            target = items[item.deps[0]].op
+            if target.type in P2P and target.group == PIPELINE_GROUP:
+                found.append((index, _Atom("wait", _key(target))))
+    return found
+
+
+@dataclasses.dataclass
+class _Interleaved:
+    """The reference's program cut by the interleaved schedule (`graph.schedule.interleaved`)."""
+
+    waits: bool
+    send_wait: str
+    total: int
+    prologue: range
+    epilogue: range
+    steps: dict[Step, range]
+    glue: dict[tuple, list[int]]
+    """The compute item of each gap of the schedule's loop between two pipeline atoms, by the atoms'
+    shapes, in program order."""
+    templates: dict[tuple[str, NodeType, int], _Item]
+    """A pipeline op of the reference per (call or post, type, offset): what a member's op copies."""
+    tails: dict[int, range] = dataclasses.field(default_factory=dict)
+    """Per gradient-reduce point k (`grad_sync_points`) the reference launched inside the loop, the
+    items of that launch at the end of its backward step k + its rank (empty without one)."""
+
+
+def _tail(items: Sequence[_Item], content: range) -> range:
+    """The launch at the end of a backward step: from the compute span before the first op posted on
+    a side stream that nothing on the compute stream follows (the launch's own work, as the
+    gradients' scaling, ends that span) to the step's end; empty where there is none."""
+    start = content.stop
+    for index in reversed(content):
+        item = items[index]
+        if item.stream != COMPUTE_STREAM:
+            start = index
+        elif item.op.type != NodeType.COMPUTE:
+            break
+    if start == content.stop or start - 1 < content.start or items[start - 1].op.type != NodeType.COMPUTE:
+        return range(0)
+    return range(start - 1, content.stop)
+
+
+def _cut_interleaved(items: Sequence[_Item], role_class: RoleClass, reference: str) -> _Interleaved:
+    """Cut the reference by the interleaved order of its own warm-up, under the first variant it
+    follows; ValueError naming the first difference from the closest variant if it follows none."""
+    total, warmup = role_class.num_microbatches * role_class.chunks, role_class.warmup[reference]
+    found = _found_atoms(items)
+    errors = []
+    for waits, send_wait in _VARIANTS:
+        expected = _atoms(interleaved(total, warmup, waits=waits, send_wait=send_wait))
+        problem = _match(items, found, expected)
+        if problem is None:
+            cut = _split(items, found, expected, waits, send_wait, total)
+            rank = role_class.stages[reference]
+            for point in grad_sync_points(
+                role_class.num_microbatches, role_class.chunks, role_class.microbatch_group
+            ):
+                if point + rank < total:
+                    cut.tails[point] = _tail(items, cut.steps[Step(BACKWARD, point + rank)])
+            return cut
+        errors.append(problem)
+    what = f"the interleaved schedule with {warmup} warm-up of {total} virtual microbatches"
+    closest = errors[0] if any(a.kind == "wait" for _, a in found) else errors[-1]
+    raise ValueError(f"role {reference}: {closest}, not as {what} has it")
+
+
+def _match(
+    items: Sequence[_Item], found: Sequence[tuple[int, _Atom]], expected: Sequence[_Atom]
+) -> str | None:
+    """None when the program's atoms are the expected ones (then only waits, put at the iteration's
+    end, may follow); else the first difference."""
+    for number, (want, (index, got)) in enumerate(zip(expected, found, strict=False)):
+        if (got.kind, got.key, got.joined) != (want.kind, want.key, want.joined):
+            return f"pipeline op {number} is {got.kind} {format_op(items[index].op)!r}, expected {want.kind} {_head(want.key)}"
+    if len(found) < len(expected):
+        return f"{len(found)} pipeline ops and waits, expected {len(expected)}"
+    extra = [a for _, a in found[len(expected) :] if a.kind != "wait"]
+    if extra:
+        return f"{len(found)} pipeline ops and waits, expected {len(expected)}"
+    return None
+
+
+def _split(items, found, expected, waits, send_wait, total) -> _Interleaved:
+    steps: dict[Step, range] = {}
+    glue: dict[tuple, list[int]] = {}
+    templates: dict[tuple[str, NodeType, int], _Item] = {}
+    for number, want in enumerate(expected):
+        index = found[number][0]
+        if want.kind != "wait":
+            templates.setdefault(want.shape, items[index])
+        if number == 0:
+            continue
+        between = range(found[number - 1][0] + 1, index)
+        if want.step is not None:
+            steps[want.step] = between
+        elif want.joined:
+            if between:
+                raise ValueError(f"ops {format_op(items[between.start].op)!r} inside a pipeline call")
+        else:
+            if len(between) != 1 or items[between.start].op.type != NodeType.COMPUTE:
+                held = [format_op(items[i].op) for i in between]
+                raise ValueError(f"the interleaved schedule's loop holds {held} between two pipeline ops")
+            glue.setdefault((expected[number - 1].shape, want.shape), []).append(between.start)
+    first, last = found[0][0], found[len(expected) - 1][0]
+    return _Interleaved(
+        waits, send_wait, total, range(0, first), range(last + 1, len(items)), steps, glue, templates
+    )
+
+
 @dataclasses.dataclass(frozen=True)
 class _MemberLayout:
     """One member's streams (durations not yet set) and where each of its compute spans comes from."""
@@ -233,22 +448,33 @@ class ClassProgram:
         self.num_canonical = len(self._compute)
         self._reference_ns = [self._items[i].op.duration_ns for i in self._compute]
         self._steps = None
+        self._interleaved = None
         if role_class.warmup is not None:
             num, warmup = role_class.num_microbatches, role_class.warmup[reference]
-            what = f"1F1B with {warmup} warm-up of {num} microbatches"
-            self._steps = _cut(self._items, one_f_one_b(num, warmup), reference, what)
-        self._layouts: dict[int | None, _MemberLayout] = {}
+            if role_class.chunks is not None:
+                self._interleaved = _cut_interleaved(self._items, role_class, reference)
+            else:
+                what = f"1F1B with {warmup} warm-up of {num} microbatches"
+                self._steps = _cut(self._items, one_f_one_b(num, warmup), reference, what)
+        self._layouts: dict[int | tuple[int, int] | None, _MemberLayout] = {}
 
-    def order_of(self, member: str) -> int | None:
-        """What sets the member's op order: its warm-up count (None: the reference's order)."""
+    def order_of(self, member: str) -> int | tuple[int, int] | None:
+        """What sets the member's op order: its warm-up count, and under the interleaved schedule its
+        pipeline rank too (None: the reference's order)."""
         if member not in self.role_class.members:
             raise ValueError(
                 f"role {member!r} is not a member of the class of {self.role_class.representative!r}"
             )
-        return None if self._steps is None else self.role_class.warmup[member]
+        if self._steps is None and self._interleaved is None:
+            return None
+        if self._interleaved is not None:  # members all in warm-up share a count, not a rank
+            return self.role_class.warmup[member], self.role_class.stages[member]
+        return self.role_class.warmup[member]
 
     def _layout(self, member: str) -> _MemberLayout:
         warmup = self.order_of(member)
+        if warmup not in self._layouts and self._interleaved is not None:
+            self._layouts[warmup] = self._interleaved_layout(*warmup)
         if warmup not in self._layouts:
             pieces, extra = self._pieces(warmup)
             source = []
@@ -259,6 +485,124 @@ class ClassProgram:
                     source.append(())
             self._layouts[warmup] = _MemberLayout(_reassemble(self._items, pieces), tuple(source))
         return self._layouts[warmup]
+
+    def _interleaved_layout(self, warmup: int, rank: int) -> _MemberLayout:
+        """A member's program under the interleaved schedule: the reference's prologue, its steps by
+        identity (F_k, B_k) in the member's order, the reference's gap of the loop between the same
+        two kinds of pipeline op (the n-th such gap its n-th, else its last; one of 0 ns where it
+        has none), new pipeline ops and waits as the member's order has them, and the epilogue, its
+        waits on pipeline sends retargeted to the member's posts (or left out, their spans joined,
+        where the member waited in the call). A gradient reduce launched inside the loop moves with
+        the rank (`grad_sync_points`): out of the backward step that launched it in the reference
+        (that step ends with the last span of one of its chunk's steps that launch nothing) into the
+        one that launches it in the member (its last span replaced by the launch's)."""
+        cut, items = self._interleaved, self._items
+        atoms = _atoms(interleaved(cut.total, warmup, waits=cut.waits, send_wait=cut.send_wait))
+        pieces: list[_Piece] = []
+        source: list[tuple[int, ...]] = []
+        where: dict[int, int] = {}
+        posted: dict[tuple[NodeType, int, int], int] = {}
+        last_on_compute = -1
+
+        def place(stream: str, op: Op, deps: tuple[int, ...] = (), spans: tuple[int, ...] = ()) -> int:
+            nonlocal last_on_compute
+            pieces.append(_Piece(stream, op, deps))
+            if stream == COMPUTE_STREAM:
+                last_on_compute = len(pieces) - 1
+            if op.type == NodeType.COMPUTE:
+                source.append(spans)
+            return len(pieces) - 1
+
+        def take(index: int) -> None:
+            item = items[index]
+            if item.stream != COMPUTE_STREAM:
+                deps = (last_on_compute,)  # posted behind the compute-stream op before it, as captured
+            elif any(d not in where for d in item.deps):
+                raise ValueError(f"{format_op(item.op)!r} would come before the op it waits for")
+            else:
+                deps = tuple(where[d] for d in item.deps)
+            spans = (self._compute[index],) if index in self._compute else ()
+            where[index] = place(item.stream, item.op, deps, spans)
+
+        def template(atom: _Atom) -> _Item:
+            found = cut.templates.get(atom.shape)
+            if found is None:
+                raise ValueError(
+                    f"role {self.reference} has no {atom.kind} {_head(atom.key)} to derive a member's from"
+                )
+            return found
+
+        own_rank = self.role_class.stages[self.reference]
+        launched = {point + own_rank: tail for point, tail in cut.tails.items()}
+        launches = {point + rank: tail for point, tail in cut.tails.items()}
+        chunk_of = [
+            chunk
+            for _, chunk in schedule_table(
+                self.role_class.num_microbatches, self.role_class.chunks, self.role_class.microbatch_group
+            )
+        ]
+
+        def plain_end(work: Step) -> int:
+            """The last span of a backward step of the same chunk that launches nothing."""
+            chunk = chunk_of[work.microbatch]
+            for other, same in enumerate(chunk_of):
+                if same == chunk and other not in launched:
+                    return cut.steps[Step(BACKWARD, other)][-1]
+            raise ValueError(f"role {self.reference}: every backward step of chunk {chunk} launches a reduce")
+
+        def step(work: Step) -> None:
+            content = list(cut.steps[work])
+            drop = add = range(0)
+            if work.kind == BACKWARD:
+                drop, add = launched.get(work.microbatch, range(0)), launches.get(work.microbatch, range(0))
+            if drop == add:
+                drop = add = range(0)
+            if drop:
+                content = [i for i in content if i not in drop] + [plain_end(work)]
+            if add:
+                content = content[:-1] + list(add)
+            for index in content:
+                take(index)
+
+        for index in cut.prologue:
+            take(index)
+        seen: dict[tuple, int] = {}
+        for number, atom in enumerate(atoms):
+            if number and atom.step is None and not atom.joined:
+                context = (atoms[number - 1].shape, atom.shape)
+                gaps, nth = cut.glue.get(context), seen.get(context, 0)
+                seen[context] = nth + 1
+                if gaps:
+                    take(gaps[min(nth, len(gaps) - 1)])
+                else:
+                    place(COMPUTE_STREAM, Op(type=NodeType.COMPUTE, name=COMPUTE_NAME))
+            if atom.step is not None:
+                step(atom.step)
+            if atom.kind == "call":
+                joined = number + 1 < len(atoms) and atoms[number + 1].joined
+                place(COMPUTE_STREAM, dataclasses.replace(template(atom).op, coalesced=joined))
+            elif atom.kind == "post":
+                found = template(atom)
+                posted[atom.key] = place(found.stream, found.op, (last_on_compute,))
+            else:
+                place(COMPUTE_STREAM, Op(type=NodeType.WAIT), (posted[atom.key],))
+        join_next = False
+        for index in cut.epilogue:
+            item = items[index]
+            if join_next and index in self._compute:
+                source[-1] += (self._compute[index],)
+                join_next = False
+                continue
+            target = items[item.deps[0]].op if item.op.type == NodeType.WAIT and item.deps else None
+            if target is not None and target.type in P2P and target.group == PIPELINE_GROUP:
+                key = _key(target)
+                if key in posted:
+                    place(COMPUTE_STREAM, item.op, (posted[key],))
+                else:
+                    join_next = pieces[-1].op.type == NodeType.COMPUTE
+                continue
+            take(index)
+        return _MemberLayout(_assemble(pieces), tuple(source))
 
     def _pieces(self, warmup: int | None) -> tuple[list[int | Op], dict[int, tuple[int, ...]]]:
         """The member's pieces in program order, and the canonical idle gaps a piece takes on top of
@@ -401,7 +745,7 @@ def spread(
             continue
         done.add(id(program))
         canonical = program.pooled({r: v for r, v in measured.items() if programs.get(r) is program})
-        by_order: dict[int | None, list[int]] = {}  # members in one order share one list (1024 roles)
+        by_order: dict[object, list[int]] = {}  # members in one order share one list (1024 roles)
         for member in program.role_class.members:
             if member not in measured:
                 order = program.order_of(member)

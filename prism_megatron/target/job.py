@@ -62,6 +62,8 @@ class Schedule:
     """Transformer layers of each pipeline stage, first to last (None without --num-layers)."""
     overlap_p2p_comm: bool = False
     """Whether the interleaved schedule overlaps its p2p communication (always False without it)."""
+    microbatch_group_size: int | None = None
+    """--microbatch-group-size-per-virtual-pipeline-stage (None: megatron-core's default, PP)."""
     num_microbatches: int | None = None
     """Microbatches per iteration and data-parallel rank (None without --micro-batch-size or a world)."""
     first_stage_layers: int | None = None

@@ -25,11 +25,16 @@ The rule, decided from the job before anything runs (`role_classes`):
   `forward_backward_pipelining_without_interleaving`). They share a class whose members keep their
   warm-up count (`RoleClass.warmup`); `graph.classes` derives each member's op order from the
   representative's steps and the capture confirms it.
-* **With an interleaved schedule (VPP)** every pipeline rank is its own class. Rank s holds the
-  virtual stages s, s + PP, ...: rank 0 holds the embedding's chunk and rank PP-1 the loss's, and
-  the middle ranks' chunks are alike, but the interleaved schedule's warm-up
-  (2 (PP - s - 1) + (VPP - 1) x group) and its pattern of combined sends and receives (overlapped
-  by default) depend on s in ways not derived here; only ranks of one stage share a capture.
+* **With an interleaved schedule (VPP)** rank s holds the virtual stages s, s + PP, ...: rank 0
+  holds the embedding's chunk and rank PP-1 the loss's, so both stay alone, and middle ranks whose
+  chunks hold the same layers run the same forward and backward steps, per virtual microbatch k of
+  M x V, in an order that differs by their warm-up, 2 (PP - s - 1) + (V - 1) x group (at most
+  M x V; megatron-core's `get_pp_rank_microbatches`). They share a class (`RoleClass.chunks`) when
+  the schedule overlaps its p2p (the default; `graph.schedule.interleaved`): without it a steady
+  step's forward and backward run back to back with no call between, so the steps cannot be told
+  apart in a capture. Its representative is the member with the fewest warm-up microbatches: its
+  capture holds every kind of step the others run (warm-up, steady and cool-down), which a member
+  whose microbatches are all warm-up would not.
 
 What keeps every stage apart, conservatively: a job whose per-stage layers or schedule depend on
 flags not modelled (`JobModel.unmodelled`: an explicit pipeline layout, partial activation
@@ -70,6 +75,10 @@ class JobModel:
     """Multi-token-prediction layers (`--mtp-num-layers`), held by the last stage."""
     num_microbatches: int | None = None
     """Microbatches per iteration and data-parallel replica (M); None: unknown."""
+    overlap_p2p_comm: bool = True
+    """The interleaved schedule overlaps its p2p (not `--no-overlap-p2p-communication`)."""
+    microbatch_group_size: int | None = None
+    """`--microbatch-group-size-per-virtual-pipeline-stage` (None: PP, megatron-core's default)."""
     unmodelled: tuple[str, ...] = ()
     """Flags given that make stages differ in ways not modelled here; they keep every stage apart."""
 
@@ -83,16 +92,30 @@ class RoleClass:
     members: tuple[str, ...]
     """Every role of the class, the representative first, in job order."""
     warmup: Mapping[str, int] | None = None
-    """Per member, the warm-up microbatches of its 1F1B schedule when members sit at different
-    pipeline stages (their op order differs); None when every member issues its ops in one order."""
+    """Per member, the warm-up microbatches of its pipeline schedule when members sit at different
+    pipeline stages (their op order differs); None when every member issues its ops in one order.
+    Under the interleaved schedule (`chunks`) they count virtual microbatches (of M x V)."""
     num_microbatches: int | None = None
     """M, with `warmup`."""
+    chunks: int | None = None
+    """V, the model chunks per rank, with `warmup` under the interleaved schedule; None under 1F1B."""
+    microbatch_group: int | None = None
+    """With `chunks`: the schedule's microbatch group per virtual stage (megatron-core's default: PP)."""
+    stages: Mapping[str, int] | None = None
+    """With `chunks`: each member's pipeline rank (it delays the gradient reduce launches)."""
 
     def __post_init__(self) -> None:
         if not self.members or self.members[0] != self.representative:
             raise ValueError(f"role class of {self.representative!r}: members must start with it")
         if self.warmup is not None and (set(self.warmup) != set(self.members) or not self.num_microbatches):
             raise ValueError(f"role class of {self.representative!r}: warm-up counts need M and every member")
+        if self.chunks is not None and (
+            self.warmup is None or self.chunks < 2 or not self.microbatch_group or self.stages is None
+        ):
+            raise ValueError(
+                f"role class of {self.representative!r}: chunks {self.chunks} need V >= 2, warm-up "
+                "counts, a microbatch group and every member's pipeline rank"
+            )
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -100,6 +123,9 @@ class RoleClass:
             "members": list(self.members),
             "warmup": None if self.warmup is None else dict(self.warmup),
             "num_microbatches": self.num_microbatches,
+            "chunks": self.chunks,
+            "microbatch_group": self.microbatch_group,
+            "stages": None if self.stages is None else dict(self.stages),
         }
 
     @classmethod
@@ -111,6 +137,11 @@ class RoleClass:
                 members=tuple(str(m) for m in data["members"]),
                 warmup=None if warmup is None else {str(k): int(v) for k, v in warmup.items()},
                 num_microbatches=data.get("num_microbatches"),
+                chunks=data.get("chunks"),
+                microbatch_group=data.get("microbatch_group"),
+                stages=None
+                if data.get("stages") is None
+                else {str(k): int(v) for k, v in data["stages"].items()},
             )
         except (KeyError, TypeError, AttributeError) as exc:
             raise ValueError(f"not a role class: {dict(data)} ({exc})") from None
@@ -186,22 +217,71 @@ def _kind(pattern: int | tuple[int, ...] | None, layer: int) -> str:
 def _stage_groups(layout: Layout, model: JobModel) -> list[list[int]]:
     """Pipeline stages that run one program, the first and last stage always alone."""
     layers = None if model.unmodelled else stage_layers(layout, model)
-    derivable = layout.vpp is None and model.num_microbatches is not None and layers is not None
+    derivable = model.num_microbatches is not None and layers is not None
+    if layout.vpp is not None:
+        derivable = derivable and model.overlap_p2p_comm
     groups: list[list[int]] = []
-    by_layers: dict[tuple, list[int]] = {}
+    by_program: dict[tuple, list[int]] = {}
     for stage in range(layout.pp):
         if stage in (0, layout.pp - 1) or not derivable:
             groups.append([stage])
-        elif layers[stage] in by_layers:
-            by_layers[layers[stage]].append(stage)
+            continue
+        program = (layers[stage], _launches_in_loop(layout, model, stage))
+        if program in by_program:
+            by_program[program].append(stage)
         else:
-            by_layers[layers[stage]] = [stage]
-            groups.append(by_layers[layers[stage]])
+            by_program[program] = [stage]
+            groups.append(by_program[program])
     return groups
 
 
+def _group(layout: Layout, model: JobModel) -> int:
+    return layout.pp if model.microbatch_group_size is None else model.microbatch_group_size
+
+
+def schedule_table(num_microbatches: int, chunks: int, group: int) -> list[tuple[int, int]]:
+    """(microbatch, chunk) of each forward virtual microbatch of the interleaved schedule, as
+    megatron-core's `get_schedule_table` orders them: groups of `group` microbatches, chunk by chunk
+    (the last group takes what is left). Backward virtual microbatch k is the same microbatch of
+    chunk V - 1 - chunk."""
+    table = []
+    for first in range(0, num_microbatches, group):
+        last = num_microbatches if first + group >= num_microbatches else first + group
+        table += [(mb, chunk) for chunk in range(chunks) for mb in range(first, last)]
+    return table
+
+
+def grad_sync_points(num_microbatches: int, chunks: int, group: int) -> list[int]:
+    """The backward virtual microbatches that finish a chunk (its last microbatch), in order: with
+    overlapped gradient reduce (`grad_sync_func`), pipeline rank s launches that chunk's reduce after
+    backward step k + s, or after the loop when k + s is past its end."""
+    table = schedule_table(num_microbatches, chunks, group)
+    return [k for k, (mb, _) in enumerate(table) if mb == num_microbatches - 1]
+
+
+def _launches_in_loop(layout: Layout, model: JobModel, stage: int) -> int | None:
+    """How many chunks' gradient reduce a stage launches inside the interleaved loop (None: 1F1B)."""
+    if layout.vpp is None:
+        return None
+    total = model.num_microbatches * layout.vpp
+    points = grad_sync_points(model.num_microbatches, layout.vpp, _group(layout, model))
+    return sum(1 for k in points if k + stage < total)
+
+
+def _warmup(layout: Layout, model: JobModel, stage: int) -> int:
+    """Warm-up microbatches of a pipeline stage: of its 1F1B schedule, or virtual microbatches of the
+    interleaved one (module docstring)."""
+    num = model.num_microbatches
+    if layout.vpp is None:
+        return min(layout.pp - stage - 1, num)
+    group = _group(layout, model)
+    return min(2 * (layout.pp - stage - 1) + (layout.vpp - 1) * group, num * layout.vpp)
+
+
 def role_classes(layout: Layout, model: JobModel, *, capture_all: bool = False) -> tuple[RoleClass, ...]:
-    """The job's roles in classes that run one program (see the module docstring), in job order.
+    """The job's roles in classes that run one program (see the module docstring), in job order of
+    their first stage; an interleaved class's representative is its member with the fewest warm-up
+    microbatches (its roles first, then the others in job order).
 
     Args:
         capture_all: every role its own class (`--prism-capture-all-roles`).
@@ -214,12 +294,22 @@ def role_classes(layout: Layout, model: JobModel, *, capture_all: bool = False) 
         by_stage.setdefault(role.pp, []).append(role)
     classes = []
     for stages in _stage_groups(layout, model):
+        if len(stages) == 1:
+            members = tuple(role.name for role in by_stage[stages[0]])
+            classes.append(RoleClass(members[0], members))
+            continue
+        if layout.vpp is not None:
+            stages = [stages[-1], *stages[:-1]]  # the fewest warm-up microbatches first
         members = tuple(role.name for stage in stages for role in by_stage[stage])
-        warmup = None
-        if len(stages) > 1:
-            num = model.num_microbatches
-            warmup = {role.name: min(layout.pp - role.pp - 1, num) for s in stages for role in by_stage[s]}
-        classes.append(RoleClass(members[0], members, warmup, model.num_microbatches if warmup else None))
+        warmup = {role.name: _warmup(layout, model, s) for s in stages for role in by_stage[s]}
+        if layout.vpp is None:
+            classes.append(RoleClass(members[0], members, warmup, model.num_microbatches))
+            continue
+        ranks = {role.name: s for s in stages for role in by_stage[s]}
+        group = _group(layout, model)
+        classes.append(
+            RoleClass(members[0], members, warmup, model.num_microbatches, layout.vpp, group, ranks)
+        )
     return tuple(classes)
 
 

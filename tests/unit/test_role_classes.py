@@ -75,16 +75,34 @@ def test_deepseek_v3_expert_shards_and_middle_stages_share_three_captures_for_10
     assert classes[1].warmup["pp7-ep63"] == 8
 
 
-def test_with_an_interleaved_schedule_every_pipeline_rank_is_its_own_class():
+def test_interleaved_middle_stages_share_a_class_led_by_the_fewest_warmup_microbatches():
     layout = Layout(world_size=3072, tp=8, pp=8, vpp=2)
     model = JobModel(num_layers=16, num_microbatches=32)
     classes = role_classes(layout, model)
     assert names(classes) == [
         ["pp0-tp0src", "pp0"],
+        ["pp6", *(f"pp{s}" for s in range(1, 6))],
+        ["pp7-tp0src", "pp7"],
+    ]
+    middle = classes[1]
+    assert middle.representative == "pp6" and middle.chunks == 2 and middle.num_microbatches == 32
+    # megatron-core's get_pp_rank_microbatches: 2 (PP - s - 1) + (V - 1) x group, group = PP
+    assert middle.warmup == {f"pp{s}": 2 * (8 - s - 1) + 8 for s in range(1, 7)}
+    assert stage_layers(layout, model)[0] == ((DENSE,), (DENSE,))
+    # a group size of its own; the warm-up is at most M x V
+    grouped = role_classes(layout, JobModel(num_layers=16, num_microbatches=10, microbatch_group_size=10))
+    assert grouped[1].warmup["pp1"] == 20 and grouped[1].warmup["pp6"] == 12
+    assert RoleClass.from_json(middle.to_json()) == middle
+
+
+def test_interleaved_without_overlapped_p2p_keeps_every_pipeline_rank_apart():
+    layout = Layout(world_size=3072, tp=8, pp=8, vpp=2)
+    classes = role_classes(layout, JobModel(num_layers=16, num_microbatches=32, overlap_p2p_comm=False))
+    assert names(classes) == [
+        ["pp0-tp0src", "pp0"],
         *([f"pp{s}"] for s in range(1, 7)),
         ["pp7-tp0src", "pp7"],
     ]
-    assert stage_layers(layout, model)[0] == ((DENSE,), (DENSE,))
 
 
 def test_what_is_not_modelled_keeps_every_stage_apart_and_capture_all_keeps_every_role():

@@ -29,7 +29,7 @@ UNMODELLED_FLAGS = (
 )
 """Flags whose effect differs per stage (layers of an explicit or hybrid layout, per-layer
 attention patterns) or per warm-up position (partial activation checkpoints, the combined 1F1B of
-overlapped expert communication)."""
+overlapped expert communication, the interleaved schedule's overlapped warm-up and cool-down)."""
 
 
 def _given(argv: Sequence[str], flag: str) -> bool:
@@ -49,5 +49,7 @@ def job_model(job: TargetJob, argv: Sequence[str]) -> JobModel:
         moe_layers=None if model.num_experts is None else model.moe_layer_freq,  # None: a dense model
         mtp_num_layers=model.mtp_num_layers or 0,
         num_microbatches=schedule.num_microbatches,
+        overlap_p2p_comm=schedule.overlap_p2p_comm,
+        microbatch_group_size=schedule.microbatch_group_size,
         unmodelled=tuple(flag for flag in UNMODELLED_FLAGS if _given(argv, flag)),
     )

@@ -222,6 +222,7 @@ def target_job(args: argparse.Namespace, *, world_size: int | None) -> TargetJob
             vpp=args.virtual_pipeline_model_parallel_size,
             layers_per_stage=stages.layers_per_stage(args),
             overlap_p2p_comm=args.overlap_p2p_comm,
+            microbatch_group_size=args.microbatch_group_size_per_vp_stage,
             num_microbatches=getattr(args, "num_microbatches", None),
             first_stage_layers=args.decoder_first_pipeline_num_layers,
             last_stage_layers=args.decoder_last_pipeline_num_layers,
