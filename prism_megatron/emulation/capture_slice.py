@@ -5,7 +5,14 @@ each class's representative role is captured by its smallest rank. A pass runs `
 so the last pass may have places to spare: they capture a second member of the classes whose
 members run in different orders (middle stages of a pipeline) and then of the largest (the member
 whose schedule differs most from the representative's: the most distant warm-up), which confirms
-the class op for op when the graph is built and pools its spans, at no extra pass. With `--prism-capture-all-roles` every role is its own class, as before.
+the class op for op when the graph is built and pools its spans, at no extra pass. With
+`--prism-capture-all-roles` every role is its own class, as before.
+
+A class of interleaved middle stages is led by the stage with the fewest warm-up microbatches,
+which holds the fewest activations; its member with the most (the first middle stage) is always
+captured too, in a pass of its own where none is spare: the report's peak memory then has the
+class's highest (a run on a modelled GPU is how a user finds which stage runs out of memory), and
+the derived order is confirmed op for op on every such run.
 """
 
 from __future__ import annotations
@@ -33,10 +40,12 @@ def capture_ranks(layout: Layout, classes: Sequence[RoleClass], nproc: int) -> t
     """The representatives' ranks, ascending, then confirming members in the last pass's spare places."""
     by_name = {role.name: role for role in layout.roles()}
     ranks = sorted(layout.representative(by_name[c.representative]) for c in classes)
+    ranks += sorted(layout.representative(by_name[_confirmer(c)]) for c in classes if c.chunks is not None)
     spare = -len(ranks) % nproc
     # Derived orders first (the graph reorders their steps: the most to confirm), then the largest.
     shared = sorted(
-        (c for c in classes if len(c.members) > 1), key=lambda c: (c.warmup is None, -len(c.members))
+        (c for c in classes if len(c.members) > 1 and c.chunks is None),
+        key=lambda c: (c.warmup is None, -len(c.members)),
     )
     extra = [layout.representative(by_name[_confirmer(c)]) for c in shared[:spare]]
     return tuple(ranks) + tuple(extra)

@@ -41,6 +41,20 @@ def _attention_kernel(gpu: str, results: dict[int, dict[str, Any]]) -> str | Non
     return ", ".join(attention_kernel_name(gpu, k) for k in sorted(kernels)) or None
 
 
+def _over_capacity(gpu: str, results: dict[int, dict[str, Any]]) -> tuple[float, dict[str, int]]:
+    """The GPU's memory, and the captured roles whose peak allocated memory exceeds it."""
+    from prism_megatron.gpu_model import gpu_spec
+
+    capacity = gpu_spec(gpu).hbm_capacity_bytes
+    over: dict[str, int] = {}
+    for data in results.values():
+        peak = (data.get("memory") or {}).get("peak_bytes")
+        role = data.get("role")
+        if peak is not None and role is not None and peak > capacity:
+            over[role] = max(over.get(role, 0), int(peak))
+    return capacity, over
+
+
 def _role_class_of(plan: RunPlan, role: str) -> str:
     for role_class in plan.role_classes:
         if role in role_class.members:
@@ -84,6 +98,7 @@ def modelled_report(
     tokens = (
         tokens_per_iteration / (iteration_s * world_size) if iteration_s and tokens_per_iteration else None
     )
+    capacity, over = _over_capacity(gpu, results)
     rows = breakdown(sim_result)
     critical = max(rows, key=lambda row: row.compute_ns)
     split = _compute_split(plan, critical.role, results)
@@ -102,4 +117,6 @@ def modelled_report(
         time_by_kind_s=by_kind,
         moe_routing="balanced" if plan.job.model.num_experts else None,
         attention_kernel=_attention_kernel(gpu, results),
+        memory_capacity_bytes=capacity,
+        over_capacity=over,
     )

@@ -46,6 +46,11 @@ class ModelledReport:
     """The fused attention kernel whose measured curve timed attention ("cuDNN fused attention",
     "FlashAttention-3"): the one a GPU run of the flags takes (--attention-backend; on auto,
     Transformer Engine's choice for the GPU). None from a run that did not record it."""
+    memory_capacity_bytes: float | None = None
+    """The GPU's memory (its datasheet's HBM capacity); None from a run that did not record it."""
+    over_capacity: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    """Captured roles whose modelled peak allocated memory exceeds `memory_capacity_bytes`: role ->
+    peak bytes. The GPU's usable memory is less still (the CUDA context, the allocator's reserve)."""
 
     @property
     def method(self) -> str:
@@ -55,6 +60,7 @@ class ModelledReport:
         return {
             **dataclasses.asdict(self),
             "time_by_kind_s": dict(self.time_by_kind_s),
+            "over_capacity": dict(self.over_capacity),
             "method": self.method,
         }
 
@@ -96,8 +102,11 @@ class ModelledReport:
         ]
 
     def _notes(self) -> list[str]:
-        """The paragraphs that apply to this run: the MoE routing stand-in, the attention kernel."""
+        """The paragraphs that apply to this run: memory over the GPU's, the MoE routing stand-in,
+        the attention kernel."""
         notes = []
+        if self.over_capacity:
+            notes += [f"**{self.memory_warning()}**", ""]
         if self.moe_routing is not None:
             notes += [
                 f"MoE routing is **{self.moe_routing}** (a stand-in, fake tensors hold no routing): every "
@@ -112,6 +121,19 @@ class ModelledReport:
                 "",
             ]
         return notes
+
+    def memory_warning(self) -> str | None:
+        """One line naming the roles whose modelled peak exceeds the GPU's memory (None: none does)."""
+        if not self.over_capacity or not self.memory_capacity_bytes:
+            return None
+        worst = sorted(self.over_capacity.items(), key=lambda item: -item[1])
+        shown = ", ".join(f"{role} {peak / 2**30:.1f} GiB" for role, peak in worst[:4])
+        more = f" and {len(worst) - 4} more" if len(worst) > 4 else ""
+        return (
+            f"out of memory on a real {self.gpu_name}: the modelled peak of {shown}{more} exceeds its "
+            f"{self.memory_capacity_bytes / 1e9:.0f} GB ({self.memory_capacity_bytes / 2**30:.1f} GiB, "
+            "datasheet; less is usable)"
+        )
 
     def summary_line(self) -> str:
         return (

@@ -34,7 +34,12 @@ The rule, decided from the job before anything runs (`role_classes`):
   step's forward and backward run back to back with no call between, so the steps cannot be told
   apart in a capture. Its representative is the member with the fewest warm-up microbatches: its
   capture holds every kind of step the others run (warm-up, steady and cool-down), which a member
-  whose microbatches are all warm-up would not.
+  whose microbatches are all warm-up would not. One more thing depends on the rank: with
+  overlapped gradient reduce (Megatron-LM's `grad_sync_func`, `--overlap-grad-reduce` with the
+  default alignment) rank s launches a chunk's reduce after the backward step s virtual
+  microbatches after the chunk's last (`grad_sync_points`), or after the loop where that is past
+  its end; the graph moves a launch with the rank, and stages that launch a different number of
+  chunks inside the loop are kept in different classes.
 
 What keeps every stage apart, conservatively: a job whose per-stage layers or schedule depend on
 flags not modelled (`JobModel.unmodelled`: an explicit pipeline layout, partial activation

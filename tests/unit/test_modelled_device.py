@@ -92,6 +92,17 @@ def test_the_report_says_modelled_where_a_measured_run_says_measured():
     cudnn = _report(attention_kernel="cuDNN fused attention")
     assert ModelledReport.from_json(cudnn.to_json()) == cudnn
     assert "Attention is timed as **cuDNN fused attention** runs it" in "\n".join(cudnn.markdown())
+    assert report.memory_warning() is None and "out of memory" not in text
+    full_gpu = _report(
+        memory_capacity_bytes=80e9, over_capacity={"pp1": 101_000_000_000, "pp2": 93_000_000_000}
+    )
+    assert ModelledReport.from_json(full_gpu.to_json()) == full_gpu
+    warning = full_gpu.memory_warning()
+    assert warning.startswith(
+        "out of memory on a real H100 SXM: the modelled peak of pp1 94.1 GiB, pp2 86.6 GiB"
+    )
+    assert "exceeds its 80 GB (74.5 GiB, datasheet" in warning
+    assert f"**{warning}**" in "\n".join(full_gpu.markdown())
     # What report.json's schema holds of the section: every field the report writes, with or without.
     import jsonschema
 
@@ -99,7 +110,7 @@ def test_the_report_says_modelled_where_a_measured_run_says_measured():
 
     full = json_schema()
     section = {**full["properties"]["modelled"], "$defs": full["$defs"]}
-    for each in (report, moe, cudnn):
+    for each in (report, moe, cudnn, full_gpu):
         jsonschema.validate(each.to_json(), section)
 
 

@@ -95,6 +95,18 @@ def test_interleaved_middle_stages_share_a_class_led_by_the_fewest_warmup_microb
     assert RoleClass.from_json(middle.to_json()) == middle
 
 
+def test_an_interleaved_class_captures_its_member_with_the_most_in_flight_too():
+    from prism_megatron.emulation.capture_slice import capture_ranks
+
+    layout = Layout(world_size=64, tp=1, pp=8, vpp=2)  # DP 8: rank of stage s is 8 s
+    classes = role_classes(layout, JobModel(num_layers=16, num_microbatches=32))
+    # one process at a time (a modelled GPU): the three representatives, then stage 1 in a pass of its own
+    assert capture_ranks(layout, classes, 1) == (0, 48, 56, 8)
+    # under 1F1B the representative is already the stage with the most in flight: nothing added
+    flat = role_classes(Layout(world_size=64, tp=1, pp=8), JobModel(num_layers=16, num_microbatches=32))
+    assert capture_ranks(Layout(world_size=64, tp=1, pp=8), flat, 1) == (0, 8, 56)
+
+
 def test_interleaved_without_overlapped_p2p_keeps_every_pipeline_rank_apart():
     layout = Layout(world_size=3072, tp=8, pp=8, vpp=2)
     classes = role_classes(layout, JobModel(num_layers=16, num_microbatches=32, overlap_p2p_comm=False))
