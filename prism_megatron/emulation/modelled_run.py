@@ -41,32 +41,27 @@ def _attention_kernel(gpu: str, results: dict[int, dict[str, Any]]) -> str | Non
     return ", ".join(attention_kernel_name(gpu, k) for k in sorted(kernels)) or None
 
 
-def _over_capacity(gpu: str, results: dict[int, dict[str, Any]]) -> tuple[float, dict[str, int]]:
+def _over_capacity(plan: RunPlan, results: dict[int, dict[str, Any]]) -> tuple[float, dict[str, int]]:
     """The GPU's memory, and the captured roles whose peak allocated memory exceeds it."""
     from prism_megatron.gpu_model import gpu_spec
 
-    capacity = gpu_spec(gpu).hbm_capacity_bytes
+    capacity = gpu_spec(plan.config.emulation.modelled_gpu).hbm_capacity_bytes
     over: dict[str, int] = {}
-    for data in results.values():
+    for rank, data in results.items():
         peak = (data.get("memory") or {}).get("peak_bytes")
-        role = data.get("role")
-        if peak is not None and role is not None and peak > capacity:
+        if peak is not None and peak > capacity:
+            role = plan.layout.role_of(rank).name
             over[role] = max(over.get(role, 0), int(peak))
     return capacity, over
 
 
-def _role_class_of(plan: RunPlan, role: str) -> str:
-    for role_class in plan.role_classes:
-        if role in role_class.members:
-            return role_class.representative
-    return role
-
-
 def _compute_split(plan: RunPlan, role: str, results: dict[int, dict[str, Any]]) -> dict[str, float]:
-    """Fractions of the role's compute by kind: the last recorded iteration of its class's captured
-    rank (or of any captured rank when none of its class left results)."""
-    representative = _role_class_of(plan, role)
-    candidates = [r for r in results.values() if r.get("role") == representative] or list(results.values())
+    """Fractions of the role's compute by kind: the last recorded iteration of its own captured rank,
+    else of a captured member of its class (or of any captured rank when none of its class left
+    results)."""
+    members = next((c.members for c in plan.role_classes if role in c.members), ())
+    by_role = {plan.layout.role_of(rank).name: data for rank, data in results.items()}
+    candidates = [by_role[m] for m in (role, *members) if m in by_role] or list(results.values())
     for data in candidates:
         iterations = (data.get("modelled_device") or {}).get("iterations_by_kind_ns") or []
         if iterations:
@@ -98,7 +93,7 @@ def modelled_report(
     tokens = (
         tokens_per_iteration / (iteration_s * world_size) if iteration_s and tokens_per_iteration else None
     )
-    capacity, over = _over_capacity(gpu, results)
+    capacity, over = _over_capacity(plan, results)
     rows = breakdown(sim_result)
     critical = max(rows, key=lambda row: row.compute_ns)
     split = _compute_split(plan, critical.role, results)

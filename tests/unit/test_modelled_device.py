@@ -469,3 +469,34 @@ def test_a_modelled_run_keeps_its_memory_bound_calls_by_shape_dtype_and_strides(
         {"shape": [2048, 4096], "dtype": "bfloat16", "stride": [1, 2048]},
     ]
     assert not any(call["op"] == "mm.default" for call in calls)
+
+
+def test_the_modelled_report_names_captured_roles_over_the_gpus_memory_and_splits_the_critical_roles_own_compute():
+    from types import SimpleNamespace
+
+    from prism_megatron.emulation.modelled_run import _compute_split, _over_capacity
+    from prism_megatron.topology import JobModel, Layout, role_classes
+
+    layout = Layout(world_size=64, tp=1, pp=8, vpp=2)  # rank of stage s: 8 s
+    plan = SimpleNamespace(
+        config=SimpleNamespace(emulation=SimpleNamespace(modelled_gpu="h100")),
+        layout=layout,
+        role_classes=role_classes(layout, JobModel(num_layers=16, num_microbatches=32)),
+    )
+
+    def result(peak: int, gemm: int) -> dict:
+        # a rank's results name its coordinates, not its role: the role comes from the layout
+        return {"role": {"pp_rank": 0}, "memory": {"peak_bytes": peak},
+                "modelled_device": {"iterations_by_kind_ns": [{"gemm": gemm, "attention": 100 - gemm}]}}  # fmt: skip
+
+    results = {
+        0: result(70 * 10**9, 10),
+        48: result(79 * 10**9, 20),
+        8: result(95 * 10**9, 30),
+        56: result(1, 40),
+    }
+    capacity, over = _over_capacity(plan, results)
+    assert capacity == 80e9 and over == {"pp1": 95 * 10**9}
+    assert _compute_split(plan, "pp6", results)["gemm"] == 0.2  # its own capture
+    assert _compute_split(plan, "pp3", results)["gemm"] == 0.2  # derived: its class's representative, pp6
+    assert _compute_split(plan, "pp7-tp0src", results)["gemm"] == 0.4
