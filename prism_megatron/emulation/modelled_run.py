@@ -42,10 +42,10 @@ def _attention_kernel(gpu: str, results: dict[int, dict[str, Any]]) -> str | Non
 
 
 def _over_capacity(plan: RunPlan, results: dict[int, dict[str, Any]]) -> tuple[float, dict[str, int]]:
-    """The GPU's memory, and the captured roles whose peak allocated memory exceeds it."""
+    """The memory the GPU reports, and the captured roles whose peak allocated memory exceeds it."""
     from prism_megatron.gpu_model import gpu_spec
 
-    capacity = gpu_spec(plan.config.emulation.modelled_gpu).hbm_capacity_bytes
+    capacity = gpu_spec(plan.config.emulation.modelled_gpu).device_memory_bytes
     over: dict[str, int] = {}
     for rank, data in results.items():
         peak = (data.get("memory") or {}).get("peak_bytes")

@@ -43,6 +43,11 @@ A100_DATASHEET = (
     "(https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/"
     "nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf)"
 )
+NVML_MEMORY = (
+    "Modal, 'Why does an NVIDIA H100 80GB card offer 85.52 GB?' "
+    "(https://thundergolfer.com/blog/nvidia-gpu-memory-capacity): the memory NVML (nvidia-smi) reports "
+    "per GPU, in MiB; the datasheets' GB are rounded figures"
+)
 B200_DATASHEET = (
     "NVIDIA HGX B200 / DGX B200 datasheet, 8-GPU figures (https://www.nvidia.com/en-us/data-center/hgx/)"
 )
@@ -139,6 +144,7 @@ GPU_QUANTITIES = (
     "fp8_flops_per_s",
     "hbm_bytes_per_s",
     "hbm_capacity_bytes",
+    "device_memory_bytes",
     "num_sms",
     "l2_bytes",
     "mamf_bf16_flops_per_s",
@@ -243,7 +249,7 @@ def _cudnn_attention(table: dict[str, Constant], gpu: str) -> dict[str, Constant
 
 
 def _hopper(
-    gpu: str, *, datasheet: str, hbm_bytes_per_s: float, capacity_bytes: float
+    gpu: str, *, datasheet: str, hbm_bytes_per_s: float, capacity_bytes: float, device_mib: int
 ) -> dict[str, Constant]:
     """H100 SXM and H200 share the GH100 die with 132 SMs and the same tensor-core peaks."""
     rows = {
@@ -261,6 +267,9 @@ def _hopper(
         ),
         f"{gpu}.hbm_bytes_per_s": Constant(value=hbm_bytes_per_s, unit="bytes/s", source=datasheet),
         f"{gpu}.hbm_capacity_bytes": Constant(value=capacity_bytes, unit="bytes", source=datasheet),
+        f"{gpu}.device_memory_bytes": Constant(
+            value=device_mib * 2**20, unit="bytes", source=NVML_MEMORY, note=f"{device_mib:,} MiB"
+        ),
         f"{gpu}.num_sms": Constant(value=132, unit="count", source=HOPPER_WHITEPAPER),
         f"{gpu}.l2_bytes": Constant(value=50 * 2**20, unit="bytes", source=HOPPER_WHITEPAPER),
         f"{gpu}.mamf_bf16_flops_per_s": Constant(
@@ -339,6 +348,9 @@ def _a100() -> dict[str, Constant]:
         ),
         "a100.hbm_bytes_per_s": Constant(value=2039e9, unit="bytes/s", source=A100_DATASHEET),
         "a100.hbm_capacity_bytes": Constant(value=80e9, unit="bytes", source=A100_DATASHEET),
+        "a100.device_memory_bytes": Constant(
+            value=81920 * 2**20, unit="bytes", source=NVML_MEMORY, note="81,920 MiB (A100 80GB)"
+        ),
         "a100.num_sms": Constant(value=108, unit="count", source=AMPERE_WHITEPAPER),
         "a100.l2_bytes": Constant(value=40 * 2**20, unit="bytes", source=AMPERE_WHITEPAPER),
         "a100.mamf_bf16_flops_per_s": Constant(
@@ -448,6 +460,12 @@ def _b200() -> dict[str, Constant]:
         "b200.hbm_capacity_bytes": Constant(
             value=180e9, unit="bytes", source=B200_DATASHEET, note="1,440 GB per 8 GPUs / 8"
         ),
+        "b200.device_memory_bytes": Constant(
+            value=180e9,
+            unit="bytes",
+            source=B200_DATASHEET,
+            note="the datasheet's 1,440 GB per 8 GPUs / 8: no reported figure at hand",
+        ),
         "b200.num_sms": Constant(value=148, unit="count", source=SCALING_BOOK_GPUS),
         "b200.l2_bytes": Constant(value=126e6, unit="bytes", source=BLACKWELL_GUIDE),
         "b200.mamf_bf16_flops_per_s": Constant(
@@ -539,8 +557,12 @@ def _table() -> dict[str, Constant]:
         **_overlap(),
         **_a100(),
         **_b200(),
-        **_hopper("h100", datasheet=H100_DATASHEET, hbm_bytes_per_s=3.35e12, capacity_bytes=80e9),
-        **_hopper("h200", datasheet=H200_DATASHEET, hbm_bytes_per_s=4.8e12, capacity_bytes=141e9),
+        **_hopper(
+            "h100", datasheet=H100_DATASHEET, hbm_bytes_per_s=3.35e12, capacity_bytes=80e9, device_mib=81559
+        ),
+        **_hopper(
+            "h200", datasheet=H200_DATASHEET, hbm_bytes_per_s=4.8e12, capacity_bytes=141e9, device_mib=143771
+        ),
     }
     for gpu in ("a100", "b200", "h100", "h200"):
         table.update(_cudnn_attention(table, gpu))

@@ -52,7 +52,10 @@ class GpuSpec:
     hbm_bytes_per_s: float
     """Peak HBM bandwidth."""
     hbm_capacity_bytes: float
-    """HBM capacity."""
+    """HBM capacity (the datasheet's rounded figure)."""
+    device_memory_bytes: float
+    """The memory the GPU reports (NVML): what a run can use, less the CUDA context's and the
+    allocator's share."""
     num_sms: int
     """Streaming multiprocessors: the unit of tile and wave quantisation."""
     l2_bytes: float

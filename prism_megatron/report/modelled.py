@@ -47,7 +47,7 @@ class ModelledReport:
     "FlashAttention-3"): the one a GPU run of the flags takes (--attention-backend; on auto,
     Transformer Engine's choice for the GPU). None from a run that did not record it."""
     memory_capacity_bytes: float | None = None
-    """The GPU's memory (its datasheet's HBM capacity); None from a run that did not record it."""
+    """The memory the GPU reports (NVML, `gpu_model` constants); None from a run that did not record it."""
     over_capacity: Mapping[str, int] = dataclasses.field(default_factory=dict)
     """Captured roles whose modelled peak allocated memory exceeds `memory_capacity_bytes`: role ->
     peak bytes. The GPU's usable memory is less still (the CUDA context, the allocator's reserve)."""
@@ -129,10 +129,11 @@ class ModelledReport:
         worst = sorted(self.over_capacity.items(), key=lambda item: -item[1])
         shown = ", ".join(f"{role} {peak / 2**30:.1f} GiB" for role, peak in worst[:4])
         more = f" and {len(worst) - 4} more" if len(worst) > 4 else ""
+        peaks = "peaks" if len(worst) > 1 else "peak"
         return (
-            f"out of memory on a real {self.gpu_name}: the modelled peak of {shown}{more} exceeds its "
-            f"{self.memory_capacity_bytes / 1e9:.0f} GB ({self.memory_capacity_bytes / 2**30:.1f} GiB, "
-            "datasheet; less is usable)"
+            f"out of memory on a real {self.gpu_name}: the modelled {peaks} of {shown}{more} "
+            f"{'exceed' if len(worst) > 1 else 'exceeds'} the {self.memory_capacity_bytes / 2**30:.1f} GiB "
+            "it reports (NVML; the CUDA context and the allocator take some of that)"
         )
 
     def summary_line(self) -> str:

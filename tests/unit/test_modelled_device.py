@@ -94,14 +94,14 @@ def test_the_report_says_modelled_where_a_measured_run_says_measured():
     assert "Attention is timed as **cuDNN fused attention** runs it" in "\n".join(cudnn.markdown())
     assert report.memory_warning() is None and "out of memory" not in text
     full_gpu = _report(
-        memory_capacity_bytes=80e9, over_capacity={"pp1": 101_000_000_000, "pp2": 93_000_000_000}
+        memory_capacity_bytes=81559 * 2**20, over_capacity={"pp1": 101_000_000_000, "pp2": 93_000_000_000}
     )
     assert ModelledReport.from_json(full_gpu.to_json()) == full_gpu
     warning = full_gpu.memory_warning()
     assert warning.startswith(
-        "out of memory on a real H100 SXM: the modelled peak of pp1 94.1 GiB, pp2 86.6 GiB"
+        "out of memory on a real H100 SXM: the modelled peaks of pp1 94.1 GiB, pp2 86.6 GiB"
     )
-    assert "exceeds its 80 GB (74.5 GiB, datasheet" in warning
+    assert "exceed the 79.6 GiB it reports (NVML" in warning
     assert f"**{warning}**" in "\n".join(full_gpu.markdown())
     # What report.json's schema holds of the section: every field the report writes, with or without.
     import jsonschema
@@ -496,7 +496,7 @@ def test_the_modelled_report_names_captured_roles_over_the_gpus_memory_and_split
         56: result(1, 40),
     }
     capacity, over = _over_capacity(plan, results)
-    assert capacity == 80e9 and over == {"pp1": 95 * 10**9}
+    assert capacity == 81559 * 2**20 and over == {"pp1": 95 * 10**9}
     assert _compute_split(plan, "pp6", results)["gemm"] == 0.2  # its own capture
     assert _compute_split(plan, "pp3", results)["gemm"] == 0.2  # derived: its class's representative, pp6
     assert _compute_split(plan, "pp7-tp0src", results)["gemm"] == 0.4
