@@ -43,6 +43,11 @@ def job_flags(job: workload.Job) -> list[str]:
         flags += ["--virtual-pipeline-model-parallel-size", str(job.vpp)]
     if job.gpt_flags:
         return [*job.gpt_flags, *flags]
+    if job.vpp:
+        # The sleep model's config keeps megatron-core's batched, not overlapped, p2p (`sleep_model`);
+        # Megatron-LM overlaps it under the interleaved schedule unless told so, and the roles'
+        # classes follow the flags.
+        flags.append("--no-overlap-p2p-communication")
     return [
         *flags,
         "--num-layers",

@@ -75,7 +75,9 @@ class SleepSpec:
 
 
 def transformer_config(spec: SleepSpec, *, tp: int, pp: int, vpp: int | None) -> TransformerConfig:
-    """The config the schedules and DDP read (fp32, batched p2p as Megatron-LM's default)."""
+    """The config the schedules and DDP read (fp32; megatron-core's default p2p, batched and not
+    overlapped: under the interleaved schedule Megatron-LM would overlap it, so the suite's flags
+    say --no-overlap-p2p-communication, `passes.job_flags`)."""
     return TransformerConfig(
         num_layers=spec.num_layers,
         hidden_size=spec.hidden_size,

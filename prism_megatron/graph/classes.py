@@ -694,7 +694,20 @@ def class_graphs(role_class: RoleClass, captured: Mapping[str, RoleGraph]) -> di
         raise ValueError(f"no role of the class of {role_class.representative!r} was captured")
     if len(role_class.members) == 1:
         return {reference: captured[reference]}
-    program = ClassProgram(role_class, reference, captured[reference].streams)
+    try:
+        program = ClassProgram(role_class, reference, captured[reference].streams)
+    except ValueError as exc:
+        schedule = (
+            "overlaps its pipeline p2p under the interleaved schedule as Megatron-LM does unless "
+            "--no-overlap-p2p-communication says otherwise"
+            if role_class.chunks is not None
+            else "runs the 1F1B schedule"
+        )
+        raise ValueError(
+            f"{exc}. The roles {', '.join(role_class.members[:4])}{' ...' if len(role_class.members) > 4 else ''} "
+            f"were taken to run one program, as a program that {schedule} would; pass "
+            "--prism-capture-all-roles to give every role its own capture"
+        ) from None
     for role, graph in captured.items():
         difference = first_difference(program.structure(role), structure(graph.streams))
         if difference is not None:

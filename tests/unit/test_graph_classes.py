@@ -218,6 +218,17 @@ def test_a_reference_that_is_not_1f1b_with_its_warm_up_cannot_be_derived_from():
         ClassProgram(wrong, "pp1", reference.streams)
 
 
+def test_an_interleaved_class_whose_reference_does_not_overlap_its_p2p_names_the_flags_that_fix_it():
+    reference = Oracle(1, idle_ns=40).iteration(4)  # a 1F1B stage: not the interleaved order
+    interleaved = RoleClass("pp2", ("pp2", "pp1"), {"pp2": 6, "pp1": 8}, 4, 2, 4, {"pp2": 2, "pp1": 1})
+    with pytest.raises(ValueError) as caught:
+        class_graphs(interleaved, {"pp2": RoleGraph("pp2", reference.streams)})
+    message = str(caught.value)
+    assert message.startswith("role pp2: pipeline op ")
+    assert "not as the interleaved schedule with 6 warm-up of 8 virtual microbatches has it" in message
+    assert "--no-overlap-p2p-communication" in message and "--prism-capture-all-roles" in message
+
+
 def test_a_class_of_one_stage_gives_every_member_the_captured_ops_and_spans():
     captured = {"pp0-tp0src": Oracle(1, 40).iteration(4)}
     role_class = RoleClass("pp0-tp0src", ("pp0-tp0src", "pp0"))
