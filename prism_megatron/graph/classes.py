@@ -21,6 +21,8 @@ Here that decision meets the capture:
   the reference's gap of the schedule's loop between the same two kinds of pipeline op (one compute
   span, as the capture puts one before every op), and the epilogue, whose waits on a pipeline send
   point at the member's post (or go, with their spans joined, where the member waited in the call).
+  One launch depends on the rank: a chunk's overlapped gradient reduce, launched k + rank steps
+  after the chunk's last backward (megatron-core's `grad_sync_func`), moves to the member's step.
   A step's span holds the loop's host time next to it in the reference (a few microseconds on a
   modelled GPU: the buffer a posted receive allocates), so a member's total may differ from its own
   capture's by that much.
