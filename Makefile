@@ -157,10 +157,12 @@ SO_STAMP_COMPAT := prism_megatron/.built-compat
 # pins here are this environment's only constraints.
 PIP_COMPAT := PIP_CONSTRAINT=/dev/null $(PY_COMPAT) -m pip
 # The compatibility tier: the patch registry and drift tests, a W=8192 emulation of the built-in
-# entry (capture, simulation, emulation, report) and the plan of a shipped configuration.
+# entry (capture, simulation, emulation, report), the plan of a shipped configuration, and the
+# interleaved schedule's derived stages against megatron-core's own (0.19 waits a send earlier).
 TESTS_COMPAT := tests/unit/test_patches.py tests/megatron/test_patch_drift.py \
 	tests/megatron/test_launch.py::test_emulate_command_runs_two_adjacent_stages_of_an_8192_job \
-	tests/megatron/test_plan_configs.py::test_plan_command_prints_each_category_and_writes_json
+	tests/megatron/test_plan_configs.py::test_plan_command_prints_each_category_and_writes_json \
+	tests/megatron/test_interleaved_classes.py
 
 compat_interpreter = $(shell $(PYTHON_COMPAT) -c 'import sys; print(sys.executable)' 2>/dev/null || \
 	PYENV_VERSION=$$(pyenv latest $(patsubst python%,%,$(notdir $(PYTHON_COMPAT))) 2>/dev/null) \
