@@ -25,8 +25,8 @@ def format_summary(outcome: RunOutcome) -> str:
         )
     if report.modelled is not None:
         lines.append(report.modelled.summary_line())
-        if report.modelled.memory_warning() is not None:
-            lines.append(report.modelled.memory_warning())
+        if (warning := report.modelled.memory_warning()) is not None:
+            lines.append(warning)
     if report.simulated_iteration_time_s is not None:
         lines.append(
             f"simulated iteration time: {report.simulated_iteration_time_s * 1e3:9.2f} ms  (graph as captured)"

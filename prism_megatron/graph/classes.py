@@ -164,6 +164,17 @@ def _assemble(pieces: Sequence[_Piece]) -> dict[str, tuple[Op, ...]]:
     return {name: tuple(ops) for name, ops in streams.items()}
 
 
+def _placed_deps(item: _Item, where: Mapping[int, int]) -> tuple[int, ...]:
+    """An item's deps as the pieces its deps were placed as (`where`: item -> piece).
+
+    Raises:
+        ValueError: a dep not placed yet.
+    """
+    if any(d not in where for d in item.deps):
+        raise ValueError(f"{format_op(item.op)!r} would come before the op it waits for")
+    return tuple(where[d] for d in item.deps)
+
+
 def _reassemble(items: Sequence[_Item], pieces: Sequence[int | Op]) -> dict[str, tuple[Op, ...]]:
     """Streams from `pieces` in program order: an int is that item of `items`, an Op a new one on
     the compute stream (no deps); see `_assemble`.
@@ -178,10 +189,9 @@ def _reassemble(items: Sequence[_Item], pieces: Sequence[int | Op]) -> dict[str,
             out.append(_Piece(COMPUTE_STREAM, piece))
             continue
         item = items[piece]
-        if any(d not in where for d in item.deps):
-            raise ValueError(f"{format_op(item.op)!r} would come before the op it waits for")
+        deps = _placed_deps(item, where)
         where[piece] = len(out)
-        out.append(_Piece(item.stream, item.op, tuple(where[d] for d in item.deps)))
+        out.append(_Piece(item.stream, item.op, deps))
     return _assemble(out)
 
 
@@ -290,6 +300,14 @@ def _atoms(tokens: Sequence[Call | Wait | Step]) -> list[_Atom]:
     return atoms
 
 
+def _waited_transfer(items: Sequence[_Item], item: _Item) -> Op | None:
+    """The pipeline transfer a WAIT item waits on; None for any other item."""
+    if item.op.type != NodeType.WAIT or len(item.deps) != 1:
+        return None
+    target = items[item.deps[0]].op
+    return target if target.type in P2P and target.group == PIPELINE_GROUP else None
+
+
 def _found_atoms(items: Sequence[_Item]) -> list[tuple[int, _Atom]]:
     """The program's pipeline ops and waits on them, by item index."""
     found = []
@@ -307,10 +325,9 @@ def _found_atoms(items: Sequence[_Item]) -> list[tuple[int, _Atom]]:
             previous_coalesced = blocking and op.coalesced
             continue
         previous_coalesced = False
-        if op.type == NodeType.WAIT and len(item.deps) == 1:
-            target = items[item.deps[0]].op
-            if target.type in P2P and target.group == PIPELINE_GROUP:
-                found.append((index, _Atom("wait", _key(target))))
+        target = _waited_transfer(items, item)
+        if target is not None:
+            found.append((index, _Atom("wait", _key(target))))
     return found
 
 
@@ -382,10 +399,7 @@ def _match(
     for number, (want, (index, got)) in enumerate(zip(expected, found, strict=False)):
         if (got.kind, got.key, got.joined) != (want.kind, want.key, want.joined):
             return f"pipeline op {number} is {got.kind} {format_op(items[index].op)!r}, expected {want.kind} {_head(want.key)}"
-    if len(found) < len(expected):
-        return f"{len(found)} pipeline ops and waits, expected {len(expected)}"
-    extra = [a for _, a in found[len(expected) :] if a.kind != "wait"]
-    if extra:
+    if len(found) < len(expected) or any(a.kind != "wait" for _, a in found[len(expected) :]):
         return f"{len(found)} pipeline ops and waits, expected {len(expected)}"
     return None
 
@@ -474,19 +488,24 @@ class ClassProgram:
         return self.role_class.warmup[member]
 
     def _layout(self, member: str) -> _MemberLayout:
-        warmup = self.order_of(member)
-        if warmup not in self._layouts and self._interleaved is not None:
-            self._layouts[warmup] = self._interleaved_layout(*warmup)
-        if warmup not in self._layouts:
-            pieces, extra = self._pieces(warmup)
-            source = []
-            for number, piece in enumerate(pieces):
-                if isinstance(piece, int) and piece in self._compute:
-                    source.append((self._compute[piece], *extra.get(number, ())))
-                elif not isinstance(piece, int) and piece.type == NodeType.COMPUTE:
-                    source.append(())
-            self._layouts[warmup] = _MemberLayout(_reassemble(self._items, pieces), tuple(source))
-        return self._layouts[warmup]
+        order = self.order_of(member)
+        if order not in self._layouts:
+            if self._interleaved is not None:
+                self._layouts[order] = self._interleaved_layout(*order)
+            else:
+                self._layouts[order] = self._one_order_layout(order)
+        return self._layouts[order]
+
+    def _one_order_layout(self, warmup: int | None) -> _MemberLayout:
+        """A member's program as the reference's (None) or in the 1F1B order of its warm-up."""
+        pieces, extra = self._pieces(warmup)
+        source = []
+        for number, piece in enumerate(pieces):
+            if isinstance(piece, int) and piece in self._compute:
+                source.append((self._compute[piece], *extra.get(number, ())))
+            elif not isinstance(piece, int) and piece.type == NodeType.COMPUTE:
+                source.append(())
+        return _MemberLayout(_reassemble(self._items, pieces), tuple(source))
 
     def _interleaved_layout(self, warmup: int, rank: int) -> _MemberLayout:
         """A member's program under the interleaved schedule: the reference's prologue, its steps by
@@ -517,12 +536,8 @@ class ClassProgram:
 
         def take(index: int) -> None:
             item = items[index]
-            if item.stream != COMPUTE_STREAM:
-                deps = (last_on_compute,)  # posted behind the compute-stream op before it, as captured
-            elif any(d not in where for d in item.deps):
-                raise ValueError(f"{format_op(item.op)!r} would come before the op it waits for")
-            else:
-                deps = tuple(where[d] for d in item.deps)
+            # a side-stream op is posted behind the compute-stream op before it, as captured
+            deps = (last_on_compute,) if item.stream != COMPUTE_STREAM else _placed_deps(item, where)
             spans = (self._compute[index],) if index in self._compute else ()
             where[index] = place(item.stream, item.op, deps, spans)
 
@@ -595,8 +610,8 @@ class ClassProgram:
                 source[-1] += (self._compute[index],)
                 join_next = False
                 continue
-            target = items[item.deps[0]].op if item.op.type == NodeType.WAIT and item.deps else None
-            if target is not None and target.type in P2P and target.group == PIPELINE_GROUP:
+            target = _waited_transfer(items, item)
+            if target is not None:
                 key = _key(target)
                 if key in posted:
                     place(COMPUTE_STREAM, item.op, (posted[key],))

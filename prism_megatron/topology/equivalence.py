@@ -115,7 +115,11 @@ class RoleClass:
         if self.warmup is not None and (set(self.warmup) != set(self.members) or not self.num_microbatches):
             raise ValueError(f"role class of {self.representative!r}: warm-up counts need M and every member")
         if self.chunks is not None and (
-            self.warmup is None or self.chunks < 2 or not self.microbatch_group or self.stages is None
+            self.warmup is None
+            or self.chunks < 2
+            or not self.microbatch_group
+            or self.stages is None
+            or set(self.stages) != set(self.members)
         ):
             raise ValueError(
                 f"role class of {self.representative!r}: chunks {self.chunks} need V >= 2, warm-up "

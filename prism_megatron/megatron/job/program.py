@@ -29,7 +29,7 @@ UNMODELLED_FLAGS = (
 )
 """Flags whose effect differs per stage (layers of an explicit or hybrid layout, per-layer
 attention patterns) or per warm-up position (partial activation checkpoints, the combined 1F1B of
-overlapped expert communication, the interleaved schedule's overlapped warm-up and cool-down)."""
+overlapped expert communication)."""
 
 
 def _given(argv: Sequence[str], flag: str) -> bool:
