@@ -6,11 +6,15 @@ first real rank, each step's start and end in the real run and in the simulation
 iteration start) and how far apart their ends are. A drift that grows step by step is compute or
 latency the simulation lacks; a jump at one op is that op's cost.
 
-The last line splits the difference: before the first step, compute between the steps (what the
-rank computed longer or shorter than its spans), and the steps themselves (the op and the wait in it
-for later peers).
+The last lines split the difference, for every timed iteration: before the first step, compute
+between the steps (what the rank computed longer or shorter than its spans), and the steps
+themselves (the op and the wait in it for later peers); and how late the rank's compute sleeps woke
+against what they asked for (the sleep model's own share of "compute").
 
-Run: ``python -m benchmarks.fidelity.diagnose CASE [--iteration N] [--rank R]``.
+Any case of the fidelity suite or of the mechanism suite (`mechanism.py`), simulated over the job
+pattern's costs (the fidelity suite's model) or the alone pattern's (the mechanism suite's).
+
+Run: ``python -m benchmarks.fidelity.diagnose CASE [--iteration N] [--rank R] [--costs job|alone]``.
 """
 
 from __future__ import annotations
@@ -45,8 +49,13 @@ def _simulated_steps(result, virtual_rank: int) -> list[tuple[float, float, str]
     return steps
 
 
-def _measure(case, work: str):
-    """The traced ground truth and the simulation of the case, as the suite makes them."""
+PATTERNS = ("job", "alone")
+"""Cost patterns a diagnosis simulates over: the fidelity suite's and the mechanism suite's."""
+
+
+def _measure(case, work: str, pattern: str = "job"):
+    """The traced ground truth (its compute sleeps recorded) and the simulation of the case over
+    the `pattern`'s calibrated costs, as the suites make them."""
     from benchmarks.fidelity import compare, passes
     from benchmarks.fidelity.calibrate import calibrate
     from prism_megatron import files
@@ -54,14 +63,14 @@ def _measure(case, work: str):
     lead_in = "busy" if case.kind == "real-compute" else "sleep"
     cost = calibrate(
         compare.group_sizes(case.job),
-        pattern="job",
+        pattern=pattern,
         world_size=case.job.world_size,
         lead_in=lead_in,
         repeats=1,
     ).cost
     cost_file = f"{work}/costs.json"
     files.write_json(cost.to_dict(), cost_file)
-    real = passes.real(case.job, f"{work}/real", case.iterations, trace=True)
+    real = passes.real(case.job, f"{work}/real", case.iterations, trace=True, record_sleeps=True)
     plan = passes.plan(
         case.job,
         real_ranks=case.real_ranks,
@@ -102,12 +111,33 @@ def split(real: list[tuple[float, float, str]], simulated: list[tuple[float, flo
     }
 
 
-def diagnose(name: str, iteration: int | None, rank: int | None = None) -> None:
-    import tempfile
+def late_sleeps_ms(sleeps_ns, start_ns: int, end_ns: int) -> tuple[int, float]:
+    """(count, ms late in all) of the compute sleeps that began in [start_ns, end_ns): each sleep's
+    length beyond what it asked for (`workload.Request.record_sleeps`' (begin, end, requested))."""
+    inside = [(b, e, asked) for b, e, asked in sleeps_ns if start_ns <= b < end_ns]
+    return len(inside), sum(e - b - asked for b, e, asked in inside) / 1e6
 
+
+def _cases() -> dict:
+    from benchmarks.fidelity import mechanism
     from benchmarks.fidelity.cases import real_compute_cases, sleep_cases, smoke_case
 
-    cases = {c.name: c for c in [smoke_case(), *sleep_cases(), *real_compute_cases()]}
+    every = [
+        smoke_case(),
+        *sleep_cases(),
+        *real_compute_cases(),
+        mechanism.smoke_case(),
+        *mechanism.mechanism_cases(),
+    ]
+    return {c.name: c for c in every}
+
+
+def diagnose(name: str, iteration: int | None, rank: int | None = None, pattern: str = "job") -> None:
+    import tempfile
+
+    if pattern not in PATTERNS:
+        raise ValueError(f"--costs must be one of {', '.join(PATTERNS)}, got {pattern!r}")
+    cases = _cases()
     if name not in cases:
         raise ValueError(f"no case {name!r}; cases: {', '.join(cases)}")
     case = cases[name]
@@ -115,7 +145,7 @@ def diagnose(name: str, iteration: int | None, rank: int | None = None) -> None:
     if not 0 <= virtual_rank < case.job.world_size:
         raise ValueError(f"--rank must be a rank of the case's job, 0..{case.job.world_size - 1}, got {rank}")
     with tempfile.TemporaryDirectory(prefix="prism-diagnose-") as work:
-        real, result = _measure(case, work)
+        real, result = _measure(case, work, pattern)
     trace = real[virtual_rank]
     times = trace["iteration_times_ms"]
     index = case.iterations - 1 if iteration is None else iteration
@@ -125,7 +155,7 @@ def diagnose(name: str, iteration: int | None, rank: int | None = None) -> None:
     finish_ms = result.finish_ns(virtual_rank) / 1e6
     print(
         f"{name}: virtual rank {virtual_rank}, real iterations {[round(t, 1) for t in times]} ms, "
-        f"simulated {finish_ms:.1f} ms; iteration {index}:"
+        f"simulated {finish_ms:.1f} ms over the {pattern} costs; iteration {index}:"
     )
     print(
         f"{'real':>10} {'start':>9} {'end':>9}   {'sim start':>9} {'sim end':>9}   {'end diff':>8}  simulated ops"
@@ -133,12 +163,18 @@ def diagnose(name: str, iteration: int | None, rank: int | None = None) -> None:
     for (a, b, what), (sa, sb, ops) in zip(windows, simulated, strict=False):
         print(f"{what:>10} {a:9.2f} {b:9.2f}   {sa:9.2f} {sb:9.2f}   {b - sb:+8.2f}  {ops}")
     print(f"{'end':>10} {(end - start) / 1e6:9.2f}   simulated {finish_ms:9.2f}")
-    parts = split(windows, simulated)
-    print(
-        f"real - simulated over the {parts['steps_matched']} matched steps: before the first "
-        f"{parts['before']:+.2f} ms, compute between steps {parts['compute']:+.2f} ms, the steps "
-        f"themselves {parts['steps']:+.2f} ms; the iteration {(end - start) / 1e6 - finish_ms:+.2f} ms"
-    )
+    print("real - simulated, per timed iteration (the matched steps split as the table's end diff):")
+    for i in range(case.warmup, case.iterations):
+        start, end = trace["starts_ns"][i], trace["ends_ns"][i]
+        parts = split(real_steps(trace, i), simulated)
+        count, late_ms = late_sleeps_ms(trace.get("sleeps_ns", ()), start, end)
+        print(
+            f"  iteration {i}: {(end - start) / 1e6 - finish_ms:+.2f} ms = before the first step "
+            f"{parts['before']:+.2f}, compute between steps {parts['compute']:+.2f} (of which its "
+            f"{count} sleeps woke {late_ms:+.2f} late), the {parts['steps_matched']} steps themselves "
+            f"{parts['steps']:+.2f}, after the last step "
+            f"{(end - start) / 1e6 - finish_ms - parts['before'] - parts['compute'] - parts['steps']:+.2f}"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -153,12 +189,19 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="which rank of the real run (every rank is traced; default: the case's first real rank)",
     )
+    parser.add_argument(
+        "--costs",
+        default="job",
+        choices=PATTERNS,
+        help="simulate over the job pattern's costs (the fidelity suite's model, default) or alone's "
+        "(the mechanism suite's)",
+    )
     args = parser.parse_args(argv)
     warnings.filterwarnings("ignore")
     import megatron.core  # noqa: F401  (once here; the forked processes inherit it)
 
     try:
-        diagnose(args.case, args.iteration, args.rank)
+        diagnose(args.case, args.iteration, args.rank, args.costs)
     except ValueError as exc:
         parser.error(str(exc))
     return 0

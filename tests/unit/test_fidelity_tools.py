@@ -1,7 +1,10 @@
-"""The fidelity suite's tools that need no process: the concurrency calibration's fit (two-peer
-batches included) and the diagnosis's split of a real iteration's drift."""
+"""The fidelity suite's tools that need no suite run: the concurrency calibration's fit (two-peer
+batches included), the diagnosis's split of a real iteration's drift and its cases, and the host
+bursts' measurement (a few forked processes)."""
 
 from __future__ import annotations
+
+import os
 
 import pytest
 
@@ -74,3 +77,39 @@ def test_real_steps_are_the_iteration_s_windows_in_order_from_its_start():
     }
     assert diagnose.real_steps(trace, 1) == [(10.0, 11.0, "exchange"), (90.0, 95.0, "all-reduce")]
     assert diagnose.real_steps(trace, 0) == [(50.0, 51.0, "exchange")]
+
+
+def test_late_sleeps_count_only_the_iteration_s_sleeps_and_what_they_overslept():
+    sleeps = [(5_000_000, 16_000_000, 10_000_000), (20_000_000, 30_500_000, 10_000_000), (120_000_000, 140_000_000, 20_000_000)]  # fmt: skip
+    assert diagnose.late_sleeps_ms(sleeps, 0, 100_000_000) == (2, pytest.approx(1.5))
+    assert diagnose.late_sleeps_ms(sleeps, 100_000_000, 200_000_000) == (1, 0.0)
+    assert diagnose.late_sleeps_ms([], 0, 1) == (0, 0)
+
+
+def test_a_diagnosis_takes_the_mechanism_suite_s_cases_and_refuses_an_unknown_cost_pattern():
+    from benchmarks.fidelity import mechanism
+
+    cases = diagnose._cases()
+    assert {c.name for c in mechanism.mechanism_cases()} <= set(cases)
+    assert "pp8-vpp2-dp2" in cases
+    with pytest.raises(ValueError, match="--costs must be one of job, alone"):
+        diagnose.diagnose("mech-pp4-dp4", None, None, "concurrent")
+    with pytest.raises(ValueError, match="no case 'nope'"):
+        diagnose.diagnose("nope", None, None, "alone")
+
+
+def test_host_bursts_of_several_processes_end_no_sooner_than_one_alone():
+    from benchmarks.fidelity import host_bursts
+
+    count = host_bursts.burst_count(0.2)
+    assert count > 0
+    one = host_bursts.measure(1, count, rounds=3)
+    four = host_bursts.measure(4, count, rounds=3)
+    assert one["processes"] == 1 and four["processes"] == 4
+    for row in (one, four):
+        assert 0 < row["mean_completion_ms"] <= row["mean_largest_completion_ms"]
+        assert 0 <= row["mean_wake_ms"] < row["mean_completion_ms"]
+    # four bursts on C cores: the last ends no sooner than ceil(4 / C) bursts back to back (with margin)
+    cores = len(os.sched_getaffinity(0))
+    turns = -(-4 // cores)
+    assert four["mean_largest_completion_ms"] >= 0.75 * turns * host_bursts._burst_alone_ms(count)
