@@ -243,6 +243,31 @@ def resimulate(row: PublishedRow, *, runs_dir: str) -> dict:
     return {**record, "resimulated": True, "kept_iteration_time_s": modelled.get("iteration_time_s")}
 
 
+KINDS_SHORT = {"gemm": "gemm", "attention": "attn", "memory": "mem", "launch": "launch",
+               "exposed_communication": "comm", "pipeline_bubble": "bubble"}  # fmt: skip
+"""The critical role's time by kind, in the tables' order, with their short names."""
+
+
+def miss_accounting(row: dict) -> dict | None:
+    """Where a row's error must lie: the iteration the published throughput implies (the modelled
+    iteration scaled by predicted / published, both in the source's own count), the difference to
+    the modelled one, and that difference as a share of each kind's modelled time (how much that
+    kind alone would have to grow, or shrink, to account for it). None without a time by kind."""
+    kinds = row.get("time_by_kind_s") or {}
+    if not row.get("ok") or not kinds or not row.get("published_tflops"):
+        return None
+    modelled_s = row["iteration_time_s"]
+    implied_s = modelled_s * row["predicted_tflops"] / row["published_tflops"]
+    difference_s = implied_s - modelled_s
+    return {
+        "implied_iteration_time_s": implied_s,
+        "difference_s": difference_s,
+        "difference_over_kind_pct": {
+            k: 100.0 * difference_s / kinds[k] for k in KINDS_SHORT if kinds.get(k, 0.0) > 0.0
+        },
+    }
+
+
 def summarise(rows: list[dict]) -> dict:
     ok = [r for r in rows if r["ok"]]
     errors = [abs(r["error_pct"]) for r in ok]
@@ -265,9 +290,45 @@ def _kinds(row: dict) -> str:
     total = row.get("iteration_time_s") or 0.0
     if not total:
         return "-"
-    short = {"gemm": "gemm", "attention": "attn", "memory": "mem", "launch": "launch",
-             "exposed_communication": "comm", "pipeline_bubble": "bubble"}  # fmt: skip
-    return ", ".join(f"{short[k]} {kinds.get(k, 0.0) / total:.0%}" for k in short)
+    return ", ".join(f"{short} {kinds.get(k, 0.0) / total:.0%}" for k, short in KINDS_SHORT.items())
+
+
+def _share_cell(kind_s: float, share_pct: float | None) -> str:
+    """A kind's modelled time and the difference as a share of it (tenfold and more: "10x+")."""
+    if share_pct is None:
+        return "-"
+    share = f"{share_pct:+.0f} %" if abs(share_pct) < 1000 else ("+10x+" if share_pct > 0 else "-10x+")
+    return f"{kind_s * 1e3:.0f} ms ({share})"
+
+
+def _misses(rows: list[dict]) -> list[str]:
+    """The Markdown section on the rows outside the target: per row, the published iteration, the
+    difference, and each kind's modelled time with the share of it the difference is."""
+    misses = [r for r in rows if r["ok"] and abs(r["error_pct"]) > TARGET_ROW_PCT and miss_accounting(r)]
+    if not misses:
+        return []
+    lines = [
+        "",
+        f"Where the misses are (rows outside {TARGET_ROW_PCT:.0f} %): the iteration the published "
+        "throughput implies (in the source's count), the difference to the modelled one, and per kind "
+        "of the critical role its modelled time and the difference as a share of it: how much that kind "
+        "alone would have to change to account for the error (over 100 %: more than the kind's whole "
+        "modelled time).",
+        "",
+        "| row | modelled | published implies | difference | " + " | ".join(KINDS_SHORT.values()) + " |",
+        "|---|---|---|---|" + "---|" * len(KINDS_SHORT),
+    ]
+    for r in misses:
+        account = miss_accounting(r)
+        kinds = r["time_by_kind_s"]
+        cells = [_share_cell(kinds.get(k, 0.0), account["difference_over_kind_pct"].get(k)) for k in KINDS_SHORT]
+        lines.append(
+            f"| {r['name']} | {r['iteration_time_s'] * 1e3:.0f} ms | "
+            f"{account['implied_iteration_time_s'] * 1e3:.0f} ms | {account['difference_s'] * 1e3:+.0f} ms | "
+            + " | ".join(cells)
+            + " |"
+        )
+    return lines
 
 
 def markdown(rows: list[dict], summary: dict, env: dict, gpu: str, resimulated: bool = False) -> str:
@@ -321,6 +382,7 @@ def markdown(rows: list[dict], summary: dict, env: dict, gpu: str, resimulated: 
         f"- seconds per prediction: max {summary['max_seconds']}, all rows {summary['total_seconds']} "
         "(wall times: the load at the start is on the machine line)",
     ]
+    lines += _misses(rows)
     return "\n".join(lines) + "\n"
 
 
@@ -352,7 +414,13 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append(resimulate(row, runs_dir=args.runs))
             else:
                 rows.append(predict(row, gpu=args.gpu, work_dir=work))
-            print(f"  {json.dumps({k: v for k, v in rows[-1].items() if k != 'time_by_kind_s'})}", flush=True)
+            account = miss_accounting(rows[-1])
+            if account:
+                rows[-1]["miss_accounting"] = account
+            print(
+                f"  {json.dumps({k: v for k, v in rows[-1].items() if k not in ('time_by_kind_s', 'miss_accounting')})}",
+                flush=True,
+            )
     env = common.environment()
     summary = summarise(rows)
     record = {"date": common.today(), "gpu": args.gpu, "environment": env, "summary": summary, "rows": rows}
