@@ -11,8 +11,10 @@ between the steps (what the rank computed longer or shorter than its spans), and
 themselves (the op and the wait in it for later peers); and how late the rank's compute sleeps woke
 against what they asked for (the sleep model's own share of "compute").
 
-Any case of the fidelity suite or of the mechanism suite (`mechanism.py`), simulated over the job
-pattern's costs (the fidelity suite's model) or the alone pattern's (the mechanism suite's).
+Any case of the fidelity suite or of the mechanism suite (`mechanism.py`), simulated over the costs
+its suite judges it by unless `--costs` says otherwise: the job pattern's (the fidelity suite's
+model) or the alone pattern's (the mechanism suite's). One calibration draw, where the suites take
+three.
 
 Run: ``python -m benchmarks.fidelity.diagnose CASE [--iteration N] [--rank R] [--costs job|alone]``.
 """
@@ -132,9 +134,19 @@ def _cases() -> dict:
     return {c.name: c for c in every}
 
 
-def diagnose(name: str, iteration: int | None, rank: int | None = None, pattern: str = "job") -> None:
+def default_pattern(name: str) -> str:
+    """The costs a case's suite judges it by: the mechanism suite's for its cases, else the job pattern."""
+    from benchmarks.fidelity import mechanism
+
+    return mechanism.MODEL if name.startswith("mech-") else "job"
+
+
+def diagnose(name: str, iteration: int | None, rank: int | None = None, pattern: str | None = None) -> None:
     import tempfile
 
+    from prism_megatron.graph import NodeType
+
+    pattern = default_pattern(name) if pattern is None else pattern
     if pattern not in PATTERNS:
         raise ValueError(f"--costs must be one of {', '.join(PATTERNS)}, got {pattern!r}")
     cases = _cases()
@@ -163,17 +175,27 @@ def diagnose(name: str, iteration: int | None, rank: int | None = None, pattern:
     for (a, b, what), (sa, sb, ops) in zip(windows, simulated, strict=False):
         print(f"{what:>10} {a:9.2f} {b:9.2f}   {sa:9.2f} {sb:9.2f}   {b - sb:+8.2f}  {ops}")
     print(f"{'end':>10} {(end - start) / 1e6:9.2f}   simulated {finish_ms:9.2f}")
+    spans = [t.op for t in result.timeline(virtual_rank) if t.op.type == NodeType.COMPUTE]
+    host_ms = sum(op.overhead_ns for op in spans) / 1e6
+    print(
+        f"the rank's {len(spans)} captured compute spans: {sum(op.duration_ns for op in spans) / 1e6:.2f} ms, "
+        f"of which host work (the program around its sleeps) {host_ms:.2f} ms, "
+        f"{host_ms / max(len(spans), 1):.3f} ms a span"
+    )
     print("real - simulated, per timed iteration (the matched steps split as the table's end diff):")
     for i in range(case.warmup, case.iterations):
-        start, end = trace["starts_ns"][i], trace["ends_ns"][i]
+        begin_ns, end_ns = trace["starts_ns"][i], trace["ends_ns"][i]
+        drift_ms = (end_ns - begin_ns) / 1e6 - finish_ms
         parts = split(real_steps(trace, i), simulated)
-        count, late_ms = late_sleeps_ms(trace.get("sleeps_ns", ()), start, end)
+        sleeps = "no sleeps recorded (real compute)"
+        if trace.get("sleeps_ns"):
+            count, late_ms = late_sleeps_ms(trace["sleeps_ns"], begin_ns, end_ns)
+            sleeps = f"of which its {count} sleeps woke {late_ms:+.2f} late"
         print(
-            f"  iteration {i}: {(end - start) / 1e6 - finish_ms:+.2f} ms = before the first step "
-            f"{parts['before']:+.2f}, compute between steps {parts['compute']:+.2f} (of which its "
-            f"{count} sleeps woke {late_ms:+.2f} late), the {parts['steps_matched']} steps themselves "
-            f"{parts['steps']:+.2f}, after the last step "
-            f"{(end - start) / 1e6 - finish_ms - parts['before'] - parts['compute'] - parts['steps']:+.2f}"
+            f"  iteration {i}: {drift_ms:+.2f} ms = before the first step {parts['before']:+.2f}, "
+            f"compute between steps {parts['compute']:+.2f} ({sleeps}), the {parts['steps_matched']} "
+            f"steps themselves {parts['steps']:+.2f}, after the last step "
+            f"{drift_ms - parts['before'] - parts['compute'] - parts['steps']:+.2f}"
         )
 
 
@@ -191,10 +213,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--costs",
-        default="job",
+        default=None,
         choices=PATTERNS,
-        help="simulate over the job pattern's costs (the fidelity suite's model, default) or alone's "
-        "(the mechanism suite's)",
+        help="simulate over the job pattern's costs (the fidelity suite's model) or alone's (the "
+        "mechanism suite's); default: those of the case's suite",
     )
     args = parser.parse_args(argv)
     warnings.filterwarnings("ignore")

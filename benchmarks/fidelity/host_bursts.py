@@ -6,14 +6,17 @@ schedule, the step's Python, the p2p call: about 0.6 ms a step on this machine, 
 step in lockstep (every stage of an interleaved pipeline whose micro-batches all warm up, every
 data-parallel replica of a stage) wake together, and 16 processes share two cores: each waits for a
 core before its host work runs, which no capture and no communication cost sees. This measures that
-wait directly, with no program of the suite: k processes (1, 2, 4, ... up to `--max`) sleep to common
-instants and each then runs a burst of Python work that takes `--burst-ms` alone; per k, the mean
-and the largest time from the instant to the end of a burst, over `--rounds` instants.
+wait with no program of the suite: k processes (1, 2, 4, ... up to `--max`) wait for common
+instants as the sleep model's compute waits (the replay clock's wait: lowered timer slack, a sleep
+and a spin over its last 100 us) and each then runs a burst of Python work that takes `--burst-ms`
+alone; per k, the mean and the largest time from the instant to the end of a burst, over `--rounds`
+instants. The cores are those the process may run on (`os.sched_getaffinity`; a cgroup CPU quota
+below them is not seen).
 
 The mean, set against the one-process row (a burst right after a sleep, woken, as every step's host
 work is), is what a step costs a rank when k ranks step together; a queue that serves the bursts
-one at a time to completion on C cores predicts (k / C + 1) / 2 times that row, printed beside it. It is the floor of what a suite whose ranks step in lockstep can reach against a
-simulation without this term (see `benchmarks/results/*-mechanism-diagnose.md`).
+one at a time to completion on C cores predicts (k / C + 1) / 2 times that row, printed beside it. What this costs a suite whose ranks step together, against a simulation that
+does not know it: `benchmarks/results/*-mechanism-diagnose.md`.
 
     python -m benchmarks.fidelity.host_bursts [--burst-ms 0.6] [--max 16] [--rounds 40] [--out DIR]
 """
@@ -23,6 +26,7 @@ from __future__ import annotations
 import argparse
 import multiprocessing
 import os
+import queue
 import statistics
 import sys
 import time
@@ -54,7 +58,8 @@ def burst_count(burst_ms: float) -> int:
         count *= 2
 
 
-def _burst_alone_ms(count: int, repeats: int = 21) -> float:
+def burst_alone_ms(count: int, repeats: int = 21) -> float:
+    """The burst's median time on this process's core, alone and warm."""
     times = []
     for _ in range(repeats):
         begin = time.perf_counter()
@@ -63,32 +68,47 @@ def _burst_alone_ms(count: int, repeats: int = 21) -> float:
     return statistics.median(times)
 
 
-def _bursts(count: int, instants: list[float], results) -> None:
-    """Sleep to each instant, run the burst; report (ms from the instant to the burst's end, to its
-    start) per instant."""
+def _bursts(count: int, instants_ns: list[int], results) -> None:
+    """Wait for each instant as the sleep model's compute waits, run the burst; report (ms from the
+    instant to the burst's end, to its start) per instant."""
+    from prism_megatron.replay import clock
+
+    clock.lower_timer_slack()
     out = []
-    for instant in instants:
-        ahead = instant - time.monotonic()
-        if ahead > 0:
-            time.sleep(ahead)
-        woke = time.monotonic()
+    for instant in instants_ns:
+        clock.wait_until_ns(instant)
+        woke = clock.now_ns()
         _work(count)
-        out.append(((time.monotonic() - instant) * 1e3, (woke - instant) * 1e3))
+        out.append(((clock.now_ns() - instant) / 1e6, (woke - instant) / 1e6))
     results.put(out)
 
 
 def measure(k: int, count: int, rounds: int) -> dict:
-    """k processes, `rounds` common instants: mean and largest completion, mean wake-up delay (ms)."""
+    """k processes, `rounds` common instants: mean and largest completion, mean wake-up delay (ms).
+
+    Raises:
+        RuntimeError: a process reported nothing in time (every process is stopped first)."""
+    from prism_megatron.replay import clock  # noqa: F401  (imported here, not in each child after its fork)
+
     context = multiprocessing.get_context("fork")
     results = context.Queue()
-    first = time.monotonic() + 0.5
-    instants = [first + GAP_S * r for r in range(rounds + LEAD_ROUNDS)]
+    first = time.monotonic_ns() + 500_000_000
+    instants = [first + round(GAP_S * 1e9) * r for r in range(rounds + LEAD_ROUNDS)]
     children = [context.Process(target=_bursts, args=(count, instants, results)) for _ in range(k)]
     for child in children:
         child.start()
-    per_process = [results.get(timeout=60 + GAP_S * len(instants)) for _ in children]
-    for child in children:
-        child.join()
+    try:
+        per_process = [results.get(timeout=60 + GAP_S * len(instants)) for _ in children]
+    except queue.Empty:
+        raise RuntimeError(
+            f"{k} processes: a burst process reported nothing within 60 s of its last instant"
+        ) from None
+    finally:
+        for child in children:
+            child.join(timeout=5)
+            if child.is_alive():
+                child.terminate()
+                child.join()
     kept = [samples[LEAD_ROUNDS:] for samples in per_process]
     completions = [done for samples in kept for done, _ in samples]
     return {
@@ -103,7 +123,7 @@ def measure(k: int, count: int, rounds: int) -> dict:
 
 def run(burst_ms: float, max_processes: int, rounds: int) -> dict:
     count = burst_count(burst_ms)
-    alone_ms = _burst_alone_ms(count)
+    alone_ms = burst_alone_ms(count)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     rows = []
     k = 1

@@ -179,6 +179,7 @@ def _predicted_row(
         "seconds": round(seconds, 1),
         "published_tflops": row.tflops_per_gpu,
         "predicted_tflops": round(judged, 1),
+        "error_accounting": miss_accounting(iteration_s, judged, row.tflops_per_gpu, by_kind),
         "error_pct": round(100 * (judged / row.tflops_per_gpu - 1), 1),
         "flops_convention": row.flops,
         "error_pct_other_count": round(100 * (other / row.tflops_per_gpu - 1), 1),
@@ -248,16 +249,18 @@ KINDS_SHORT = {"gemm": "gemm", "attention": "attn", "memory": "mem", "launch": "
 """The critical role's time by kind, in the tables' order, with their short names."""
 
 
-def miss_accounting(row: dict) -> dict | None:
+def miss_accounting(
+    iteration_s: float, predicted_tflops: float, published_tflops: float, kinds: dict
+) -> dict | None:
     """Where a row's error must lie: the iteration the published throughput implies (the modelled
-    iteration scaled by predicted / published, both in the source's own count), the difference to
-    the modelled one, and that difference as a share of each kind's modelled time (how much that
-    kind alone would have to grow, or shrink, to account for it). None without a time by kind."""
-    kinds = row.get("time_by_kind_s") or {}
-    if not row.get("ok") or not kinds or not row.get("published_tflops"):
+    iteration scaled by predicted / published, both in the source's own count, unrounded), the
+    difference to the modelled one, and that difference as a share of each kind's modelled time
+    (how much that kind alone would have to grow, or shrink, to account for it). None without a
+    time by kind."""
+    if not kinds or not published_tflops:
         return None
-    modelled_s = row["iteration_time_s"]
-    implied_s = modelled_s * row["predicted_tflops"] / row["published_tflops"]
+    modelled_s = iteration_s
+    implied_s = modelled_s * predicted_tflops / published_tflops
     difference_s = implied_s - modelled_s
     return {
         "implied_iteration_time_s": implied_s,
@@ -304,7 +307,9 @@ def _share_cell(kind_s: float, share_pct: float | None) -> str:
 def _misses(rows: list[dict]) -> list[str]:
     """The Markdown section on the rows outside the target: per row, the published iteration, the
     difference, and each kind's modelled time with the share of it the difference is."""
-    misses = [r for r in rows if r["ok"] and abs(r["error_pct"]) > TARGET_ROW_PCT and miss_accounting(r)]
+    misses = [
+        r for r in rows if r["ok"] and abs(r["error_pct"]) > TARGET_ROW_PCT and r.get("error_accounting")
+    ]
     if not misses:
         return []
     lines = [
@@ -312,16 +317,18 @@ def _misses(rows: list[dict]) -> list[str]:
         f"Where the misses are (rows outside {TARGET_ROW_PCT:.0f} %): the iteration the published "
         "throughput implies (in the source's count), the difference to the modelled one, and per kind "
         "of the critical role its modelled time and the difference as a share of it: how much that kind "
-        "alone would have to change to account for the error (over 100 %: more than the kind's whole "
-        "modelled time).",
+        "alone would have to change to account for the error (beyond +-100 %: more than the kind's "
+        "whole modelled time).",
         "",
         "| row | modelled | published implies | difference | " + " | ".join(KINDS_SHORT.values()) + " |",
         "|---|---|---|---|" + "---|" * len(KINDS_SHORT),
     ]
     for r in misses:
-        account = miss_accounting(r)
+        account = r["error_accounting"]
         kinds = r["time_by_kind_s"]
-        cells = [_share_cell(kinds.get(k, 0.0), account["difference_over_kind_pct"].get(k)) for k in KINDS_SHORT]
+        cells = [
+            _share_cell(kinds.get(k, 0.0), account["difference_over_kind_pct"].get(k)) for k in KINDS_SHORT
+        ]
         lines.append(
             f"| {r['name']} | {r['iteration_time_s'] * 1e3:.0f} ms | "
             f"{account['implied_iteration_time_s'] * 1e3:.0f} ms | {account['difference_s'] * 1e3:+.0f} ms | "
@@ -414,11 +421,8 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append(resimulate(row, runs_dir=args.runs))
             else:
                 rows.append(predict(row, gpu=args.gpu, work_dir=work))
-            account = miss_accounting(rows[-1])
-            if account:
-                rows[-1]["miss_accounting"] = account
             print(
-                f"  {json.dumps({k: v for k, v in rows[-1].items() if k not in ('time_by_kind_s', 'miss_accounting')})}",
+                f"  {json.dumps({k: v for k, v in rows[-1].items() if k not in ('time_by_kind_s', 'error_accounting')})}",
                 flush=True,
             )
     env = common.environment()

@@ -92,24 +92,26 @@ def test_a_diagnosis_takes_the_mechanism_suite_s_cases_and_refuses_an_unknown_co
     cases = diagnose._cases()
     assert {c.name for c in mechanism.mechanism_cases()} <= set(cases)
     assert "pp8-vpp2-dp2" in cases
+    assert (
+        diagnose.default_pattern("mech-pp4-dp4") == "alone" and diagnose.default_pattern("pp4-dp4") == "job"
+    )
     with pytest.raises(ValueError, match="--costs must be one of job, alone"):
         diagnose.diagnose("mech-pp4-dp4", None, None, "concurrent")
     with pytest.raises(ValueError, match="no case 'nope'"):
         diagnose.diagnose("nope", None, None, "alone")
 
 
-def test_host_bursts_of_several_processes_end_no_sooner_than_one_alone():
+def test_host_bursts_started_together_on_few_cores_queue_for_them():
     from benchmarks.fidelity import host_bursts
 
     count = host_bursts.burst_count(0.2)
     assert count > 0
+    alone_ms = min(host_bursts.burst_alone_ms(count) for _ in range(3))  # a lower bound: the quietest
     one = host_bursts.measure(1, count, rounds=3)
     four = host_bursts.measure(4, count, rounds=3)
     assert one["processes"] == 1 and four["processes"] == 4
-    for row in (one, four):
-        assert 0 < row["mean_completion_ms"] <= row["mean_largest_completion_ms"]
-        assert 0 <= row["mean_wake_ms"] < row["mean_completion_ms"]
-    # four bursts on C cores: the last ends no sooner than ceil(4 / C) bursts back to back (with margin)
-    cores = len(os.sched_getaffinity(0))
-    turns = -(-4 // cores)
-    assert four["mean_largest_completion_ms"] >= 0.75 * turns * host_bursts._burst_alone_ms(count)
+    assert one["mean_completion_ms"] >= 0.75 * alone_ms  # a burst takes its time
+    assert one["mean_wake_ms"] < 20.0 and four["mean_wake_ms"] < 20.0  # each woke at its instant, not later
+    # four bursts on C cores: the last of them ends no sooner than ceil(4 / C) bursts back to back
+    turns = -(-4 // len(os.sched_getaffinity(0)))
+    assert four["mean_largest_completion_ms"] >= 0.75 * turns * alone_ms
