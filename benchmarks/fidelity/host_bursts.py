@@ -24,9 +24,7 @@ does not know it: `benchmarks/results/*-mechanism-diagnose.md`.
 from __future__ import annotations
 
 import argparse
-import multiprocessing
 import os
-import queue
 import statistics
 import sys
 import time
@@ -68,11 +66,12 @@ def burst_alone_ms(count: int, repeats: int = 21) -> float:
     return statistics.median(times)
 
 
-def _bursts(count: int, instants_ns: list[int], results) -> None:
-    """Wait for each instant as the sleep model's compute waits, run the burst; report (ms from the
-    instant to the burst's end, to its start) per instant."""
+def _bursts(request: tuple[int, list[int]]) -> list[tuple[float, float]]:
+    """Wait for each instant as the sleep model's compute waits, run the burst; (ms from the instant
+    to the burst's end, to its start) per instant. `request`: (loop count, instants in ns)."""
     from prism_megatron.replay import clock
 
+    count, instants_ns = request
     clock.lower_timer_slack()
     out = []
     for instant in instants_ns:
@@ -80,35 +79,22 @@ def _bursts(count: int, instants_ns: list[int], results) -> None:
         woke = clock.now_ns()
         _work(count)
         out.append(((clock.now_ns() - instant) / 1e6, (woke - instant) / 1e6))
-    results.put(out)
+    return out
 
 
 def measure(k: int, count: int, rounds: int) -> dict:
     """k processes, `rounds` common instants: mean and largest completion, mean wake-up delay (ms).
 
     Raises:
-        RuntimeError: a process reported nothing in time (every process is stopped first)."""
+        RuntimeError: a process failed or reported nothing in time (`processes.run_processes`)."""
+    from benchmarks.fidelity.processes import run_processes
     from prism_megatron.replay import clock  # noqa: F401  (imported here, not in each child after its fork)
 
-    context = multiprocessing.get_context("fork")
-    results = context.Queue()
     first = time.monotonic_ns() + 500_000_000
     instants = [first + round(GAP_S * 1e9) * r for r in range(rounds + LEAD_ROUNDS)]
-    children = [context.Process(target=_bursts, args=(count, instants, results)) for _ in range(k)]
-    for child in children:
-        child.start()
-    try:
-        per_process = [results.get(timeout=60 + GAP_S * len(instants)) for _ in children]
-    except queue.Empty:
-        raise RuntimeError(
-            f"{k} processes: a burst process reported nothing within 60 s of its last instant"
-        ) from None
-    finally:
-        for child in children:
-            child.join(timeout=5)
-            if child.is_alive():
-                child.terminate()
-                child.join()
+    per_process = run_processes(
+        _bursts, [(count, instants)] * k, connected=False, timeout_s=60 + GAP_S * len(instants)
+    )
     kept = [samples[LEAD_ROUNDS:] for samples in per_process]
     completions = [done for samples in kept for done, _ in samples]
     return {
