@@ -15,8 +15,9 @@ below them is not seen).
 
 The mean, set against the one-process row (a burst right after a sleep, woken, as every step's host
 work is), is what a step costs a rank when k ranks step together; a queue that serves the bursts
-one at a time to completion on C cores predicts (k / C + 1) / 2 times that row, printed beside it. What this costs a suite whose ranks step together, against a simulation that
-does not know it: `benchmarks/results/*-mechanism-diagnose.md`.
+one at a time to completion on C cores predicts (k / C + 1) / 2 times that row, printed beside it.
+What this costs a suite whose ranks step together, against a simulation that does not know it:
+`benchmarks/results/*-mechanism-diagnose.md`.
 
     python -m benchmarks.fidelity.host_bursts [--burst-ms 0.6] [--max 16] [--rounds 40] [--out DIR]
 """

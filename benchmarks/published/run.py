@@ -179,7 +179,7 @@ def _predicted_row(
         "seconds": round(seconds, 1),
         "published_tflops": row.tflops_per_gpu,
         "predicted_tflops": round(judged, 1),
-        "error_accounting": miss_accounting(iteration_s, judged, row.tflops_per_gpu, by_kind),
+        "error_accounting": error_accounting(iteration_s, judged, row.tflops_per_gpu, by_kind),
         "error_pct": round(100 * (judged / row.tflops_per_gpu - 1), 1),
         "flops_convention": row.flops,
         "error_pct_other_count": round(100 * (other / row.tflops_per_gpu - 1), 1),
@@ -249,7 +249,7 @@ KINDS_SHORT = {"gemm": "gemm", "attention": "attn", "memory": "mem", "launch": "
 """The critical role's time by kind, in the tables' order, with their short names."""
 
 
-def miss_accounting(
+def error_accounting(
     iteration_s: float, predicted_tflops: float, published_tflops: float, kinds: dict
 ) -> dict | None:
     """Where a row's error must lie: the iteration the published throughput implies (the modelled
@@ -259,9 +259,8 @@ def miss_accounting(
     time by kind."""
     if not kinds or not published_tflops:
         return None
-    modelled_s = iteration_s
-    implied_s = modelled_s * predicted_tflops / published_tflops
-    difference_s = implied_s - modelled_s
+    implied_s = iteration_s * predicted_tflops / published_tflops
+    difference_s = implied_s - iteration_s
     return {
         "implied_iteration_time_s": implied_s,
         "difference_s": difference_s,

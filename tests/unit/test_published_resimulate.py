@@ -86,17 +86,17 @@ def test_runs_refuses_a_missing_folder_and_reports_a_row_it_lacks(tmp_path, caps
 
 
 def test_a_miss_is_accounted_against_each_kind_of_its_modelled_time():
-    from benchmarks.published.run import markdown, miss_accounting, summarise
+    from benchmarks.published.run import error_accounting, markdown, summarise
 
     kinds = {"gemm": 0.5, "attention": 0.1, "memory": 0.2, "exposed_communication": 0.2}
     # 25 % too fast: the published throughput means a 1.25 s iteration, 0.25 s more than modelled
-    account = miss_accounting(1.0, 500.0, 400.0, kinds)
+    account = error_accounting(1.0, 500.0, 400.0, kinds)
     assert account["implied_iteration_time_s"] == pytest.approx(1.25)
     assert account["difference_s"] == pytest.approx(0.25)
     assert account["difference_over_kind_pct"] == pytest.approx(
         {"gemm": 50.0, "attention": 250.0, "memory": 125.0, "exposed_communication": 125.0}
     )
-    assert miss_accounting(1.0, 500.0, 400.0, {}) is None
+    assert error_accounting(1.0, 500.0, 400.0, {}) is None
     miss = {"name": "gpt-1.7b-48gpus", "ok": True, "seconds": 1.0, "published_tflops": 400.0,
             "predicted_tflops": 500.0, "error_pct": 25.0, "error_pct_other_count": 20.0, "prism_tflops": 450.0,
             "iteration_time_s": 1.0, "time_by_kind_s": kinds, "error_accounting": account}  # fmt: skip
