@@ -41,6 +41,11 @@ def format_summary(outcome: RunOutcome) -> str:
                 f"real rank {agreement.virtual_rank}: emulated against that schedule replayed with the "
                 f"iteration's own measurements: {describe(agreement, replayed=True)}"
             )
+        if agreement.compute_drift_pct is not None:
+            lines.append(
+                f"real rank {agreement.virtual_rank}: its compute against what that schedule assumed: "
+                f"{describe(agreement, compute=True)}"
+            )
     for rank, data in sorted(outcome.results.items()):
         between = _between_iterations(data.get("prism_phase") or {})
         if between:

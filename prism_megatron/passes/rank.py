@@ -237,6 +237,10 @@ class EmulatePhase(_RecordingPhase):
         """Iteration number -> the schedule it ran replayed with every real rank's compute spans of
         that iteration (`ClosedLoop.replayed_ns`); iterations after warm-up that every real rank
         ran as the graph holds."""
+        self.compute_ns: dict[int, tuple[int, int]] = {}
+        """Iteration number -> (this rank's compute the schedule it ran assumed, the compute it
+        measured in it), for iterations after warm-up that ran as the graph holds: how far the
+        measured input drifted from the one the schedule was simulated with."""
         self.resimulation_ns: list[int] = []
         """Host time of each fold (measurement, exchange with the other real ranks, re-simulation and
         schedule load): between iterations, in none."""
@@ -288,10 +292,14 @@ class EmulatePhase(_RecordingPhase):
         streams = iteration_streams(iteration, self.names, posted=posted)
         keep = blocked_waits(iteration, streams, posted, self.loaded)
         self.num_kept += len(keep)
+        assumed = list(self.loop.current)  # what the schedule this iteration ran was simulated with
         reason = self.loop.measure(streams, keep)
         if self.real_costs is not None:
             self.real_costs.add(iteration.events)
         spans = compute_durations(streams) if reason is None else None
+        if spans is not None:  # a kept span counts as assumed: its measurement holds a wait
+            measured = sum(assumed[i] if i in keep else ns for i, ns in enumerate(spans))
+            self.compute_ns[number] = (sum(assumed), measured)
         durations, costs, all_spans, latest = self.exchange(number, spans)
         if reason is None:
             if None not in all_spans.values():  # every real rank's iteration matched the graph
@@ -347,6 +355,14 @@ class EmulatePhase(_RecordingPhase):
             "simulated_iteration_times_s": [t / 1e9 for t in self.simulated_ns],
             "replayed_iteration_times_s": [
                 self.replayed_ns[i] / 1e9 if i in self.replayed_ns else None
+                for i in range(len(self.simulated_ns))
+            ],
+            "schedule_compute_s": [
+                self.compute_ns[i][0] / 1e9 if i in self.compute_ns else None
+                for i in range(len(self.simulated_ns))
+            ],
+            "measured_compute_s": [
+                self.compute_ns[i][1] / 1e9 if i in self.compute_ns else None
                 for i in range(len(self.simulated_ns))
             ],
             "closed_loop_final_s": self.loop.iteration_time_ns / 1e9,

@@ -21,6 +21,15 @@ where those ran through the host (`passes/replayed.py`; a gloo exchange between 
 own error (ops completing later than the schedule says, host work inside ops); the difference
 between the two comparisons is the drift of the measured inputs. The simulated time is the rank's own
 finish in the schedule's simulation, as the emulated time is the rank's own start to end.
+
+The drift is also given directly: each real rank's compute in the iteration against the compute its
+schedule was simulated with. It does not cancel out over iterations. A real rank that computes more
+than its schedule assumed is late at its next exchange with a virtual peer and the lateness carries
+on; one that computes less waits there for the peer, which keeps to the schedule, and the time it
+saved is lost. So a host whose speed varies from one iteration to the next (a shared machine's cores
+slow down by a third or more for seconds at a time) makes the emulated iterations run over their
+simulations on average, and the comparison against the replay, which has the iteration's own compute,
+is what measures the emulation itself.
 """
 
 from __future__ import annotations
@@ -46,6 +55,11 @@ class RankAgreement:
     replayed_s: tuple[float, ...] | None = None
     """The schedule each iteration ran, replayed with the real ranks' compute of that iteration;
     None when a compared iteration has none (a run before it was recorded, or one that diverged)."""
+    schedule_compute_s: tuple[float, ...] | None = None
+    """This rank's compute in each iteration as the schedule it ran assumed it; None as `replayed_s`."""
+    measured_compute_s: tuple[float, ...] | None = None
+    """This rank's compute as measured in each iteration (a span that ended in a wait the schedule
+    decided counts as assumed); None with `schedule_compute_s`."""
 
     @property
     def differences_pct(self) -> tuple[float, ...]:
@@ -76,6 +90,13 @@ class RankAgreement:
         differences = self.replayed_differences_pct
         return None if differences is None else (min(differences), max(differences))
 
+    @property
+    def compute_drift_pct(self) -> tuple[float, ...] | None:
+        """Per iteration: (measured compute - the schedule's) / the schedule's, in percent."""
+        if self.schedule_compute_s is None or self.measured_compute_s is None:
+            return None
+        return _differences(self.measured_compute_s, self.schedule_compute_s)
+
     @classmethod
     def from_phase(cls, virtual_rank: int, phase: Mapping[str, Any]) -> RankAgreement | None:
         """From a rank's `prism_phase` results (`EmulatePhase.summary`); None for a pass without
@@ -92,6 +113,8 @@ class RankAgreement:
         if not pairs:
             return None
         replays = [replayed[i] if i < len(replayed) else None for i, _, _ in pairs]
+        schedule = _at(phase.get("schedule_compute_s"), [i for i, _, _ in pairs])
+        measured = _at(phase.get("measured_compute_s"), [i for i, _, _ in pairs])
         return cls(
             virtual_rank=virtual_rank,
             iterations=tuple(i for i, _, _ in pairs),
@@ -99,6 +122,8 @@ class RankAgreement:
             simulated_s=tuple(float(s) for _, _, s in pairs),
             closed_loop_final_s=phase.get("closed_loop_final_s"),
             replayed_s=None if any(not r for r in replays) else tuple(float(r) for r in replays),
+            schedule_compute_s=schedule if measured is not None and min(schedule) > 0 else None,
+            measured_compute_s=measured if schedule is not None and min(schedule) > 0 else None,
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -120,6 +145,17 @@ class RankAgreement:
                     "max_replayed_difference_pct": self.replayed_spread_pct[1],
                 }
             ),
+            **(
+                {}
+                if self.compute_drift_pct is None
+                else {
+                    "schedule_compute_s": list(self.schedule_compute_s),
+                    "measured_compute_s": list(self.measured_compute_s),
+                    "median_compute_drift_pct": statistics.median(self.compute_drift_pct),
+                    "min_compute_drift_pct": min(self.compute_drift_pct),
+                    "max_compute_drift_pct": max(self.compute_drift_pct),
+                }
+            ),
         }
 
     @classmethod
@@ -132,7 +168,21 @@ class RankAgreement:
             simulated_s=tuple(entry["simulated_s"]),
             closed_loop_final_s=entry.get("closed_loop_final_s"),
             replayed_s=tuple(entry["replayed_s"]) if entry.get("replayed_s") is not None else None,
+            schedule_compute_s=_tuple(entry.get("schedule_compute_s")),
+            measured_compute_s=_tuple(entry.get("measured_compute_s")),
         )
+
+
+def _at(values: Any, positions: list[int]) -> tuple[float, ...] | None:
+    """values[i] for each position; None when any is missing (an older run, an iteration that
+    diverged from the graph)."""
+    if not values or any(i >= len(values) or values[i] is None for i in positions):
+        return None
+    return tuple(float(values[i]) for i in positions)
+
+
+def _tuple(values: Any) -> tuple[float, ...] | None:
+    return None if values is None else tuple(float(v) for v in values)
 
 
 def _differences(emulated_s: tuple[float, ...], reference_s: tuple[float, ...]) -> tuple[float, ...]:
@@ -147,10 +197,16 @@ def agreements(results: Mapping[int, Mapping[str, Any]]) -> tuple[RankAgreement,
     return tuple(a for a in found if a is not None)
 
 
-def describe(agreement: RankAgreement, *, replayed: bool = False) -> str:
-    """'+0.42 % (-1.10 .. +2.31 %, 5 iterations)': against the schedule's simulation, or with
-    `replayed` against its replay with the iteration's own measurements ('-' when there is none)."""
-    if replayed:
+def describe(agreement: RankAgreement, *, replayed: bool = False, compute: bool = False) -> str:
+    """'+0.42 % (-1.10 .. +2.31 %, 5 iterations)': against the schedule's simulation, with
+    `replayed` against its replay with the iteration's own measurements, with `compute` the rank's
+    measured compute against the schedule's ('-' when there is none)."""
+    if compute:
+        drift = agreement.compute_drift_pct
+        if drift is None:
+            return "-"
+        median, (low, high) = statistics.median(drift), (min(drift), max(drift))
+    elif replayed:
         if agreement.replayed_median_pct is None:
             return "-"
         median, (low, high) = agreement.replayed_median_pct, agreement.replayed_spread_pct

@@ -12,6 +12,7 @@ splits a table cell nor turns bold, and a newline does not end a table row.
 from __future__ import annotations
 
 import re
+import statistics
 from collections.abc import Mapping
 
 from prism_megatron.report.model import MEGATRON_NAMES, RunReport, target_to_json
@@ -143,10 +144,12 @@ def _agreement(report: RunReport) -> list[str]:
     for a in report.agreement:
         low, high = a.spread_pct
         replayed = a.replayed_spread_pct
+        drift = a.compute_drift_pct
         rows.append([
             a.virtual_rank, len(a.iterations), f"{a.median_pct:+.2f} %", f"{low:+.2f} .. {high:+.2f} %",
             "-" if replayed is None else f"{a.replayed_median_pct:+.2f} %",
             "-" if replayed is None else f"{replayed[0]:+.2f} .. {replayed[1]:+.2f} %",
+            "-" if drift is None else f"{statistics.median(drift):+.2f} % ({min(drift):+.2f} .. {max(drift):+.2f} %)",
             _seconds(a.closed_loop_final_s),
         ])  # fmt: skip
     return [
@@ -157,6 +160,10 @@ def _agreement(report: RunReport) -> list[str]:
         "and against that schedule replayed with the compute the real ranks measured in the iteration "
         "itself and, on the CPU device, the times they measured of the ops among them (what is left is "
         "the emulation's own error; the gap between the two is the drift of those measurements). "
+        "The drift of the compute is given as the rank's measured compute against what its schedule "
+        "assumed. It does not cancel out over iterations: a rank that computes more than assumed "
+        "reaches its next exchange with a virtual peer late and the exchange ends late, while one "
+        "that computes less waits there for the peer, which keeps to the schedule. "
         "The closed loop's last schedule is the simulation from the last measurements.",
         "",
         *_table(
@@ -167,6 +174,7 @@ def _agreement(report: RunReport) -> list[str]:
                 "range",
                 "replayed: median",
                 "replayed: range",
+                "compute against the schedule's: median (range)",
                 "closed loop, last schedule",
             ],
             rows,

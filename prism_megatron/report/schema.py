@@ -191,7 +191,14 @@ def _check_agreement(doc: dict, errors: list[str]) -> None:
             errors.append(
                 f"$.agreement.{key}: virtual rank {key} is not one of real_ranks {doc['real_ranks']}"
             )
-        names = ("iterations", "emulated_s", "simulated_s", "replayed_s")
+        names = (
+            "iterations",
+            "emulated_s",
+            "simulated_s",
+            "replayed_s",
+            "schedule_compute_s",
+            "measured_compute_s",
+        )
         lengths = {name: len(entry[name]) for name in names if entry.get(name) is not None}
         if len(set(lengths.values())) != 1:
             errors.append(

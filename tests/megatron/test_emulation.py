@@ -154,8 +154,12 @@ def test_every_emulated_iteration_after_warm_up_folds_its_measurements_into_the_
         # measured in it (exchanged with their durations); warm-up is not.
         replayed = phase["replayed_iteration_times_s"]
         assert replayed[0] is None and all(r > 0 for r in replayed[1:]), replayed
+        # Beside it, the rank's compute in each folded iteration and what its schedule assumed.
+        for key in ("schedule_compute_s", "measured_compute_s"):
+            assert phase[key][0] is None and all(c > 0 for c in phase[key][1:]), (key, phase[key])
     agreement = read_json(run_dir / "report.json")["agreement"]
     assert all(len(agreement[str(rank)]["replayed_s"]) == 3 for rank in REAL_RANKS)
+    assert all(len(agreement[str(rank)]["measured_compute_s"]) == 3 for rank in REAL_RANKS)
 
 
 @pytest.mark.slow

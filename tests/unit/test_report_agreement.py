@@ -129,3 +129,44 @@ def test_report_json_and_md_hold_the_replayed_comparison_and_read_back_equal(tmp
     doc["agreement"]["0"]["replayed_s"].pop()
     with pytest.raises(SchemaError, match=r"\$\.agreement\.0: one value per iteration compared"):
         validate(doc)
+
+
+PHASE_COMPUTE = {
+    **PHASE_REPLAYED,
+    "schedule_compute_s": [None, 0.050, 0.050, 0.040],
+    "measured_compute_s": [None, 0.055, 0.045, 0.040],
+}
+
+
+def test_each_iteration_says_how_far_the_rank_s_compute_drifted_from_what_its_schedule_assumed():
+    agreement = RankAgreement.from_phase(0, PHASE_COMPUTE)
+    assert agreement.schedule_compute_s == (0.050, 0.050, 0.040)
+    assert agreement.compute_drift_pct == pytest.approx((10.0, -10.0, 0.0))
+    assert describe(agreement, compute=True) == "+0.00 % (-10.00 .. +10.00 %, 3 iterations)"
+    # Missing for a compared iteration (it diverged from the graph), or from an older run: none.
+    gap = {**PHASE_COMPUTE, "measured_compute_s": [None, 0.055, None, 0.040]}
+    assert RankAgreement.from_phase(0, gap).compute_drift_pct is None
+    assert describe(RankAgreement.from_phase(0, PHASE_REPLAYED), compute=True) == "-"
+    # A schedule that assumed no compute at all gives no percentage rather than a division by zero.
+    idle = {**PHASE_COMPUTE, "schedule_compute_s": [None, 0.0, 0.050, 0.040]}
+    assert RankAgreement.from_phase(0, idle).compute_drift_pct is None
+
+
+def test_report_json_and_md_hold_the_compute_drift_and_read_back_equal(tmp_path):
+    report = _report(agreement=agreements({0: {"prism_phase": PHASE_COMPUTE}, 33: {"prism_phase": PHASE_33}}))
+    out = str(tmp_path / "run")
+    write_report(report, out)
+    with open(os.path.join(out, "report.json")) as f:
+        doc = json.load(f)
+    validate(doc)
+    entry = doc["agreement"]["0"]
+    assert entry["measured_compute_s"] == [0.055, 0.045, 0.040]
+    assert (entry["min_compute_drift_pct"], entry["max_compute_drift_pct"]) == pytest.approx((-10.0, 10.0))
+    assert "schedule_compute_s" not in doc["agreement"]["33"]
+    assert RunReport.from_json(doc) == report
+    with open(os.path.join(out, "report.md")) as f:
+        md = f.read()
+    assert "| +0.00 % (-10.00 .. +10.00 %) |" in md
+    doc["agreement"]["0"]["schedule_compute_s"].pop()
+    with pytest.raises(SchemaError, match=r"\$\.agreement\.0: one value per iteration compared"):
+        validate(doc)
