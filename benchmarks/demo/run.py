@@ -7,6 +7,14 @@ the emulated and simulated iteration times and the emulation's error against the
 the machine's load before and after each run (the machine is shared: a loaded one is slower, and
 load that changes between the capture and the emulation shows as error against the simulation).
 
+Per run and real rank it also records the demo's own comparison (report.json's `agreement`): each
+emulated iteration against the simulation of the schedule it ran (issue 31's target: the median
+within 1 % for each real rank in each run), against that schedule replayed with the iteration's own
+measurements, and the rank's compute against what the schedule assumed. Before each run the cores'
+speed is probed (`benchmarks/host/speed.py`, `--probe-s`): the load average does not show another
+tenant slowing a core down, and a core whose speed moves between iterations moves the first
+comparison while the replayed one stays put.
+
 Run: ``python -m benchmarks.demo.run [--repeats N] [--out DIR]``. Writes
 ``<DIR>/<YYYY-MM-DD>-demo.json`` and ``.md`` (DIR defaults to benchmarks/results/). Medians over
 the repeats are quoted.
@@ -25,9 +33,12 @@ import tempfile
 import time
 
 from benchmarks.common import EVERY_PACKAGE, RESULTS_DIR, environment, machine_line, today, write_results
+from benchmarks.host import speed
 from prism_megatron import files
 
 BUDGET_S = 180.0
+AGREEMENT_TARGET_PCT = 1.0
+"""Issue 31: |median per-iteration difference| against the schedule's simulation, each rank, each run."""
 _PHASE = re.compile(r"^(.*?): (?:done|.*?) in ([0-9.]+) s$")
 
 
@@ -52,6 +63,11 @@ def run_once(out_dir: str) -> dict:
     with open(os.path.join(out_dir, files.REPORT_JSON), encoding="utf-8") as f:
         report = json.load(f)
     emulated, simulated = report["iteration_time_s"], report["simulated_iteration_time_s"]
+    keys = ("median_difference_pct", "min_difference_pct", "max_difference_pct", "median_replayed_difference_pct",
+            "median_compute_drift_pct", "min_compute_drift_pct", "max_compute_drift_pct")  # fmt: skip
+    agreement = {
+        rank: {k: entry.get(k) for k in keys} for rank, entry in (report.get("agreement") or {}).items()
+    }
     return {
         "wall_s": round(wall_s, 2),
         "load_average_1min_before": load,
@@ -61,7 +77,19 @@ def run_once(out_dir: str) -> dict:
         "emulated_iteration_ms": round(emulated * 1e3, 2),
         "simulated_iteration_ms": round(simulated * 1e3, 2),
         "emulated_vs_simulated_pct": round(100 * (emulated - simulated) / simulated, 2),
+        "agreement": agreement,
     }
+
+
+def agreement_met(run: dict) -> bool:
+    """Every real rank's median per-iteration difference within the target."""
+    return bool(run["agreement"]) and all(
+        abs(a["median_difference_pct"]) <= AGREEMENT_TARGET_PCT for a in run["agreement"].values()
+    )
+
+
+def _pct(value) -> str:
+    return "-" if value is None else f"{value:+.2f}"
 
 
 def markdown(record: dict) -> str:
@@ -86,6 +114,35 @@ def markdown(record: dict) -> str:
             f"{emulate_s:.1f} | {run['emulated_iteration_ms']:.1f} | {run['simulated_iteration_ms']:.1f} | "
             f"{run['emulated_vs_simulated_pct']:+.2f} |"
         )
+    met = sum(agreement_met(run) for run in record["runs"])
+    lines += [
+        "",
+        f"Each emulated iteration after warm-up against the simulation of the schedule it ran, per real rank "
+        f"(target: the median within {AGREEMENT_TARGET_PCT:g} % for each rank in each run: "
+        f"**{'met' if met == len(record['runs']) else 'NOT met'}**, {met} of {len(record['runs'])} runs); "
+        "beside it the same iterations against that schedule replayed with their own measurements, and "
+        "the rank's compute against what its schedule assumed. Host speed before the run: the probe's "
+        "median unit of work per core (`benchmarks/host/speed.py`) and its share of slow windows.",
+        "",
+        "| run | real rank | median difference % | range % | replayed: median % | compute vs schedule's: median (range) % | host before: unit ms, slow |",
+        "|---:|---:|---:|---:|---:|---:|---|",
+    ]  # fmt: skip
+    for number, run in enumerate(record["runs"], start=1):
+        probe = run.get("host_speed_before")
+        host = (
+            "-"
+            if probe is None
+            else ", ".join(
+                f"{c['median_unit_ms']:.1f} ({100 * c['slow_share']:.0f} %)" for c in probe["cores"].values()
+            )
+        )
+        for rank, a in sorted(run["agreement"].items(), key=lambda item: int(item[0])):
+            lines.append(
+                f"| {number} | {rank} | {_pct(a['median_difference_pct'])} | "
+                f"{_pct(a['min_difference_pct'])} .. {_pct(a['max_difference_pct'])} | "
+                f"{_pct(a['median_replayed_difference_pct'])} | {_pct(a['median_compute_drift_pct'])} "
+                f"({_pct(a['min_compute_drift_pct'])} .. {_pct(a['max_compute_drift_pct'])}) | {host} |"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -93,12 +150,22 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", default=RESULTS_DIR)
+    parser.add_argument(
+        "--probe-s", type=float, default=10.0, help="seconds of host-speed probe before each run (0: none)"
+    )
     args = parser.parse_args(argv)
+    if args.probe_s < 0:
+        parser.error(f"--probe-s must be >= 0 seconds, got {args.probe_s}")
     runs = []
     for number in range(args.repeats):
+        probe = speed.probe(args.probe_s) if args.probe_s > 0 else None
         with tempfile.TemporaryDirectory(prefix="prism-demo-") as tmp:
-            runs.append(run_once(os.path.join(tmp, "run")))
-        print(f"run {number + 1}/{args.repeats}: {runs[-1]['wall_s']:.1f} s", file=sys.stderr)
+            runs.append({**run_once(os.path.join(tmp, "run")), "host_speed_before": probe})
+        print(
+            f"run {number + 1}/{args.repeats}: {runs[-1]['wall_s']:.1f} s"
+            + (f"; host before it: {speed.describe(probe)}" if probe else ""),
+            file=sys.stderr,
+        )
     record = {
         "suite": "demo",
         "date": today(),
@@ -106,6 +173,8 @@ def main(argv: list[str] | None = None) -> int:
         "budget_s": BUDGET_S,
         "median_wall_s": statistics.median(r["wall_s"] for r in runs),
         "median_emulated_vs_simulated_pct": statistics.median(r["emulated_vs_simulated_pct"] for r in runs),
+        "agreement_target_pct": AGREEMENT_TARGET_PCT,
+        "agreement_met_runs": sum(agreement_met(r) for r in runs),
         "runs": runs,
     }
     for path in write_results("demo", record, markdown(record), args.out):
