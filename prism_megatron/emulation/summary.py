@@ -29,7 +29,9 @@ def format_summary(outcome: RunOutcome) -> str:
             lines.append(warning)
     if report.simulated_iteration_time_s is not None:
         lines.append(
-            f"simulated iteration time: {report.simulated_iteration_time_s * 1e3:9.2f} ms  (graph as captured)"
+            f"simulated iteration time: {report.simulated_iteration_time_s * 1e3:9.2f} ms  (graph as captured"
+            + _against_capture(report)
+            + ")"
         )
     for agreement in report.agreement:
         lines.append(
@@ -88,6 +90,16 @@ def format_summary(outcome: RunOutcome) -> str:
     if os.path.isfile(os.path.join(graph_dir, files.GRAPH_FILE)):  # a run that failed first wrote none
         lines.append(f"wrote {graph_dir}/ (reuse: --prism-graph, prism-megatron simulate)")
     return "\n".join(lines)
+
+
+def _against_capture(report) -> str:
+    """'; the real ranks computed in the emulation, against the capture: rank 0 +12.3 %, ...', or ''."""
+    parts = [
+        f"rank {a.virtual_rank} {a.compute_against_capture_pct:+.1f} %"
+        for a in report.agreement
+        if a.compute_against_capture_pct is not None
+    ]
+    return f"; real ranks' compute in the emulation against the capture: {', '.join(parts)}" if parts else ""
 
 
 def _closed_loop_s(report) -> float | None:

@@ -237,6 +237,8 @@ class EmulatePhase(_RecordingPhase):
         """Iteration number -> the schedule it ran replayed with every real rank's compute spans of
         that iteration (`ClosedLoop.replayed_ns`); iterations after warm-up that every real rank
         ran as the graph holds."""
+        self.captured_compute_ns = sum(self.loop.current)
+        """This rank's compute in the graph as captured (the first schedule's)."""
         self.compute_ns: dict[int, tuple[int, int]] = {}
         """Iteration number -> (this rank's compute the schedule it ran assumed, the compute it
         measured in it), for iterations after warm-up that ran as the graph holds: how far the
@@ -357,6 +359,7 @@ class EmulatePhase(_RecordingPhase):
                 self.replayed_ns[i] / 1e9 if i in self.replayed_ns else None
                 for i in range(len(self.simulated_ns))
             ],
+            "captured_compute_s": self.captured_compute_ns / 1e9,
             "schedule_compute_s": [
                 self.compute_ns[i][0] / 1e9 if i in self.compute_ns else None
                 for i in range(len(self.simulated_ns))

@@ -60,6 +60,8 @@ class RankAgreement:
     measured_compute_s: tuple[float, ...] | None = None
     """This rank's compute as measured in each iteration (a span that ended in a wait the schedule
     decided counts as assumed); None with `schedule_compute_s`."""
+    captured_compute_s: float | None = None
+    """This rank's compute in the graph as captured (another pass, at another time)."""
 
     @property
     def differences_pct(self) -> tuple[float, ...]:
@@ -97,6 +99,14 @@ class RankAgreement:
             return None
         return _differences(self.measured_compute_s, self.schedule_compute_s)
 
+    @property
+    def compute_against_capture_pct(self) -> float | None:
+        """The median measured compute against the capture's, in percent: why the emulated
+        iteration can differ from the graph as captured while agreeing with its own schedules."""
+        if self.measured_compute_s is None or not self.captured_compute_s:
+            return None
+        return (statistics.median(self.measured_compute_s) / self.captured_compute_s - 1) * 100
+
     @classmethod
     def from_phase(cls, virtual_rank: int, phase: Mapping[str, Any]) -> RankAgreement | None:
         """From a rank's `prism_phase` results (`EmulatePhase.summary`); None for a pass without
@@ -124,6 +134,7 @@ class RankAgreement:
             replayed_s=None if any(not r for r in replays) else tuple(float(r) for r in replays),
             schedule_compute_s=schedule if measured is not None and min(schedule) > 0 else None,
             measured_compute_s=measured if schedule is not None and min(schedule) > 0 else None,
+            captured_compute_s=phase.get("captured_compute_s"),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -156,6 +167,7 @@ class RankAgreement:
                     "max_compute_drift_pct": max(self.compute_drift_pct),
                 }
             ),
+            **({} if self.captured_compute_s is None else {"captured_compute_s": self.captured_compute_s}),
         }
 
     @classmethod
@@ -170,6 +182,7 @@ class RankAgreement:
             replayed_s=tuple(entry["replayed_s"]) if entry.get("replayed_s") is not None else None,
             schedule_compute_s=_tuple(entry.get("schedule_compute_s")),
             measured_compute_s=_tuple(entry.get("measured_compute_s")),
+            captured_compute_s=entry.get("captured_compute_s"),
         )
 
 

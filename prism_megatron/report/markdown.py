@@ -125,6 +125,7 @@ def _summary(report: RunReport) -> list[str]:
         ["iteration time (median after warm-up)", _seconds(measured), f"`{megatron['iteration_time_s']}`"],
         ["simulated iteration time (graph as captured)", _seconds(simulated), "-"],
         ["emulated relative to the graph as captured", versus, "-"],
+        *_against_capture(report),
         ["model TFLOP/s per GPU", tflops, f"`{megatron['tflops_per_gpu']}`"],
         ["tokens/s per GPU", tokens, "- (Megatron-LM does not log it)"],
         [
@@ -135,6 +136,20 @@ def _summary(report: RunReport) -> list[str]:
         ["real ranks (virtual rank)", ", ".join(map(str, report.real_ranks)) or "none", "-"],
     ]
     return ["## Summary", "", *_table(["", "", "Megatron-LM's name"], rows)]
+
+
+def _against_capture(report: RunReport) -> list[list[str]]:
+    """A summary row: each real rank's median compute in the emulation against the capture's."""
+    parts = [
+        f"{a.virtual_rank}: {a.compute_against_capture_pct:+.1f} %"
+        for a in report.agreement
+        if a.compute_against_capture_pct is not None
+    ]
+    return (
+        [["real ranks' compute in the emulation, against the capture", ", ".join(parts), "-"]]
+        if parts
+        else []
+    )
 
 
 def _agreement(report: RunReport) -> list[str]:

@@ -152,8 +152,15 @@ def test_each_iteration_says_how_far_the_rank_s_compute_drifted_from_what_its_sc
     assert RankAgreement.from_phase(0, idle).compute_drift_pct is None
 
 
+def test_the_rank_s_compute_in_the_emulation_is_set_against_the_capture_s():
+    agreement = RankAgreement.from_phase(0, {**PHASE_COMPUTE, "captured_compute_s": 0.050})
+    assert agreement.compute_against_capture_pct == pytest.approx(-10.0)  # median 0.045 against 0.050
+    assert RankAgreement.from_phase(0, PHASE_COMPUTE).compute_against_capture_pct is None  # an older run
+
+
 def test_report_json_and_md_hold_the_compute_drift_and_read_back_equal(tmp_path):
-    report = _report(agreement=agreements({0: {"prism_phase": PHASE_COMPUTE}, 33: {"prism_phase": PHASE_33}}))
+    phase = {**PHASE_COMPUTE, "captured_compute_s": 0.050}
+    report = _report(agreement=agreements({0: {"prism_phase": phase}, 33: {"prism_phase": PHASE_33}}))
     out = str(tmp_path / "run")
     write_report(report, out)
     with open(os.path.join(out, "report.json")) as f:
@@ -167,6 +174,8 @@ def test_report_json_and_md_hold_the_compute_drift_and_read_back_equal(tmp_path)
     with open(os.path.join(out, "report.md")) as f:
         md = f.read()
     assert "| +0.00 % (-10.00 .. +10.00 %) |" in md
+    assert "| real ranks' compute in the emulation, against the capture | 0: -10.0 % | - |" in md
+    assert entry["captured_compute_s"] == 0.050
     doc["agreement"]["0"]["schedule_compute_s"].pop()
     with pytest.raises(SchemaError, match=r"\$\.agreement\.0: one value per iteration compared"):
         validate(doc)
