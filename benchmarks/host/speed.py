@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import multiprocessing
 import os
+import queue
 import statistics
 import sys
 import time
@@ -28,7 +29,7 @@ import time
 from benchmarks.common import RESULTS_DIR, environment, machine_line, today, write_results
 
 SLOW_RATIO = 1.2
-"""A window this many times slower than the core's median counts as a slow phase."""
+"""A window this many times slower than the core's fast state counts as a slow phase."""
 UNIT_REPEATS = 300
 """Products per unit of work (about 10 ms on a 2026 server core)."""
 
@@ -43,32 +44,70 @@ def _unit(x, w) -> float:
 
 
 def _time_core(core: int, seconds: float, results) -> None:
-    import torch
+    try:
+        import torch
 
-    torch.set_num_threads(1)
-    os.sched_setaffinity(0, {core})
-    x, w = torch.randn(64, 64), torch.randn(64, 256)
-    samples = []
-    end = time.monotonic() + seconds
-    while time.monotonic() < end:
-        samples.append((time.monotonic(), _unit(x, w)))
-    results.put((core, samples))
+        torch.set_num_threads(1)
+        os.sched_setaffinity(0, {core})
+        x, w = torch.randn(64, 64), torch.randn(64, 256)
+        samples = []
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            samples.append((time.monotonic(), _unit(x, w)))
+        results.put((core, samples))
+    except BaseException as exc:  # the parent reports it instead of waiting for a result
+        results.put((core, f"{type(exc).__name__}: {exc}"))
+
+
+def available() -> str | None:
+    """None where the probe can run, else why not (it pins a forked process to each core)."""
+    if not hasattr(os, "sched_getaffinity") or "fork" not in multiprocessing.get_all_start_methods():
+        return "the probe pins a forked process to each core, which this platform does not offer"
+    return None
 
 
 def probe(seconds: float, window_s: float = 0.5) -> dict:
-    """Time the unit of work on every core at once for `seconds`; per core, the summary
-    (`summarize`)."""
+    """Time the unit of work on every core this process may use, all at once, for `seconds`; per
+    core, the summary (`summarize`).
+
+    Raises:
+        ValueError: a duration that is not positive.
+        RuntimeError: the platform cannot pin processes (`available`), or a worker failed.
+    """
     if seconds <= 0 or window_s <= 0:
         raise ValueError(f"seconds and window_s must be > 0, got {seconds} and {window_s}")
+    if (why := available()) is not None:
+        raise RuntimeError(why)
     cores = sorted(os.sched_getaffinity(0))
     context = multiprocessing.get_context("fork")
     results = context.Queue()
     workers = [context.Process(target=_time_core, args=(core, seconds, results)) for core in cores]
-    for worker in workers:
-        worker.start()
-    by_core = dict(results.get(timeout=seconds + 120) for _ in workers)
-    for worker in workers:
-        worker.join()
+    by_core: dict[int, list | str] = {}
+    try:
+        for worker in workers:
+            worker.start()
+        deadline = time.monotonic() + seconds + 120
+        while len(by_core) < len(workers):
+            try:
+                core, found = results.get(timeout=1.0)
+                by_core[core] = found
+            except queue.Empty:
+                dead = [w for w in workers if w.exitcode not in (None, 0)]
+                if dead or time.monotonic() > deadline:
+                    raise RuntimeError(
+                        f"host-speed probe: {len(workers) - len(by_core)} of {len(workers)} workers gave no "
+                        f"result ({'one exited with status ' + str(dead[0].exitcode) if dead else 'timed out'})"
+                    ) from None
+    finally:
+        for worker in workers:
+            if worker.is_alive():
+                worker.terminate()
+            worker.join()
+    failed = {core: found for core, found in by_core.items() if isinstance(found, str)}
+    if failed:
+        raise RuntimeError(
+            f"host-speed probe failed on core(s) {sorted(failed)}: {next(iter(failed.values()))}"
+        )
     return {
         "seconds": seconds,
         "window_s": window_s,
@@ -87,7 +126,17 @@ def summarize(samples: list[tuple[float, float]], window_s: float) -> dict:
     windows: dict[int, list[float]] = {}
     for at, took in samples:
         windows.setdefault(int((at - first) // window_s), []).append(took)
-    medians = [statistics.median(v) for _, v in sorted(windows.items())]
+    last = max(windows)
+    if last > 0 and (samples[-1][0] + samples[-1][1] - first) < (last + 0.5) * window_s:
+        del windows[last]  # the probe ended early in it: too little of a window to judge
+    # A window in which no unit started lies inside one unit longer than the window: as slow as that unit.
+    medians, previous = [], None
+    for index in range(max(windows) + 1):
+        if index in windows:
+            medians.append(statistics.median(windows[index]))
+            previous = windows[index][-1]
+        else:
+            medians.append(previous)
     fast_s = statistics.quantiles(medians, n=10)[0] if len(medians) >= 10 else min(medians)
     ratios = [m / fast_s for m in medians]
     longest = run = 0

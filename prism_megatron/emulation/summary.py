@@ -45,7 +45,8 @@ def format_summary(outcome: RunOutcome) -> str:
             )
         if agreement.compute_drift_pct is not None:
             lines.append(
-                f"real rank {agreement.virtual_rank}: its compute against what that schedule assumed: "
+                f"real rank {agreement.virtual_rank}: its compute in each iteration against what that schedule "
+                f"assumed: "
                 f"{describe(agreement, compute=True)}"
             )
     for rank, data in sorted(outcome.results.items()):
@@ -93,13 +94,18 @@ def format_summary(outcome: RunOutcome) -> str:
 
 
 def _against_capture(report) -> str:
-    """'; the real ranks computed in the emulation, against the capture: rank 0 +12.3 %, ...', or ''."""
+    """'; real ranks' median compute in the emulation against the capture's: rank 0 +12.3 %, ...'
+    (`RankAgreement.compute_against_capture_pct`), or ''."""
     parts = [
         f"rank {a.virtual_rank} {a.compute_against_capture_pct:+.1f} %"
         for a in report.agreement
         if a.compute_against_capture_pct is not None
     ]
-    return f"; real ranks' compute in the emulation against the capture: {', '.join(parts)}" if parts else ""
+    return (
+        f"; real ranks' median compute in the emulation against the capture's: {', '.join(parts)}"
+        if parts
+        else ""
+    )
 
 
 def _closed_loop_s(report) -> float | None:

@@ -22,14 +22,14 @@ own error (ops completing later than the schedule says, host work inside ops); t
 between the two comparisons is the drift of the measured inputs. The simulated time is the rank's own
 finish in the schedule's simulation, as the emulated time is the rank's own start to end.
 
-The drift is also given directly: each real rank's compute in the iteration against the compute its
-schedule was simulated with. It does not cancel out over iterations. A real rank that computes more
-than its schedule assumed is late at its next exchange with a virtual peer and the lateness carries
-on; one that computes less waits there for the peer, which keeps to the schedule, and the time it
-saved is lost. So a host whose speed varies from one iteration to the next (a shared machine's cores
-slow down by a third or more for seconds at a time) makes the emulated iterations run over their
-simulations on average, and the comparison against the replay, which has the iteration's own compute,
-is what measures the emulation itself.
+The drift of the compute is also given directly: each real rank's compute in the iteration against
+the compute its schedule was simulated with. Where a real rank exchanges with virtual peers it need
+not cancel out over iterations: a rank that computes more than its schedule assumed reaches its
+next exchange with a virtual peer late and the lateness carries on, while one that computes less
+waits there for the peer, which keeps to the schedule, and the time it saved is lost. On the 2-core
+machine this project is built on, whose cores run the same work up to 1.7x slower for seconds at a
+time (`benchmarks/host/speed.py`), the demo's iterations ran over their simulations in most
+iterations and agreed with their replays (`benchmarks/results/2026-12-07-demo.md`).
 """
 
 from __future__ import annotations
@@ -61,7 +61,8 @@ class RankAgreement:
     """This rank's compute as measured in each iteration (a span that ended in a wait the schedule
     decided counts as assumed); None with `schedule_compute_s`."""
     captured_compute_s: float | None = None
-    """This rank's compute in the graph as captured (another pass, at another time)."""
+    """This rank's compute in the graph as captured (another pass, at another time): the sum of its
+    spans, each the median of that span over the capture's recorded iterations."""
 
     @property
     def differences_pct(self) -> tuple[float, ...]:
@@ -101,8 +102,11 @@ class RankAgreement:
 
     @property
     def compute_against_capture_pct(self) -> float | None:
-        """The median measured compute against the capture's, in percent: why the emulated
-        iteration can differ from the graph as captured while agreeing with its own schedules."""
+        """The median of the measured compute over the compared iterations against the capture's, in
+        percent. The capture's is a sum of per-span medians, which tends to lie below the median of
+        sums, so part of a positive figure is that; the rest is how the compute moved between the
+        two passes (one input of the emulated iteration: the costs of ops among real ranks are
+        another)."""
         if self.measured_compute_s is None or not self.captured_compute_s:
             return None
         return (statistics.median(self.measured_compute_s) / self.captured_compute_s - 1) * 100
@@ -123,8 +127,10 @@ class RankAgreement:
         if not pairs:
             return None
         replays = [replayed[i] if i < len(replayed) else None for i, _, _ in pairs]
-        schedule = _at(phase.get("schedule_compute_s"), [i for i, _, _ in pairs])
-        measured = _at(phase.get("measured_compute_s"), [i for i, _, _ in pairs])
+        schedule, measured = _compute_pair(
+            _at(phase.get("schedule_compute_s"), [i for i, _, _ in pairs]),
+            _at(phase.get("measured_compute_s"), [i for i, _, _ in pairs]),
+        )
         return cls(
             virtual_rank=virtual_rank,
             iterations=tuple(i for i, _, _ in pairs),
@@ -132,8 +138,8 @@ class RankAgreement:
             simulated_s=tuple(float(s) for _, _, s in pairs),
             closed_loop_final_s=phase.get("closed_loop_final_s"),
             replayed_s=None if any(not r for r in replays) else tuple(float(r) for r in replays),
-            schedule_compute_s=schedule if measured is not None and min(schedule) > 0 else None,
-            measured_compute_s=measured if schedule is not None and min(schedule) > 0 else None,
+            schedule_compute_s=schedule,
+            measured_compute_s=measured,
             captured_compute_s=phase.get("captured_compute_s"),
         )
 
@@ -173,6 +179,9 @@ class RankAgreement:
     @classmethod
     def from_json(cls, virtual_rank: int, entry: Mapping[str, Any]) -> RankAgreement:
         """One entry of report.json's `agreement` (the derived percentages are recomputed)."""
+        schedule, measured = _compute_pair(
+            _tuple(entry.get("schedule_compute_s")), _tuple(entry.get("measured_compute_s"))
+        )
         return cls(
             virtual_rank=virtual_rank,
             iterations=tuple(entry["iterations"]),
@@ -180,8 +189,8 @@ class RankAgreement:
             simulated_s=tuple(entry["simulated_s"]),
             closed_loop_final_s=entry.get("closed_loop_final_s"),
             replayed_s=tuple(entry["replayed_s"]) if entry.get("replayed_s") is not None else None,
-            schedule_compute_s=_tuple(entry.get("schedule_compute_s")),
-            measured_compute_s=_tuple(entry.get("measured_compute_s")),
+            schedule_compute_s=schedule,
+            measured_compute_s=measured,
             captured_compute_s=entry.get("captured_compute_s"),
         )
 
@@ -192,6 +201,21 @@ def _at(values: Any, positions: list[int]) -> tuple[float, ...] | None:
     if not values or any(i >= len(values) or values[i] is None for i in positions):
         return None
     return tuple(float(values[i]) for i in positions)
+
+
+def _compute_pair(
+    schedule: tuple[float, ...] | None, measured: tuple[float, ...] | None
+) -> tuple[tuple[float, ...] | None, tuple[float, ...] | None]:
+    """Both, or neither: one without the other, lists of unequal length, or a schedule that assumed
+    no compute (no percentage to give) give neither."""
+    if (
+        schedule is None
+        or measured is None
+        or len(schedule) != len(measured)
+        or min(schedule, default=0) <= 0
+    ):
+        return None, None
+    return schedule, measured
 
 
 def _tuple(values: Any) -> tuple[float, ...] | None:

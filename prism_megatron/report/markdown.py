@@ -139,14 +139,15 @@ def _summary(report: RunReport) -> list[str]:
 
 
 def _against_capture(report: RunReport) -> list[list[str]]:
-    """A summary row: each real rank's median compute in the emulation against the capture's."""
+    """A summary row: each real rank's median compute over the compared iterations against the
+    capture's (a sum of per-span medians, `RankAgreement.compute_against_capture_pct`)."""
     parts = [
         f"{a.virtual_rank}: {a.compute_against_capture_pct:+.1f} %"
         for a in report.agreement
         if a.compute_against_capture_pct is not None
     ]
     return (
-        [["real ranks' compute in the emulation, against the capture", ", ".join(parts), "-"]]
+        [["real ranks' median compute in the emulation, against the capture's", ", ".join(parts), "-"]]
         if parts
         else []
     )
@@ -175,10 +176,11 @@ def _agreement(report: RunReport) -> list[str]:
         "and against that schedule replayed with the compute the real ranks measured in the iteration "
         "itself and, on the CPU device, the times they measured of the ops among them (what is left is "
         "the emulation's own error; the gap between the two is the drift of those measurements). "
-        "The drift of the compute is given as the rank's measured compute against what its schedule "
-        "assumed. It does not cancel out over iterations: a rank that computes more than assumed "
-        "reaches its next exchange with a virtual peer late and the exchange ends late, while one "
-        "that computes less waits there for the peer, which keeps to the schedule. "
+        "The drift of the compute is given as the rank's measured compute in each iteration against "
+        "what its schedule assumed. Where the rank exchanges with virtual peers it need not cancel out "
+        "over iterations: a rank that computes more than assumed reaches its next exchange with a "
+        "virtual peer late and the exchange ends late, while one that computes less waits there for "
+        "the peer, which keeps to the schedule. "
         "The closed loop's last schedule is the simulation from the last measurements.",
         "",
         *_table(

@@ -157,6 +157,10 @@ def test_every_emulated_iteration_after_warm_up_folds_its_measurements_into_the_
         # Beside it, the rank's compute in each folded iteration and what its schedule assumed.
         for key in ("schedule_compute_s", "measured_compute_s"):
             assert phase[key][0] is None and all(c > 0 for c in phase[key][1:]), (key, phase[key])
+        # The first iteration after warm-up ran the graph as captured; each later one the schedule
+        # folded from what was measured before it (the median iteration of the window).
+        assert phase["schedule_compute_s"][1] == phase["captured_compute_s"]
+        assert phase["schedule_compute_s"][2] == phase["measured_compute_s"][1]
     agreement = read_json(run_dir / "report.json")["agreement"]
     assert all(len(agreement[str(rank)]["replayed_s"]) == 3 for rank in REAL_RANKS)
     assert all(len(agreement[str(rank)]["measured_compute_s"]) == 3 for rank in REAL_RANKS)

@@ -36,12 +36,28 @@ def test_a_steady_core_has_no_slow_window_and_a_probe_refuses_nonsense():
         speed.probe(0)
 
 
-def _run(*medians):
-    agreement = {str(rank): {"median_difference_pct": m} for rank, m in zip((0, 1024), medians, strict=True)}
-    return {"agreement": agreement}
+def test_a_short_probe_takes_its_fastest_window_a_stall_counts_slow_and_a_partial_last_window_none():
+    # Five windows: fewer than ten, so the fastest one is the fast state.
+    assert speed.summarize(_samples([0.012, 0.010, 0.011, 0.010, 0.013]), 1.0)[
+        "fast_unit_ms"
+    ] == pytest.approx(10)
+    # One unit of 2.5 s from 102.0: window 2 holds it and no unit starts in window 3, as slow.
+    stalled = [*_samples([0.010, 0.010]), (102.0, 2.5), *[(104.5 + k * 0.01, 0.010) for k in range(160)]]
+    summary = speed.summarize(stalled, window_s=1.0)
+    assert summary["window_ratios"][2:5] == [250.0, 250.0, 1.0] and summary["longest_slow_s"] == 2.0
+    # The probe ended 0.1 s into window 6: that window is left out, not judged on ten units.
+    assert len(summary["window_ratios"]) == 6
+
+
+def _run(*medians, real_ranks=(0, 1024)):
+    agreement = {
+        str(rank): {"median_difference_pct": m} for rank, m in zip(real_ranks, medians, strict=False)
+    }
+    return {"real_ranks": list(real_ranks), "agreement": agreement}
 
 
 def test_the_demo_meets_issue_31_in_a_run_only_when_every_real_rank_s_median_is_within_1_percent():
     assert demo_run.agreement_met(_run(0.4, -0.99))
     assert not demo_run.agreement_met(_run(0.4, 1.2))
-    assert not demo_run.agreement_met({"agreement": {}})  # nothing compared is not agreement
+    assert not demo_run.agreement_met(_run(0.4))  # rank 1024 was not compared at all
+    assert not demo_run.agreement_met({"real_ranks": [], "agreement": {}})  # nothing compared

@@ -147,9 +147,13 @@ def test_each_iteration_says_how_far_the_rank_s_compute_drifted_from_what_its_sc
     gap = {**PHASE_COMPUTE, "measured_compute_s": [None, 0.055, None, 0.040]}
     assert RankAgreement.from_phase(0, gap).compute_drift_pct is None
     assert describe(RankAgreement.from_phase(0, PHASE_REPLAYED), compute=True) == "-"
-    # A schedule that assumed no compute at all gives no percentage rather than a division by zero.
+    # A schedule that assumed no compute at all gives no percentage rather than a division by zero,
+    # and one list without the other gives neither.
     idle = {**PHASE_COMPUTE, "schedule_compute_s": [None, 0.0, 0.050, 0.040]}
     assert RankAgreement.from_phase(0, idle).compute_drift_pct is None
+    alone = {**PHASE_REPLAYED, "measured_compute_s": [None, 0.055, 0.045, 0.040]}
+    agreement = RankAgreement.from_phase(0, alone)
+    assert agreement.measured_compute_s is None and agreement.schedule_compute_s is None
 
 
 def test_the_rank_s_compute_in_the_emulation_is_set_against_the_capture_s():
@@ -174,8 +178,20 @@ def test_report_json_and_md_hold_the_compute_drift_and_read_back_equal(tmp_path)
     with open(os.path.join(out, "report.md")) as f:
         md = f.read()
     assert "| +0.00 % (-10.00 .. +10.00 %) |" in md
-    assert "| real ranks' compute in the emulation, against the capture | 0: -10.0 % | - |" in md
+    assert "| real ranks' median compute in the emulation, against the capture's | 0: -10.0 % | - |" in md
     assert entry["captured_compute_s"] == 0.050
     doc["agreement"]["0"]["schedule_compute_s"].pop()
     with pytest.raises(SchemaError, match=r"\$\.agreement\.0: one value per iteration compared"):
         validate(doc)
+    # A schedule of no compute, or the measured compute without the schedule's, is refused.
+    doc = report.to_json()
+    doc["agreement"]["0"]["schedule_compute_s"][0] = 0.0
+    with pytest.raises(SchemaError, match=r"schedule_compute_s"):
+        validate(doc)
+    doc = report.to_json()
+    del doc["agreement"]["0"]["schedule_compute_s"]
+    with pytest.raises(SchemaError, match=r"schedule_compute_s"):
+        validate(doc)
+    # Read back, such an entry gives no drift rather than a division by zero.
+    entry = {**report.to_json()["agreement"]["0"], "schedule_compute_s": [0.0, 0.05, 0.04]}
+    assert RankAgreement.from_json(0, entry).compute_drift_pct is None
