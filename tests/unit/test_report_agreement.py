@@ -60,21 +60,26 @@ def _report(**changes):
     return dataclasses.replace(report, **changes)
 
 
-def test_report_json_holds_the_per_iteration_comparison_and_reads_back_equal(tmp_path):
-    report = _report()
+def _written(report, tmp_path):
+    """report.json (validated, and read back equal) and report.md of `report` written to a folder."""
     out = str(tmp_path / "run")
     write_report(report, out)
     with open(os.path.join(out, "report.json")) as f:
         doc = json.load(f)
     validate(doc)
+    assert RunReport.from_json(doc) == report
+    with open(os.path.join(out, "report.md")) as f:
+        return doc, f.read()
+
+
+def test_report_json_holds_the_per_iteration_comparison_and_reads_back_equal(tmp_path):
+    report = _report()
+    doc, md = _written(report, tmp_path)
     entry = doc["agreement"]["0"]
     assert entry["iterations"] == [1, 2, 3] and entry["simulated_s"] == [0.1, 0.1, 0.1]
     assert entry["median_difference_pct"] == pytest.approx(2.0)
     assert (entry["min_difference_pct"], entry["max_difference_pct"]) == pytest.approx((-1.0, 5.0))
     assert entry["closed_loop_final_s"] == 0.101
-    assert RunReport.from_json(doc) == report
-    with open(os.path.join(out, "report.md")) as f:
-        md = f.read()
     assert "## Emulated against its own simulation" in md
     assert "| 0 | 3 | +2.00 % | -1.00 .. +5.00 % |" in md
     assert "| 33 | 3 | +0.00 % | -2.00 .. +0.00 % |" in md
@@ -112,18 +117,11 @@ def test_report_json_and_md_hold_the_replayed_comparison_and_read_back_equal(tmp
     report = _report(
         agreement=agreements({0: {"prism_phase": PHASE_REPLAYED}, 33: {"prism_phase": PHASE_33}})
     )
-    out = str(tmp_path / "run")
-    write_report(report, out)
-    with open(os.path.join(out, "report.json")) as f:
-        doc = json.load(f)
-    validate(doc)
+    doc, md = _written(report, tmp_path)
     entry = doc["agreement"]["0"]
     assert entry["replayed_s"] == [0.102, 0.1, 0.104]
     assert entry["median_replayed_difference_pct"] == pytest.approx(0.0)
     assert "replayed_s" not in doc["agreement"]["33"]
-    assert RunReport.from_json(doc) == report
-    with open(os.path.join(out, "report.md")) as f:
-        md = f.read()
     assert "| 0 | 3 | +2.00 % | -1.00 .. +5.00 % | +0.00 % | -1.00 .. +0.96 % |" in md
     assert "| 33 | 3 | +0.00 % | -2.00 .. +0.00 % | - | - |" in md
     doc["agreement"]["0"]["replayed_s"].pop()
@@ -165,18 +163,11 @@ def test_the_rank_s_compute_in_the_emulation_is_set_against_the_capture_s():
 def test_report_json_and_md_hold_the_compute_drift_and_read_back_equal(tmp_path):
     phase = {**PHASE_COMPUTE, "captured_compute_s": 0.050}
     report = _report(agreement=agreements({0: {"prism_phase": phase}, 33: {"prism_phase": PHASE_33}}))
-    out = str(tmp_path / "run")
-    write_report(report, out)
-    with open(os.path.join(out, "report.json")) as f:
-        doc = json.load(f)
-    validate(doc)
+    doc, md = _written(report, tmp_path)
     entry = doc["agreement"]["0"]
     assert entry["measured_compute_s"] == [0.055, 0.045, 0.040]
     assert (entry["min_compute_drift_pct"], entry["max_compute_drift_pct"]) == pytest.approx((-10.0, 10.0))
     assert "schedule_compute_s" not in doc["agreement"]["33"]
-    assert RunReport.from_json(doc) == report
-    with open(os.path.join(out, "report.md")) as f:
-        md = f.read()
     assert "| +0.00 % (-10.00 .. +10.00 %) |" in md
     assert "| real ranks' median compute in the emulation, against the capture's | 0: -10.0 % | - |" in md
     assert entry["captured_compute_s"] == 0.050
