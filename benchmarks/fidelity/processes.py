@@ -67,7 +67,8 @@ def run_processes(
         local_ranks: LOCAL_RANK of each process (default: its index, as torchrun gives it).
 
     Raises:
-        RuntimeError: a process failed (its traceback is in the message) or the run timed out.
+        RuntimeError: a process failed (its traceback is in the message), died without a result (a
+            signal, an exit from native code: said within a second), or the run timed out.
     """
     context = multiprocessing.get_context("fork")
     results = context.Queue()
@@ -85,8 +86,17 @@ def run_processes(
     try:
         while len(collected) < len(requests):
             try:
-                index, status, value = results.get(timeout=max(deadline - time.monotonic(), 0.1))
+                index, status, value = results.get(timeout=min(max(deadline - time.monotonic(), 0.1), 1.0))
             except queue.Empty:
+                dead = [
+                    i for i, c in enumerate(children) if i not in collected and c.exitcode not in (None, 0)
+                ]
+                if dead:
+                    raise RuntimeError(
+                        f"process {dead[0]} exited with status {children[dead[0]].exitcode} without a result"
+                    ) from None
+                if time.monotonic() < deadline:
+                    continue
                 raise RuntimeError(
                     f"{len(requests) - len(collected)} processes still running after {timeout_s} s"
                 ) from None

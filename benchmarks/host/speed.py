@@ -21,12 +21,12 @@ from __future__ import annotations
 import argparse
 import multiprocessing
 import os
-import queue
 import statistics
 import sys
 import time
 
 from benchmarks.common import RESULTS_DIR, environment, machine_line, today, write_results
+from benchmarks.fidelity.processes import run_processes
 
 SLOW_RATIO = 1.2
 """A window this many times slower than the core's fast state counts as a slow phase."""
@@ -43,20 +43,19 @@ def _unit(x, w) -> float:
     return time.perf_counter() - began
 
 
-def _time_core(core: int, seconds: float, results) -> None:
-    try:
-        import torch
+def _time_core(request: tuple[int, float]) -> list[tuple[float, float]]:
+    """Pinned to `core`, time units of work back to back for `seconds`: (monotonic start, seconds)."""
+    import torch
 
-        torch.set_num_threads(1)
-        os.sched_setaffinity(0, {core})
-        x, w = torch.randn(64, 64), torch.randn(64, 256)
-        samples = []
-        end = time.monotonic() + seconds
-        while time.monotonic() < end:
-            samples.append((time.monotonic(), _unit(x, w)))
-        results.put((core, samples))
-    except BaseException as exc:  # the parent reports it instead of waiting for a result
-        results.put((core, f"{type(exc).__name__}: {exc}"))
+    core, seconds = request
+    torch.set_num_threads(1)
+    os.sched_setaffinity(0, {core})
+    x, w = torch.randn(64, 64), torch.randn(64, 256)
+    samples = []
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        samples.append((time.monotonic(), _unit(x, w)))
+    return samples
 
 
 def available() -> str | None:
@@ -79,35 +78,13 @@ def probe(seconds: float, window_s: float = 0.5) -> dict:
     if (why := available()) is not None:
         raise RuntimeError(why)
     cores = sorted(os.sched_getaffinity(0))
-    context = multiprocessing.get_context("fork")
-    results = context.Queue()
-    workers = [context.Process(target=_time_core, args=(core, seconds, results)) for core in cores]
-    by_core: dict[int, list | str] = {}
     try:
-        for worker in workers:
-            worker.start()
-        deadline = time.monotonic() + seconds + 120
-        while len(by_core) < len(workers):
-            try:
-                core, found = results.get(timeout=1.0)
-                by_core[core] = found
-            except queue.Empty:
-                dead = [w for w in workers if w.exitcode not in (None, 0)]
-                if dead or time.monotonic() > deadline:
-                    raise RuntimeError(
-                        f"host-speed probe: {len(workers) - len(by_core)} of {len(workers)} workers gave no "
-                        f"result ({'one exited with status ' + str(dead[0].exitcode) if dead else 'timed out'})"
-                    ) from None
-    finally:
-        for worker in workers:
-            if worker.is_alive():
-                worker.terminate()
-            worker.join()
-    failed = {core: found for core, found in by_core.items() if isinstance(found, str)}
-    if failed:
-        raise RuntimeError(
-            f"host-speed probe failed on core(s) {sorted(failed)}: {next(iter(failed.values()))}"
+        per_core = run_processes(
+            _time_core, [(core, seconds) for core in cores], connected=False, timeout_s=seconds + 120
         )
+    except RuntimeError as exc:
+        raise RuntimeError(f"host-speed probe: {exc}") from None
+    by_core = dict(zip(cores, per_core, strict=True))
     return {
         "seconds": seconds,
         "window_s": window_s,

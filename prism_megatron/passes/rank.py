@@ -294,14 +294,13 @@ class EmulatePhase(_RecordingPhase):
         streams = iteration_streams(iteration, self.names, posted=posted)
         keep = blocked_waits(iteration, streams, posted, self.loaded)
         self.num_kept += len(keep)
-        assumed = list(self.loop.current)  # what the schedule this iteration ran was simulated with
+        assumed_ns = sum(self.loop.current)  # what the schedule this iteration ran was simulated with
         reason = self.loop.measure(streams, keep)
         if self.real_costs is not None:
             self.real_costs.add(iteration.events)
         spans = compute_durations(streams) if reason is None else None
-        if spans is not None:  # a kept span counts as assumed: its measurement holds a wait
-            measured = sum(assumed[i] if i in keep else ns for i, ns in enumerate(spans))
-            self.compute_ns[number] = (sum(assumed), measured)
+        if spans is not None:  # the loop's measurement: a kept span at its assumed value
+            self.compute_ns[number] = (assumed_ns, sum(self.loop.measured[-1]))
         durations, costs, all_spans, latest = self.exchange(number, spans)
         if reason is None:
             if None not in all_spans.values():  # every real rank's iteration matched the graph

@@ -101,6 +101,16 @@ class RankAgreement:
         return _differences(self.measured_compute_s, self.schedule_compute_s)
 
     @property
+    def compute_drift_median_pct(self) -> float | None:
+        drift = self.compute_drift_pct
+        return None if drift is None else statistics.median(drift)
+
+    @property
+    def compute_drift_spread_pct(self) -> tuple[float, float] | None:
+        drift = self.compute_drift_pct
+        return None if drift is None else (min(drift), max(drift))
+
+    @property
     def compute_against_capture_pct(self) -> float | None:
         """The median of the measured compute over the compared iterations against the capture's, in
         percent. The capture's is a sum of per-span medians, which tends to lie below the median of
@@ -168,9 +178,9 @@ class RankAgreement:
                 else {
                     "schedule_compute_s": list(self.schedule_compute_s),
                     "measured_compute_s": list(self.measured_compute_s),
-                    "median_compute_drift_pct": statistics.median(self.compute_drift_pct),
-                    "min_compute_drift_pct": min(self.compute_drift_pct),
-                    "max_compute_drift_pct": max(self.compute_drift_pct),
+                    "median_compute_drift_pct": self.compute_drift_median_pct,
+                    "min_compute_drift_pct": self.compute_drift_spread_pct[0],
+                    "max_compute_drift_pct": self.compute_drift_spread_pct[1],
                 }
             ),
             **({} if self.captured_compute_s is None else {"captured_compute_s": self.captured_compute_s}),
@@ -239,10 +249,9 @@ def describe(agreement: RankAgreement, *, replayed: bool = False, compute: bool 
     `replayed` against its replay with the iteration's own measurements, with `compute` the rank's
     measured compute against the schedule's ('-' when there is none)."""
     if compute:
-        drift = agreement.compute_drift_pct
-        if drift is None:
+        if agreement.compute_drift_median_pct is None:
             return "-"
-        median, (low, high) = statistics.median(drift), (min(drift), max(drift))
+        median, (low, high) = agreement.compute_drift_median_pct, agreement.compute_drift_spread_pct
     elif replayed:
         if agreement.replayed_median_pct is None:
             return "-"

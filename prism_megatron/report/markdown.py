@@ -12,7 +12,6 @@ splits a table cell nor turns bold, and a newline does not end a table row.
 from __future__ import annotations
 
 import re
-import statistics
 from collections.abc import Mapping
 
 from prism_megatron.report.model import MEGATRON_NAMES, RunReport, target_to_json
@@ -160,12 +159,12 @@ def _agreement(report: RunReport) -> list[str]:
     for a in report.agreement:
         low, high = a.spread_pct
         replayed = a.replayed_spread_pct
-        drift = a.compute_drift_pct
+        drift = a.compute_drift_spread_pct
         rows.append([
             a.virtual_rank, len(a.iterations), f"{a.median_pct:+.2f} %", f"{low:+.2f} .. {high:+.2f} %",
             "-" if replayed is None else f"{a.replayed_median_pct:+.2f} %",
             "-" if replayed is None else f"{replayed[0]:+.2f} .. {replayed[1]:+.2f} %",
-            "-" if drift is None else f"{statistics.median(drift):+.2f} % ({min(drift):+.2f} .. {max(drift):+.2f} %)",
+            "-" if drift is None else f"{a.compute_drift_median_pct:+.2f} % ({drift[0]:+.2f} .. {drift[1]:+.2f} %)",
             _seconds(a.closed_loop_final_s),
         ])  # fmt: skip
     return [
