@@ -211,3 +211,106 @@ head dim, the one whose standard-attention bars are the lower (masked work waste
 74-139 TFLOP/s at head dim 128, 16-18 against 52-73 at 64) is read as the causal one. The
 non-causal 512 value is 467 for FlashAttention-3 and 497 for cuDNN (two extractions of the panel
 disagree on which bar is which; cuDNN leads at 1k too, so the larger is read as cuDNN's)."""
+
+LIGER_DATA = (
+    "Liger-Kernel, benchmark/data/all_benchmark_data.csv (https://github.com/linkedin/Liger-Kernel), "
+    "NVIDIA H100 80GB HBM3, medians of triton.testing.do_bench"
+)
+LIGER_CE = (
+    f"{LIGER_DATA}, kernel 'megatron_cross_entropy' (benchmark/scripts/benchmark_megatron_cross_entropy.py), "
+    "BF16 logits [2048, 4, V], TP 1, 2026-06-15"
+)
+LIGER_SWIGLU = (
+    f"{LIGER_DATA}, kernel 'megatron_swiglu' (benchmark/scripts/benchmark_megatron_swiglu.py), "
+    "BF16 input [2048, 4, 2 x ffn_local], 2026-07-26"
+)
+MEMORY_FUNCTIONS = {
+    "ce_unfused": "Megatron cross-entropy, unfused",
+    "ce_native": "Megatron cross-entropy, fused (native)",
+    "swiglu_megatron": "Megatron SwiGLU, jit-fused",
+    "swiglu_torch": "SwiGLU, eager torch",
+}
+"""The functions measured: megatron-core's vocab_parallel_cross_entropy (provider 'megatron-unfused'),
+its fused_vocab_parallel_cross_entropy (`--cross-entropy-loss-fusion`, impl native; 'megatron-fused'),
+its bias_swiglu_impl ('megatron') and silu(y1) * y2 over torch.chunk ('torch')."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MemoryFigure:
+    """One memory-bound function at one size: `mode` 'forward' is the call alone, 'full' the call and
+    `y.sum().backward()`; `size` is the vocabulary V (cross-entropy) or ffn_local (SwiGLU)."""
+
+    function: str
+    mode: str
+    size: int
+    ms: float
+    source: str
+    gpu: str = "h100"
+    anchor: bool = False
+
+
+def _liger(function: str, mode: str, size: int, ms: float) -> MemoryFigure:
+    source = LIGER_CE if function.startswith("ce_") else LIGER_SWIGLU
+    # constants.jit_activation_* are read from the jit-fused SwiGLU's largest figure
+    anchor = function == "swiglu_megatron" and size == 32768
+    return MemoryFigure(function=function, mode=mode, size=size, ms=ms, source=source, anchor=anchor)
+
+
+MEMORY_FIGURES = [
+    _liger(function, mode, size, ms)
+    for function, mode, size, ms in (
+        ("ce_unfused", "forward", 4096, 0.5585),
+        ("ce_unfused", "forward", 8192, 1.0782),
+        ("ce_unfused", "forward", 16384, 2.0663),
+        ("ce_unfused", "forward", 32768, 4.0231),
+        ("ce_unfused", "forward", 65536, 7.9344),
+        ("ce_unfused", "forward", 131072, 15.8124),
+        ("ce_unfused", "full", 4096, 0.7676),
+        ("ce_unfused", "full", 8192, 1.4552),
+        ("ce_unfused", "full", 16384, 2.7819),
+        ("ce_unfused", "full", 32768, 5.4108),
+        ("ce_unfused", "full", 65536, 10.6675),
+        ("ce_unfused", "full", 131072, 21.2458),
+        ("ce_native", "forward", 4096, 0.3122),
+        ("ce_native", "forward", 8192, 0.6359),
+        ("ce_native", "forward", 16384, 1.3467),
+        ("ce_native", "forward", 32768, 2.8313),
+        ("ce_native", "forward", 65536, 5.7631),
+        ("ce_native", "forward", 131072, 11.8098),
+        ("ce_native", "full", 4096, 0.5274),
+        ("ce_native", "full", 8192, 1.0506),
+        ("ce_native", "full", 16384, 2.1582),
+        ("ce_native", "full", 32768, 4.4489),
+        ("ce_native", "full", 65536, 8.9805),
+        ("ce_native", "full", 131072, 18.2305),
+        ("swiglu_megatron", "forward", 1024, 0.0232),
+        ("swiglu_megatron", "forward", 2048, 0.0604),
+        ("swiglu_megatron", "forward", 4096, 0.1137),
+        ("swiglu_megatron", "forward", 8192, 0.2202),
+        ("swiglu_megatron", "forward", 16384, 0.4329),
+        ("swiglu_megatron", "forward", 32768, 0.8585),
+        ("swiglu_megatron", "full", 1024, 0.1780),
+        ("swiglu_megatron", "full", 2048, 0.3384),
+        ("swiglu_megatron", "full", 4096, 0.6570),
+        ("swiglu_megatron", "full", 8192, 1.2888),
+        ("swiglu_megatron", "full", 16384, 2.5541),
+        ("swiglu_megatron", "full", 32768, 5.0841),
+        ("swiglu_torch", "forward", 1024, 0.0578),
+        ("swiglu_torch", "forward", 2048, 0.1053),
+        ("swiglu_torch", "forward", 4096, 0.1976),
+        ("swiglu_torch", "forward", 8192, 0.3830),
+        ("swiglu_torch", "forward", 16384, 0.7503),
+        ("swiglu_torch", "forward", 32768, 1.4953),
+        ("swiglu_torch", "full", 1024, 0.1727),
+        ("swiglu_torch", "full", 2048, 0.3184),
+        ("swiglu_torch", "full", 4096, 0.6027),
+        ("swiglu_torch", "full", 8192, 1.1699),
+        ("swiglu_torch", "full", 16384, 2.2963),
+        ("swiglu_torch", "full", 32768, 4.5732),
+    )
+]
+"""Memory-bound functions the published runs call, measured whole (several kernels each). The model
+is held against each as a modelled run charges it: the cross-entropies op by op (a modelled run charges
+Megatron's native fused path as the unfused ops it runs), eager SwiGLU op by op, Megatron's jit-fused
+SwiGLU as `fused.activation_time`. The largest jit-fused SwiGLU figures are the anchors of
+`jit_activation_*_fraction`."""

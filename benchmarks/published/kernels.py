@@ -1,4 +1,4 @@
-"""The GPU model at kernel level: its GEMM and attention times against published kernel figures.
+"""The GPU model at kernel level: its GEMM, attention and memory-bound times against published figures.
 
     python -m benchmarks.published.kernels [--out DIR]
 
@@ -8,20 +8,36 @@ source's own FLOP convention (2 m n k per GEMM; 4 b h s^2 d per attention forwar
 causal, x 2.5 backward), and the error. Anchors (figures the formulas were solved from) are listed
 but kept out of the summary, which counts only the figures the model never saw. Attention has two
 curves, each its own anchors: FlashAttention-3's and cuDNN's fused attention (what Transformer
-Engine calls on Hopper, `GpuSpec.with_attention_kernel("cudnn")`). Writes
-benchmarks/results/<date>-kernels.md and .json. Pure arithmetic: seconds, no GPU.
+Engine calls on Hopper, `GpuSpec.with_attention_kernel("cudnn")`). Memory-bound functions the
+published runs call (Megatron's cross-entropy, unfused and fused, and SwiGLU, jit-fused and eager;
+Liger-Kernel's H100 figures) are timed as a modelled run charges them: run on fake tensors under the
+model's clock, op by op, or priced as the fused kernel (`fused.activation_time`), each in the
+figure's own harness (the call, or the call and `y.sum().backward()`). Writes
+benchmarks/results/<date>-kernels.md and .json. No GPU: arithmetic and fake tensors, seconds.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
+from collections.abc import Callable
+from unittest import mock
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 from benchmarks import common
-from benchmarks.published.kernel_figures import ATTENTION_FIGURES, GEMM_FIGURES, AttentionFigure, GemmFigure
-from prism_megatron.gpu_model import attention_time, gemm_time, gpu_spec
+from benchmarks.published.kernel_figures import (
+    ATTENTION_FIGURES,
+    GEMM_FIGURES,
+    MEMORY_FIGURES,
+    MEMORY_FUNCTIONS,
+    AttentionFigure,
+    GemmFigure,
+    MemoryFigure,
+)
+from prism_megatron.gpu_model import ModelledClock, ModelledTiming, attention_time, fused, gemm_time, gpu_spec
 
 ATTENTION_KERNEL_NAMES = {"FlashAttention-3": "flash", "cuDNN": "cudnn"}
 """A figure's kernel -> the model's name for it (`gpu_model.specs.ATTENTION_KERNELS`)."""
@@ -75,6 +91,90 @@ def attention_row(fig: AttentionFigure) -> dict:
     }
 
 
+SEQUENCE, BATCH = 2048, 4
+"""The memory figures' [sequence, batch] of tokens."""
+
+
+@contextlib.contextmanager
+def _tensor_parallel_of_one():
+    """Megatron's cross-entropy outside a job: a tensor-parallel group of one, whose all-reduces are
+    the identity (the figures ran TP 1)."""
+    module = "megatron.core.tensor_parallel.cross_entropy"
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(mock.patch(f"{module}.get_tensor_model_parallel_group", lambda *a, **k: None))
+        stack.enter_context(mock.patch(f"{module}.get_tensor_model_parallel_rank", lambda *a, **k: 0))
+        stack.enter_context(mock.patch(f"{module}.get_tensor_model_parallel_world_size", lambda *a, **k: 1))
+        stack.enter_context(mock.patch("torch.distributed.all_reduce", lambda *a, **k: None))
+        yield
+
+
+def _charged_op_by_op(
+    gpu: str, inputs: Callable[[], tuple], call: Callable[..., torch.Tensor], mode: str
+) -> float:
+    """`call(*inputs())` (and, for 'full', `y.sum().backward()`) on fake tensors under the model's
+    clock, in ms; the inputs are made before the clock starts, as the figures' harness made them."""
+    with FakeTensorMode(), _tensor_parallel_of_one():
+        args = inputs()
+        clock = ModelledClock(gpu)
+        with ModelledTiming(clock):
+            y = call(*args)
+            if mode == "full":
+                y.sum().backward()
+    return clock.now_ns / 1e6
+
+
+def _logits(vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
+    logits = torch.randn(SEQUENCE, BATCH, vocab, dtype=torch.bfloat16, requires_grad=True)
+    return logits, torch.randint(0, vocab, (SEQUENCE, BATCH))
+
+
+def _cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    from megatron.core.tensor_parallel.cross_entropy import vocab_parallel_cross_entropy
+
+    return vocab_parallel_cross_entropy(logits, target)
+
+
+def _fc1_output(ffn: int) -> tuple[torch.Tensor]:
+    return (torch.randn(SEQUENCE, BATCH, 2 * ffn, dtype=torch.bfloat16, requires_grad=True),)
+
+
+def _eager_swiglu(y: torch.Tensor) -> torch.Tensor:
+    gate, up = torch.chunk(y, 2, -1)
+    return torch.nn.functional.silu(gate) * up
+
+
+def _fused_swiglu_ms(gpu: str, ffn: int, mode: str) -> float:
+    """`fused.activation_time` forward, and for 'full' its backward and the harness's sum (one read of
+    the output, as ops.py charges it)."""
+    spec, tokens = gpu_spec(gpu), SEQUENCE * BATCH
+    shape = dict(tokens=tokens, ffn_hidden=ffn, dtype=torch.bfloat16, gated=True)
+    ns = fused.activation_time(spec, **shape, backward=False)
+    if mode == "full":
+        ns += fused.activation_time(spec, **shape, backward=True)
+        ns += fused.memory_kernel_time(spec, tokens * ffn * 2 + 2)
+    return ns / 1e6
+
+
+def memory_row(fig: MemoryFigure) -> dict:
+    if fig.function in ("ce_unfused", "ce_native"):
+        model = _charged_op_by_op(fig.gpu, lambda: _logits(fig.size), _cross_entropy, fig.mode)
+    elif fig.function == "swiglu_torch":
+        model = _charged_op_by_op(fig.gpu, lambda: _fc1_output(fig.size), _eager_swiglu, fig.mode)
+    else:
+        model = _fused_swiglu_ms(fig.gpu, fig.size, fig.mode)
+    dimension = "V" if fig.function.startswith("ce_") else "ffn_local"
+    return {
+        "kind": f"memory: {MEMORY_FUNCTIONS[fig.function]}",
+        "gpu": fig.gpu,
+        "shape": f"{fig.mode} {dimension} {fig.size} ({SEQUENCE}x{BATCH} tokens)",
+        "published_ms": fig.ms,
+        "model_ms": round(model, 4),
+        "error_pct": round(100 * (model / fig.ms - 1), 1),
+        "anchor": fig.anchor,
+        "source": fig.source,
+    }
+
+
 def summary(rows: list[dict]) -> dict:
     held_out = [abs(r["error_pct"]) for r in rows if not r["anchor"]]
     if not held_out:
@@ -113,10 +213,24 @@ def markdown(rows: list[dict], summaries: dict, env: dict) -> str:
         "|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        lines.append(
-            f"| {r['gpu']} | {r['kind']} | {r['shape']} | {r['published_tflops']} | {r['model_tflops']} | "
-            f"{r['error_pct']:+.1f} % | {'yes' if r['anchor'] else ''} |"
-        )
+        if "published_tflops" in r:
+            lines.append(
+                f"| {r['gpu']} | {r['kind']} | {r['shape']} | {r['published_tflops']} | {r['model_tflops']} | "
+                f"{r['error_pct']:+.1f} % | {'yes' if r['anchor'] else ''} |"
+            )
+    lines += [
+        "",
+        "Memory-bound functions, timed whole (forward: the call; full: the call and `y.sum().backward()`):",
+        "",
+        "| GPU | function | shape | published ms | model ms | error | anchor |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        if "published_ms" in r:
+            lines.append(
+                f"| {r['gpu']} | {r['kind'].removeprefix('memory: ')} | {r['shape']} | {r['published_ms']} | "
+                f"{r['model_ms']} | {r['error_pct']:+.1f} % | {'yes' if r['anchor'] else ''} |"
+            )
     lines += ["", "Sources:", ""]
     lines += [f"- {s}" for s in sorted({r["source"] for r in rows})]
     return "\n".join(lines) + "\n"
@@ -126,8 +240,8 @@ def groups(rows: list[dict]) -> dict[str, list[dict]]:
     out: dict[str, list[dict]] = {}
     for r in rows:
         key = f"{r['gpu']} {r['kind']}"
-        if r["kind"].startswith("attention"):
-            key += " " + r["shape"].split(" seq")[0].split(" ", 1)[0]
+        if r["kind"].startswith(("attention", "memory")):
+            key += " " + r["shape"].split(" ", 1)[0]
         out.setdefault(key, []).append(r)
     out["all"] = list(rows)
     return out
@@ -138,6 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=common.RESULTS_DIR, help="folder for <date>-kernels.md and .json")
     args = parser.parse_args(argv)
     rows = [gemm_row(f) for f in GEMM_FIGURES] + [attention_row(f) for f in ATTENTION_FIGURES]
+    rows += [memory_row(f) for f in MEMORY_FIGURES]
     summaries = {name: summary(members) for name, members in groups(rows).items()}
     env = common.environment()
     record = {"date": common.today(), "environment": env, "summaries": summaries, "rows": rows}

@@ -88,6 +88,12 @@ CAST_VECTORISE_A100 = (
     "table: a BF16 to FP32 cast of 67,108,864 elements, 362.46 us unrolled against 322.09 us vectorised, "
     "means of 200 iterations (https://github.com/pytorch/pytorch/pull/195542)"
 )
+LIGER_MEGATRON_SWIGLU = (
+    "Liger-Kernel, benchmark/data/all_benchmark_data.csv, kernel 'megatron_swiglu', provider 'megatron' "
+    "(megatron-core's bias_swiglu_impl, its @jit_fuser functions; script "
+    "benchmark/scripts/benchmark_megatron_swiglu.py), NVIDIA H100 80GB HBM3, BF16 input [2048, 4, 2 x ffn_local], "
+    "medians of triton.testing.do_bench, 2026-07-26 (https://github.com/linkedin/Liger-Kernel)"
+)
 HBM_FORUM = (
     "NVIDIA Developer Forums, 'Trouble to Reach Peak Bandwidth of A100': a streaming read kernel "
     "reaches 1.80 of 2.04 TB/s, 88 % per Nsight Compute; the thread cites a GTC talk in which no kernel "
@@ -179,6 +185,8 @@ GPU_QUANTITIES = (
     "unvectorised_fraction",
     "launch_ns",
     "comm_overlap_compute_slowdown",
+    "jit_activation_fwd_fraction",
+    "jit_activation_bwd_fraction",
 )
 """What every GPU in the table has. Per-GPU rows below; `specs.py` turns them into a GpuSpec."""
 
@@ -552,6 +560,50 @@ def _overlap() -> dict[str, Constant]:
     }
 
 
+SWIGLU_TOKENS = 2048 * 4
+SWIGLU_FFN = 32768
+"""The figure's shape: tokens of the [2048, 4, 2 x ffn_local] input, and ffn_local (the largest)."""
+SWIGLU_FWD_S = 0.8584960103034973e-3
+SWIGLU_FULL_S = 5.084127902984619e-3
+"""The figure: forward alone, and forward + y.sum().backward() ('full'), seconds."""
+
+
+def _jit_activation(table: dict[str, Constant]) -> dict[str, Constant]:
+    """The bias + activation kernels of Megatron's `@jit_fuser` (bias_swiglu_impl, bias_gelu_impl) as a
+    fraction of peak HBM bandwidth, in `fused.activation_time`'s own byte count (forward: read the FC1
+    output and bias, write the activation; backward: read the gradient and the FC1 output, write its
+    gradient). Read from SwiGLU's figure at its largest size (the only Megatron activation measured);
+    the backward is 'full' less the forward and the benchmark's `y.sum()` (one read of the output at
+    the achievable bandwidth, as ops.py charges it), less one launch each."""
+    peak = table["h100.hbm_bytes_per_s"].value
+    achievable = peak * table["h100.hbm_efficiency"].value
+    launch_s = table["h100.launch_ns"].value * 1e-9
+    e, t, f = 2, SWIGLU_TOKENS, SWIGLU_FFN
+    fwd_bytes = t * 2 * f * e + 2 * f * e + t * f * e
+    bwd_bytes = t * f * e + 2 * t * 2 * f * e
+    sum_s = launch_s + (t * f * e + e) / achievable
+    fwd = fwd_bytes / ((SWIGLU_FWD_S - launch_s) * peak)
+    bwd = bwd_bytes / ((SWIGLU_FULL_S - SWIGLU_FWD_S - sum_s - launch_s) * peak)
+    arithmetic = (
+        f"tokens {t}, ffn_local {f}: forward {fwd_bytes} B in {SWIGLU_FWD_S * 1e3:.4f} ms; backward "
+        f"{bwd_bytes} B in full {SWIGLU_FULL_S * 1e3:.4f} - forward - sum {sum_s * 1e3:.4f} ms; over H100's "
+        f"{peak / 1e12:g} TB/s, less {launch_s * 1e6:g} us launch"
+    )
+    out = {}
+    for gpu in ("a100", "b200", "h100", "h200"):
+        note = arithmetic + (
+            "" if gpu == "h100" else "; H100 fraction assumed for this GPU (no figure for it at hand)"
+        )
+        note += "; bias + GeLU (bias_gelu_impl) is assumed to reach SwiGLU's fractions (the same @jit_fuser mechanism, not measured)"
+        out[f"{gpu}.jit_activation_fwd_fraction"] = Constant(
+            value=fwd, unit="fraction", source=LIGER_MEGATRON_SWIGLU, note=note
+        )
+        out[f"{gpu}.jit_activation_bwd_fraction"] = Constant(
+            value=bwd, unit="fraction", source=LIGER_MEGATRON_SWIGLU, note=note
+        )
+    return out
+
+
 def _table() -> dict[str, Constant]:
     table = {
         **_overlap(),
@@ -566,6 +618,7 @@ def _table() -> dict[str, Constant]:
     }
     for gpu in ("a100", "b200", "h100", "h200"):
         table.update(_cudnn_attention(table, gpu))
+    table.update(_jit_activation(table))
     return table
 
 

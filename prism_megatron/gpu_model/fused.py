@@ -12,7 +12,9 @@ Byte counts per call (e = element size of `dtype`, t = tokens):
   FP32 per-token statistics; backward: read dy, x, weight and statistics, write dx and the FP32
   weight-gradient partials (one row per SM, summed in a second tiny pass, not charged).
 - bias + activation (GeLU) or SwiGLU, forward: read the FC1 output (t*f*e, 2*t*f*e when gated) and
-  the bias, write the activation (t*f*e); backward: read dy and the saved input, write dx.
+  the bias, write the activation (t*f*e); backward: read dy and the saved input, write dx. These are
+  Megatron's `@jit_fuser` functions, not one streaming kernel: their bytes move at the fractions of
+  peak bandwidth SwiGLU's published H100 figure reaches (`activation_time`).
 - fused RoPE, forward or backward: read and write q and k (t*heads*d*e each).
 - softmax cross-entropy over the vocabulary, forward: read the logits once, write per-token loss and
   statistics; backward: read logits and statistics, write the logit gradients.
@@ -71,17 +73,29 @@ def norm_time(
 def activation_time(
     gpu: GpuSpec, *, tokens: int, ffn_hidden: int, dtype: torch.dtype, gated: bool, backward: bool
 ) -> int:
-    """Fused bias+GeLU (gated=False) or SwiGLU (gated=True), forward or backward, in ns.
+    """Megatron's jit-fused bias+GeLU (gated=False) or SwiGLU (gated=True), forward or backward, in ns.
 
-    `ffn_hidden` is the activation's width (the FC2 input), per tensor-parallel rank.
+    `ffn_hidden` is the activation's width (the FC2 input), per tensor-parallel rank. Unlike the other
+    kernels here it is not priced at the achievable streaming bandwidth: Megatron compiles these
+    functions with `@jit_fuser`, and SwiGLU's published H100 figure (constants.LIGER_MEGATRON_SWIGLU)
+    reaches 56 % of peak HBM bandwidth forward and 20 % backward in this byte count, which
+    `GpuSpec.jit_activation_*_fraction` carry (GeLU is assumed to reach the same).
     """
+    moved = activation_bytes(
+        tokens=tokens, ffn_hidden=ffn_hidden, dtype=dtype, gated=gated, backward=backward
+    )
+    fraction = gpu.jit_activation_bwd_fraction if backward else gpu.jit_activation_fwd_fraction
+    return round(gpu.launch_ns + moved / (gpu.hbm_bytes_per_s * fraction) * 1e9)
+
+
+def activation_bytes(*, tokens: int, ffn_hidden: int, dtype: torch.dtype, gated: bool, backward: bool) -> int:
+    """What `activation_time` counts as moved: forward reads the FC1 output and bias and writes the
+    activation; backward reads the gradient and the FC1 output and writes the FC1 output's gradient."""
     e = dtype.itemsize
     width_in = ffn_hidden * (2 if gated else 1)
     if not backward:
-        moved = tokens * width_in * e + width_in * e + tokens * ffn_hidden * e
-    else:
-        moved = tokens * ffn_hidden * e + tokens * width_in * e * 2
-    return memory_kernel_time(gpu, moved)
+        return tokens * width_in * e + width_in * e + tokens * ffn_hidden * e
+    return tokens * ffn_hidden * e + tokens * width_in * e * 2
 
 
 def rope_time(

@@ -111,6 +111,11 @@ class GpuSpec:
     comm_overlap_compute_slowdown: float
     """Fraction by which compute slows while a communication kernel runs beside it (the simulation's
     contention term, `sim/contention.py`)."""
+    jit_activation_fwd_fraction: float
+    """Fraction of peak HBM bandwidth Megatron's jit-fused bias + activation reaches, forward
+    (`fused.activation_time`'s byte count)."""
+    jit_activation_bwd_fraction: float
+    """The same, backward."""
     attention_kernel: str = "flash"
     """Which kernel the `attention_*` figures describe (a key of ATTENTION_KERNELS): attention.py
     times attention from them, so `with_attention_kernel` swaps the figures, not the formula."""
