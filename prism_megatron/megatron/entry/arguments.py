@@ -166,6 +166,13 @@ def _fusion_args(parser: argparse.ArgumentParser) -> None:
     for flag, dest in FUSION_SWITCHES:
         g.add_argument(flag, action="store_false", dest=dest)
     g.add_argument("--cross-entropy-loss-fusion", action="store_true")
+    g.add_argument(
+        "--cross-entropy-fusion-impl",
+        choices=("native", "te"),
+        default="native",
+        help="with --cross-entropy-loss-fusion: Megatron's @jit_fuser functions (native, charged op by op "
+        "on a modelled GPU) or Transformer Engine's kernel (te, charged as one kernel each way)",
+    )
 
 
 def _moe_args(parser: argparse.ArgumentParser) -> None:
