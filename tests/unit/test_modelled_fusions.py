@@ -349,7 +349,7 @@ def test_cross_entropy_fusion_is_off_by_default_and_one_kernel_each_way_when_ask
     assert not modelled_fusions.Fusions.from_args(native).cross_entropy
     asked = pretrain_args.parse([*MODEL, "--cross-entropy-loss-fusion", "--cross-entropy-fusion-impl", "te"])
     assert modelled_fusions.Fusions.from_args(asked).cross_entropy
-    with pytest.raises(ValueError, match="--cross-entropy-fusion-impl.*'native', 'te'"):
+    with pytest.raises(ValueError, match=r"--cross-entropy-fusion-impl.*'native', 'te'"):
         pretrain_args.parse([*MODEL, "--cross-entropy-fusion-impl", "apex"])
     assert not model.transformer_config(asked).cross_entropy_loss_fusion  # the program stays unfused
     step, off = loss_step(_only(cross_entropy=True)), loss_step(OFF)
