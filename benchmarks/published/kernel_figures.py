@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from prism_megatron.gpu_model import constants
+
 XLA_SM90 = (
     "OpenXLA default matmul performance table, xla/service/gpu/model/matmul_interpolator_data.h, "
     "sm_90 (H100) entries, bf16xbf16->bf16 (https://github.com/openxla/xla)"
@@ -213,17 +215,14 @@ non-causal 512 value is 467 for FlashAttention-3 and 497 for cuDNN (two extracti
 disagree on which bar is which; cuDNN leads at 1k too, so the larger is read as cuDNN's)."""
 
 LIGER_DATA = (
-    "Liger-Kernel, benchmark/data/all_benchmark_data.csv (https://github.com/linkedin/Liger-Kernel), "
-    "NVIDIA H100 80GB HBM3, medians of triton.testing.do_bench"
+    "Liger-Kernel, benchmark/data/all_benchmark_data.csv at commit ead96b6 "
+    "(https://github.com/linkedin/Liger-Kernel), NVIDIA H100 80GB HBM3, medians of triton.testing.do_bench"
 )
 LIGER_CE = (
-    f"{LIGER_DATA}, kernel 'megatron_cross_entropy' (benchmark/scripts/benchmark_megatron_cross_entropy.py), "
-    "BF16 logits [2048, 4, V], TP 1, 2026-06-15"
+    f"{LIGER_DATA}, kernel 'megatron_cross_entropy' (benchmark/scripts/benchmark_megatron_cross_entropy.py "
+    "as of the measurement), BF16 logits [2048, 4, V], TP 1, measured 2026-06-15"
 )
-LIGER_SWIGLU = (
-    f"{LIGER_DATA}, kernel 'megatron_swiglu' (benchmark/scripts/benchmark_megatron_swiglu.py), "
-    "BF16 input [2048, 4, 2 x ffn_local], 2026-07-26"
-)
+LIGER_SWIGLU = constants.LIGER_MEGATRON_SWIGLU
 MEMORY_FUNCTIONS = {
     "ce_unfused": "Megatron cross-entropy, unfused",
     "ce_native": "Megatron cross-entropy, fused (native)",
@@ -251,8 +250,10 @@ class MemoryFigure:
 
 def _liger(function: str, mode: str, size: int, ms: float) -> MemoryFigure:
     source = LIGER_CE if function.startswith("ce_") else LIGER_SWIGLU
-    # constants.jit_activation_* are read from the jit-fused SwiGLU's largest figure
-    anchor = function == "swiglu_megatron" and size == 32768
+    # constants.jit_activation_* are read from the jit-fused SwiGLU's largest figure (its exact values)
+    anchor = function == "swiglu_megatron" and size == constants.SWIGLU_FFN
+    if anchor:
+        ms = 1e3 * (constants.SWIGLU_FWD_S if mode == "forward" else constants.SWIGLU_FULL_S)
     return MemoryFigure(function=function, mode=mode, size=size, ms=ms, source=source, anchor=anchor)
 
 

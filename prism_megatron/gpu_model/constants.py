@@ -92,7 +92,8 @@ LIGER_MEGATRON_SWIGLU = (
     "Liger-Kernel, benchmark/data/all_benchmark_data.csv, kernel 'megatron_swiglu', provider 'megatron' "
     "(megatron-core's bias_swiglu_impl, its @jit_fuser functions; script "
     "benchmark/scripts/benchmark_megatron_swiglu.py), NVIDIA H100 80GB HBM3, BF16 input [2048, 4, 2 x ffn_local], "
-    "medians of triton.testing.do_bench, 2026-07-26 (https://github.com/linkedin/Liger-Kernel)"
+    "medians of triton.testing.do_bench, measured 2026-07-26, the file at commit ead96b6 "
+    "(https://github.com/linkedin/Liger-Kernel)"
 )
 HBM_FORUM = (
     "NVIDIA Developer Forums, 'Trouble to Reach Peak Bandwidth of A100': a streaming read kernel "
@@ -574,7 +575,9 @@ def _jit_activation(table: dict[str, Constant]) -> dict[str, Constant]:
     output and bias, write the activation; backward: read the gradient and the FC1 output, write its
     gradient). Read from SwiGLU's figure at its largest size (the only Megatron activation measured);
     the backward is 'full' less the forward and the benchmark's `y.sum()` (one read of the output at
-    the achievable bandwidth, as ops.py charges it), less one launch each."""
+    the achievable bandwidth, as ops.py charges it), less one launch each. That backward's gradient
+    was the sum's, an expanded scalar its kernel did not read; the count includes it anyway, so that a
+    run's backward is charged the figure's time per element (fused.activation_time)."""
     peak = table["h100.hbm_bytes_per_s"].value
     achievable = peak * table["h100.hbm_efficiency"].value
     launch_s = table["h100.launch_ns"].value * 1e-9

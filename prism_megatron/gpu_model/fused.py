@@ -3,7 +3,9 @@
 Transformer Engine and Megatron fuse the memory-bound parts of a layer into single kernels. Each
 function here prices one such kernel as one launch plus the bytes it reads and writes over the
 achievable HBM bandwidth: the fused kernel reads its inputs and writes its outputs once, which is
-the whole point of fusing it. The modelled capture runs the unfused ops inside `ModelledClock.uncharged()`
+the whole point of fusing it. The exception is Megatron's jit-fused bias + activation, whose bytes
+move at the lower fractions of peak bandwidth its published H100 figure reaches (`activation_time`);
+the jit-fused bias + dropout + add has no figure at hand and stays at the streaming bandwidth. The modelled capture runs the unfused ops inside `ModelledClock.uncharged()`
 and charges the fused kernel with `ModelledClock.advance(t, "memory")` instead.
 
 Byte counts per call (e = element size of `dtype`, t = tokens):
@@ -70,6 +72,16 @@ def norm_time(
     )
 
 
+def activation_bytes(*, tokens: int, ffn_hidden: int, dtype: torch.dtype, gated: bool, backward: bool) -> int:
+    """What `activation_time` counts as moved: forward reads the FC1 output and bias and writes the
+    activation; backward reads the gradient and the FC1 output and writes the FC1 output's gradient."""
+    e = dtype.itemsize
+    width_in = ffn_hidden * (2 if gated else 1)
+    if not backward:
+        return tokens * width_in * e + width_in * e + tokens * ffn_hidden * e
+    return tokens * ffn_hidden * e + tokens * width_in * e * 2
+
+
 def activation_time(
     gpu: GpuSpec, *, tokens: int, ffn_hidden: int, dtype: torch.dtype, gated: bool, backward: bool
 ) -> int:
@@ -79,23 +91,17 @@ def activation_time(
     kernels here it is not priced at the achievable streaming bandwidth: Megatron compiles these
     functions with `@jit_fuser`, and SwiGLU's published H100 figure (constants.LIGER_MEGATRON_SWIGLU)
     reaches 56 % of peak HBM bandwidth forward and 20 % backward in this byte count, which
-    `GpuSpec.jit_activation_*_fraction` carry (GeLU is assumed to reach the same).
+    `GpuSpec.jit_activation_*_fraction` carry (GeLU is assumed to reach the same). The benchmark's
+    backward took the gradient of `y.sum()`, an expanded scalar its kernel did not read, so the
+    backward fraction is as much a time per element as a bandwidth: a run's backward, whose gradient
+    is a whole tensor, is charged the figure's time per element of the activation (at a fifth of peak
+    the kernel is not bandwidth-bound, and the extra read is assumed to cost nothing beyond it).
     """
     moved = activation_bytes(
         tokens=tokens, ffn_hidden=ffn_hidden, dtype=dtype, gated=gated, backward=backward
     )
     fraction = gpu.jit_activation_bwd_fraction if backward else gpu.jit_activation_fwd_fraction
     return round(gpu.launch_ns + moved / (gpu.hbm_bytes_per_s * fraction) * 1e9)
-
-
-def activation_bytes(*, tokens: int, ffn_hidden: int, dtype: torch.dtype, gated: bool, backward: bool) -> int:
-    """What `activation_time` counts as moved: forward reads the FC1 output and bias and writes the
-    activation; backward reads the gradient and the FC1 output and writes the FC1 output's gradient."""
-    e = dtype.itemsize
-    width_in = ffn_hidden * (2 if gated else 1)
-    if not backward:
-        return tokens * width_in * e + width_in * e + tokens * ffn_hidden * e
-    return tokens * ffn_hidden * e + tokens * width_in * e * 2
 
 
 def rope_time(

@@ -115,6 +115,14 @@ MODELLED_STAND_INS: tuple[tuple[str, str, object, str], ...] = (
         True,
         "the persistent norm kernel is apex's; the norm is charged as Transformer Engine's fused norm",
     ),
+    (
+        "cross_entropy_loss_fusion",
+        "--cross-entropy-loss-fusion off",
+        False,
+        "Transformer Engine's cross-entropy needs CUDA and Megatron's native one torch.compile; the "
+        "unfused ops run, charged as one kernel each way for --cross-entropy-fusion-impl te and op by op "
+        "for native (megatron/run/modelled_fusions.py; the flags as written decide)",
+    ),
 )
 """What a modelled GPU runs in place of a flag whose kernels need Transformer Engine or apex (both
 absent on the CPU): (args attribute, the flag that selects the stand-in, its value, why)."""

@@ -463,16 +463,13 @@ def test_the_calibration_reproduces_its_anchors():
     )
     assert gemm_module.calibration(H100).k_overhead > 0
     assert attention_module.calibration(H100, backward=True).block_overhead_steps > 0
-    # Megatron's jit-fused SwiGLU at its largest published size: forward, and forward + backward + the
-    # benchmark's y.sum() (constants.SWIGLU_*).
-    from prism_megatron.gpu_model import constants, fused
+    # Megatron's jit-fused SwiGLU at its largest published size (forward; forward + backward + the
+    # benchmark's y.sum()), as the kernel suite prices it.
+    from benchmarks.published import kernels
+    from benchmarks.published.kernel_figures import MEMORY_FIGURES
 
-    swiglu = dict(tokens=constants.SWIGLU_TOKENS, ffn_hidden=constants.SWIGLU_FFN, dtype=BF16, gated=True)
-    forward = fused.activation_time(H100, **swiglu, backward=False)
-    assert forward == pytest.approx(constants.SWIGLU_FWD_S * 1e9, rel=1e-3)
-    harness_sum = fused.memory_kernel_time(H100, constants.SWIGLU_TOKENS * constants.SWIGLU_FFN * 2 + 2)
-    full = forward + fused.activation_time(H100, **swiglu, backward=True) + harness_sum
-    assert full == pytest.approx(constants.SWIGLU_FULL_S * 1e9, rel=1e-3)
+    anchors = [kernels.memory_row(f) for f in MEMORY_FIGURES if f.anchor]
+    assert len(anchors) == 2 and all(abs(r["error_pct"]) <= 0.1 for r in anchors)
 
 
 def test_fp8_is_faster_and_refused_on_a100():
@@ -655,13 +652,13 @@ def test_held_out_memory_bound_figures_stay_close():
 
     cross_entropy, swiglu = kernels.summary(rows("ce_unfused")), kernels.summary(rows("swiglu_megatron"))
     assert cross_entropy["held_out"] == 12 and cross_entropy["max_abs_error_pct"] <= 15
-    assert (
-        swiglu["held_out"] == 10 and swiglu["median_abs_error_pct"] <= 5 and swiglu["max_abs_error_pct"] <= 20
-    )
-    # Megatron's native fused cross-entropy, charged as the unfused ops: slower than measured, never
-    # the single pass each way that underestimated it eightfold.
+    # median as accepted; the max (19.8 %, the smallest forward, 23 us) is a tripwire for gross changes
+    assert swiglu["held_out"] == 10 and swiglu["median_abs_error_pct"] <= 5
+    assert swiglu["max_abs_error_pct"] <= 25
+    # Megatron's native fused cross-entropy as a modelled run charges it (modelled_fusions.Fusions): op
+    # by op, slower than measured; charged as one pass each way it was 8x too fast (error about -88 %).
     native = rows("ce_native")
-    assert all(0 < r["error_pct"] <= 100 for r in native)
+    assert len(native) == 12 and all(0 < r["error_pct"] <= 100 for r in native)
 
 
 def test_cudnn_attention_is_timed_from_cudnns_own_figures_and_nothing_else_changes():

@@ -214,22 +214,29 @@ def test_a_modelled_gpu_chooses_a_stand_in_for_each_flag_that_needs_transformer_
 
     written = {"transformer_impl": "transformer_engine", "apply_rope_fusion": True,
                "gradient_accumulation_fusion": True, "no_persist_layer_norm": False, "bias_swiglu_fusion": True,
-               "moe_grouped_gemm": True, "moe_permute_fusion": True}  # fmt: skip
+               "moe_grouped_gemm": True, "moe_permute_fusion": True, "cross_entropy_loss_fusion": True,
+               "cross_entropy_fusion_impl": "te"}  # fmt: skip
     run = argparse.Namespace(config=PrismConfig(emulation=EmulationConfig(device="model:h100")))
     args = argparse.Namespace(**written)
     lines = _modelled_stand_ins(run, args)
-    assert len(lines) == len(MODELLED_STAND_INS) == 6
+    assert len(lines) == len(MODELLED_STAND_INS) == 7
     assert args.transformer_impl == "local" and not args.apply_rope_fusion and args.no_persist_layer_norm
     assert not args.gradient_accumulation_fusion
     assert not args.moe_grouped_gemm  # SequentialMLP: the same expert weights, one GEMM per expert
     assert not args.moe_permute_fusion
     assert args.bias_swiglu_fusion, "a fusion that runs on the CPU (torch ops) stays as written"
+    assert not args.cross_entropy_loss_fusion  # the unfused loss runs; TE's kernel is charged (below)
     assert lines[0].startswith("--transformer-impl local (was transformer_impl=transformer_engine): ")
     written_again = as_written(args)  # the job as written, for what a GPU run fuses
     assert (
         written_again.transformer_impl == "transformer_engine" and written_again.gradient_accumulation_fusion
     )
     assert written_again.moe_grouped_gemm
+    from prism_megatron.megatron.run.modelled_fusions import Fusions
+
+    fusions = Fusions.from_args(argparse.Namespace(**{**vars(written_again), "position_embedding_type": "rope",
+                                                       "bias_dropout_fusion": True, "swiglu": True}))  # fmt: skip
+    assert fusions.cross_entropy  # Megatron-LM's namespace, impl te: charged as TE's kernel
     assert args.transformer_impl == "local"
     # Flags already so, or a device that is not modelled: nothing changes, nothing is said.
     assert _modelled_stand_ins(run, args) == []

@@ -341,7 +341,7 @@ def loss_step(fusions: modelled_fusions.Fusions) -> Step:
 VOCAB = 1024
 
 
-def test_cross_entropy_fusion_is_off_by_default_and_one_kernel_each_way_when_asked_for():
+def test_cross_entropy_fusion_is_one_kernel_each_way_only_with_transformer_engines_kernel():
     assert not modelled_fusions.Fusions.from_args(pretrain_args.parse(list(MODEL))).cross_entropy
     # Megatron's own fused path (the default impl) is charged op by op: measured, it is no single pass.
     native = pretrain_args.parse([*MODEL, "--cross-entropy-loss-fusion"])

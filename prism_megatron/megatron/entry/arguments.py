@@ -8,8 +8,9 @@ every command shares (`prism_megatron.megatron.job.target`); this module adds th
 Flags that only matter to a real training run's bookkeeping (checkpoints, evaluation, LR schedule,
 the masked-softmax and persistent-norm kernels) are accepted and ignored, so a production command
 line parses; any other flag is an error that names it and points at `--script`. The kernel-fusion
-switches (`FUSION_SWITCHES`, `--cross-entropy-loss-fusion`) do not change what the CPU program
-computes (it runs unfused); on a modelled GPU they choose fused or unfused charging.
+switches (`FUSION_SWITCHES`, `--cross-entropy-loss-fusion` and its `--cross-entropy-fusion-impl`) do
+not change what the CPU program computes (it runs unfused); on a modelled GPU they choose fused or
+unfused charging.
 
 Sequence and context parallelism run on the local layers of `prism_megatron.megatron.layers`, put in
 the layer spec by `parallel_spec`. What the entry still cannot run is refused by `check_local_spec`,

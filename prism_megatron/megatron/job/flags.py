@@ -144,7 +144,6 @@ NO_MEMORY_EFFECT_FLAGS = frozenset(
         "--no-bias-dropout-fusion",
         "--no-gradient-accumulation-fusion",
         "--cross-entropy-loss-fusion",
-        "--cross-entropy-fusion-impl",
         "--use-mcore-models",
         "--tp-comm-overlap",
         "--moe-router-pre-softmax",

@@ -53,7 +53,7 @@ or a handler in `op_fusions` re-prices one op. Per flag:
 | bias + GeLU / bias + SwiGLU | `--no-bias-gelu-fusion` / `--no-bias-swiglu-fusion` | `modelled_fusions` |
 | bias + dropout + residual add | `--no-bias-dropout-fusion` | `modelled_fusions` |
 | RoPE | `--no-rope-fusion` | `modelled_fusions` |
-| cross-entropy | on only with `--cross-entropy-loss-fusion` | `modelled_fusions` |
+| cross-entropy | on only with `--cross-entropy-loss-fusion --cross-entropy-fusion-impl te` (the native impl is charged op by op) | `modelled_fusions` |
 | Adam (multi-tensor FusedAdam) | (always) | `modelled_fusions` |
 
 Each op is charged as if it ran alone; what the communication kernels overlapping it take from it
