@@ -100,11 +100,16 @@ SEQUENCE, BATCH = 2048, 4
 def _tensor_parallel_of_one():
     """Megatron's cross-entropy outside a job: a tensor-parallel group of one, whose all-reduces are
     the identity (the figures ran TP 1)."""
-    module = "megatron.core.tensor_parallel.cross_entropy"
+    from megatron.core.tensor_parallel import cross_entropy
+
+    # megatron-core 0.16 asks parallel_state for the group, rank and size; 0.17+ the group, and takes
+    # rank and size from it (get_pg_rank/get_pg_size: 0 and 1 for no group)
+    answers = {"get_tensor_model_parallel_group": None, "get_tensor_model_parallel_rank": 0,
+               "get_tensor_model_parallel_world_size": 1}  # fmt: skip
     with contextlib.ExitStack() as stack:
-        stack.enter_context(mock.patch(f"{module}.get_tensor_model_parallel_group", lambda *a, **k: None))
-        stack.enter_context(mock.patch(f"{module}.get_tensor_model_parallel_rank", lambda *a, **k: 0))
-        stack.enter_context(mock.patch(f"{module}.get_tensor_model_parallel_world_size", lambda *a, **k: 1))
+        for name, answer in answers.items():
+            if hasattr(cross_entropy, name):
+                stack.enter_context(mock.patch.object(cross_entropy, name, lambda *a, _v=answer, **k: _v))
         stack.enter_context(mock.patch("torch.distributed.all_reduce", lambda *a, **k: None))
         yield
 
