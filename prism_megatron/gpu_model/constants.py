@@ -92,8 +92,8 @@ LIGER_MEGATRON_SWIGLU = (
     "Liger-Kernel, benchmark/data/all_benchmark_data.csv, kernel 'megatron_swiglu', provider 'megatron' "
     "(megatron-core's bias_swiglu_impl, its @jit_fuser functions; script "
     "benchmark/scripts/benchmark_megatron_swiglu.py), NVIDIA H100 80GB HBM3, BF16 input [2048, 4, 2 x ffn_local], "
-    "medians of triton.testing.do_bench, measured 2026-07-26, the file at commit ead96b6 "
-    "(https://github.com/linkedin/Liger-Kernel)"
+    "medians of triton.testing.do_bench, measured 2026-07-26 against megatron-core 0.16.1 (the pull request "
+    "that added it, #1326), the file at commit ead96b6 (https://github.com/linkedin/Liger-Kernel)"
 )
 HBM_FORUM = (
     "NVIDIA Developer Forums, 'Trouble to Reach Peak Bandwidth of A100': a streaming read kernel "
