@@ -597,7 +597,10 @@ def _jit_activation(table: dict[str, Constant]) -> dict[str, Constant]:
         note = arithmetic + (
             "" if gpu == "h100" else "; H100 fraction assumed for this GPU (no figure for it at hand)"
         )
-        note += "; bias + GeLU (bias_gelu_impl) is assumed to reach SwiGLU's fractions (the same @jit_fuser mechanism, not measured)"
+        note += (
+            "; bias + GeLU (bias_gelu_impl) is assumed to reach SwiGLU's fractions (the same @jit_fuser "
+            "mechanism, not measured)"
+        )
         out[f"{gpu}.jit_activation_fwd_fraction"] = Constant(
             value=fwd, unit="fraction", source=LIGER_MEGATRON_SWIGLU, note=note
         )

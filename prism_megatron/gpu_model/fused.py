@@ -5,8 +5,9 @@ function here prices one such kernel as one launch plus the bytes it reads and w
 achievable HBM bandwidth: the fused kernel reads its inputs and writes its outputs once, which is
 the whole point of fusing it. The exception is Megatron's jit-fused bias + activation, whose bytes
 move at the lower fractions of peak bandwidth its published H100 figure reaches (`activation_time`);
-the jit-fused bias + dropout + add has no figure at hand and stays at the streaming bandwidth. The modelled capture runs the unfused ops inside `ModelledClock.uncharged()`
-and charges the fused kernel with `ModelledClock.advance(t, "memory")` instead.
+the jit-fused bias + dropout + add has no figure at hand and stays at the streaming bandwidth. The
+modelled capture runs the unfused ops inside `ModelledClock.uncharged()` and charges the fused kernel
+with `ModelledClock.advance(t, "memory")` instead.
 
 Byte counts per call (e = element size of `dtype`, t = tokens):
 
