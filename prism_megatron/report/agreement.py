@@ -85,13 +85,11 @@ class RankAgreement:
 
     @property
     def replayed_median_pct(self) -> float | None:
-        differences = self.replayed_differences_pct
-        return None if differences is None else statistics.median(differences)
+        return _median(self.replayed_differences_pct)
 
     @property
     def replayed_spread_pct(self) -> tuple[float, float] | None:
-        differences = self.replayed_differences_pct
-        return None if differences is None else (min(differences), max(differences))
+        return _spread(self.replayed_differences_pct)
 
     @property
     def compute_drift_pct(self) -> tuple[float, ...] | None:
@@ -102,13 +100,11 @@ class RankAgreement:
 
     @property
     def compute_drift_median_pct(self) -> float | None:
-        drift = self.compute_drift_pct
-        return None if drift is None else statistics.median(drift)
+        return _median(self.compute_drift_pct)
 
     @property
     def compute_drift_spread_pct(self) -> tuple[float, float] | None:
-        drift = self.compute_drift_pct
-        return None if drift is None else (min(drift), max(drift))
+        return _spread(self.compute_drift_pct)
 
     @property
     def compute_against_capture_pct(self) -> float | None:
@@ -234,6 +230,15 @@ def _tuple(values: Any) -> tuple[float, ...] | None:
 
 def _differences(emulated_s: tuple[float, ...], reference_s: tuple[float, ...]) -> tuple[float, ...]:
     return tuple((e - r) / r * 100 for e, r in zip(emulated_s, reference_s, strict=True))
+
+
+def _median(values: tuple[float, ...] | None) -> float | None:
+    return None if values is None else statistics.median(values)
+
+
+def _spread(values: tuple[float, ...] | None) -> tuple[float, float] | None:
+    """The smallest and largest of `values` (None without them)."""
+    return None if values is None else (min(values), max(values))
 
 
 def agreements(results: Mapping[int, Mapping[str, Any]]) -> tuple[RankAgreement, ...]:
