@@ -149,15 +149,13 @@ def _eager_swiglu(y: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.silu(gate) * up
 
 
-def _fused_swiglu_ms(gpu: str, ffn: int, mode: str) -> float:
-    """`fused.activation_time` forward, and for 'full' its backward and the harness's sum (one read of
-    the output, as ops.py charges it)."""
-    spec, tokens = gpu_spec(gpu), SEQUENCE * BATCH
-    shape = dict(tokens=tokens, ffn_hidden=ffn, dtype=torch.bfloat16, gated=True)
-    ns = fused.activation_time(spec, **shape, backward=False)
+def _fused_ms(gpu: str, price: Callable[..., int], mode: str, output_bytes: int, **shape) -> float:
+    """A fused kernel as `price(spec, **shape, backward=...)` charges it: forward, and for 'full' its
+    backward and the harness's `y.sum()` (one read of the output, as ops.py charges it)."""
+    spec = gpu_spec(gpu)
+    ns = price(spec, **shape, backward=False)
     if mode == "full":
-        ns += fused.activation_time(spec, **shape, backward=True)
-        ns += fused.memory_kernel_time(spec, tokens * ffn * 2 + 2)
+        ns += price(spec, **shape, backward=True) + fused.memory_kernel_time(spec, output_bytes + 2)
     return ns / 1e6
 
 
@@ -175,23 +173,18 @@ def _native_cross_entropy_is_one_kernel() -> bool:
     return Fusions.from_args(defaults).cross_entropy
 
 
-def _fused_cross_entropy_ms(gpu: str, vocab: int, mode: str) -> float:
-    spec, shape = gpu_spec(gpu), dict(tokens=SEQUENCE * BATCH, vocab=vocab, dtype=torch.bfloat16)
-    ns = fused.cross_entropy_time(spec, **shape, backward=False)
-    if mode == "full":
-        ns += fused.cross_entropy_time(spec, **shape, backward=True)
-    return ns / 1e6
-
-
 def memory_row(fig: MemoryFigure) -> dict:
+    tokens = SEQUENCE * BATCH
     if fig.function == "ce_native" and _native_cross_entropy_is_one_kernel():
-        model = _fused_cross_entropy_ms(fig.gpu, fig.size, fig.mode)
+        model = _fused_ms(fig.gpu, fused.cross_entropy_time, fig.mode, tokens * 4,
+                          tokens=tokens, vocab=fig.size, dtype=torch.bfloat16)  # fmt: skip
     elif fig.function in ("ce_unfused", "ce_native"):  # the native path charged as the unfused ops run
         model = _charged_op_by_op(fig.gpu, lambda: _logits(fig.size), _cross_entropy, fig.mode)
     elif fig.function == "swiglu_torch":
         model = _charged_op_by_op(fig.gpu, lambda: _fc1_output(fig.size), _eager_swiglu, fig.mode)
     else:
-        model = _fused_swiglu_ms(fig.gpu, fig.size, fig.mode)
+        model = _fused_ms(fig.gpu, fused.activation_time, fig.mode, tokens * fig.size * 2,
+                          tokens=tokens, ffn_hidden=fig.size, dtype=torch.bfloat16, gated=True)  # fmt: skip
     dimension = "V" if fig.function.startswith("ce_") else "ffn_local"
     return {
         "kind": f"memory: {MEMORY_FUNCTIONS[fig.function]}",
