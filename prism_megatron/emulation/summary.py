@@ -38,16 +38,21 @@ def format_summary(outcome: RunOutcome) -> str:
             f"real rank {agreement.virtual_rank}: emulated against the simulation of the schedule each "
             f"iteration ran: {describe(agreement)}"
         )
+        if agreement.expected_s is not None:
+            lines.append(
+                f"real rank {agreement.virtual_rank}: emulated against that schedule's expected time (replayed "
+                f"with each iteration it was simulated from): {describe(agreement, 'expected')}"
+            )
         if agreement.replayed_s is not None:
             lines.append(
                 f"real rank {agreement.virtual_rank}: emulated against that schedule replayed with the "
-                f"iteration's own measurements: {describe(agreement, replayed=True)}"
+                f"iteration's own measurements: {describe(agreement, 'replayed')}"
             )
         if agreement.compute_drift_pct is not None:
             lines.append(
                 f"real rank {agreement.virtual_rank}: its compute in each iteration against what that schedule "
                 f"assumed: "
-                f"{describe(agreement, compute=True)}"
+                f"{describe(agreement, 'compute')}"
             )
     for rank, data in sorted(outcome.results.items()):
         between = _between_iterations(data.get("prism_phase") or {})

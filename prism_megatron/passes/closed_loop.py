@@ -37,6 +37,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import os
+import statistics
 from collections.abc import Collection, Mapping, Sequence
 
 from prism_megatron import files
@@ -130,6 +131,11 @@ class ClosedLoop:
     the costs the real ranks measure (`real_costs.py`)."""
     indices: dict[int, ScheduleIndex] = dataclasses.field(default_factory=dict)
     """Real rank -> where its schedule reads its virtual members' arrivals (for `replayed_ns`)."""
+    window: collections.deque = dataclasses.field(
+        default_factory=lambda: collections.deque(maxlen=DEFAULT_WINDOW)
+    )
+    """The last iterations every real rank ran as the graph holds, as `replayed_ns` takes them
+    (`remember`): the measurements the current schedule was simulated from (`expected_ns`)."""
 
     @classmethod
     def start(
@@ -160,6 +166,7 @@ class ClosedLoop:
             real_ranks=tuple(real_ranks),
             graph_streams=graph.roles[role].streams,
             measured=collections.deque(maxlen=window),
+            window=collections.deque(maxlen=window),
             index=index,
             current=compute_durations(graph.roles[role].streams),
             programs=class_programs(graph),
@@ -218,6 +225,34 @@ class ClosedLoop:
             shared={rank: keys for rank, (_, keys) in self.real_ops.items()},
             op_costs_ns=op_costs,
         )
+
+    def remember(
+        self,
+        compute_ns: Mapping[int, Sequence[int]],
+        costs: Mapping[int, Mapping[str, int]] | None = None,
+    ) -> None:
+        """Keep one iteration's measurements of every real rank (the arguments of `replayed_ns`) in
+        the window the next schedule is simulated from. Call it after `replayed_ns` and before
+        `resimulate`."""
+        self.window.append((dict(compute_ns), costs))
+
+    def expected_ns(self) -> dict[int, int]:
+        """The current schedule's expected finish of each real rank: the schedule replayed with each
+        iteration of the window it was simulated from, the median of those replays.
+
+        The schedule itself is simulated from one iteration's spans per role (`median_iteration`),
+        chosen for each real rank apart. An iteration's spans move from the window's, some up, some
+        down, and the emulation takes the moves one-sidedly: a span that runs long delays every op
+        after it on the rank's path and, where two real ranks feed each other, on the other's; one
+        that runs short waits for its peers. So iterations that compute as the window did run over
+        the schedule's simulation, in their median too; replaying the schedule with the window's own
+        iterations counts that. The first schedule, simulated from the capture's spans, has no
+        window: its simulated finish.
+        """
+        if not self.window:
+            return {rank: self.result.finish_ns(rank) for rank in self.real_ranks}
+        replays = [self.replayed_ns(compute, costs) for compute, costs in self.window]
+        return {rank: int(statistics.median(r[rank] for r in replays)) for rank in replays[0]}
 
     def fold(
         self,

@@ -237,6 +237,9 @@ class EmulatePhase(_RecordingPhase):
         """Iteration number -> the schedule it ran replayed with every real rank's compute spans of
         that iteration (`ClosedLoop.replayed_ns`); iterations after warm-up that every real rank
         ran as the graph holds."""
+        self.expected_ns: dict[int, int] = {}
+        """Iteration number -> the schedule it ran, replayed with each iteration it was simulated
+        from (`ClosedLoop.expected_ns`), for the same iterations as `replayed_ns`."""
         self.captured_compute_ns = sum(self.loop.current)
         """This rank's compute in the graph as captured (the first schedule's)."""
         self.compute_ns: dict[int, tuple[int, int]] = {}
@@ -305,8 +308,10 @@ class EmulatePhase(_RecordingPhase):
         if reason is None:
             if None not in all_spans.values():  # every real rank's iteration matched the graph
                 # Before re-simulating: the loop's result is still the schedule this iteration ran.
-                replayed = self.loop.replayed_ns(all_spans, latest if self.real_costs is not None else None)
-                self.replayed_ns[number] = replayed[self.virtual_rank]
+                measured_costs = latest if self.real_costs is not None else None
+                self.expected_ns[number] = self.loop.expected_ns()[self.virtual_rank]
+                self.replayed_ns[number] = self.loop.replayed_ns(all_spans, measured_costs)[self.virtual_rank]
+                self.loop.remember(all_spans, measured_costs)
             self.loop.resimulate(durations, costs if self.real_costs is not None else None)
             self.loaded = self.loop.schedule()
             replay.load_schedule(self.loaded)
@@ -356,6 +361,10 @@ class EmulatePhase(_RecordingPhase):
             "simulated_iteration_times_s": [t / 1e9 for t in self.simulated_ns],
             "replayed_iteration_times_s": [
                 self.replayed_ns[i] / 1e9 if i in self.replayed_ns else None
+                for i in range(len(self.simulated_ns))
+            ],
+            "expected_iteration_times_s": [
+                self.expected_ns[i] / 1e9 if i in self.expected_ns else None
                 for i in range(len(self.simulated_ns))
             ],
             "captured_compute_s": self.captured_compute_ns / 1e9,

@@ -22,6 +22,12 @@ own error (ops completing later than the schedule says, host work inside ops); t
 between the two comparisons is the drift of the measured inputs. The simulated time is the rank's own
 finish in the schedule's simulation, as the emulated time is the rank's own start to end.
 
+Between the two lies the schedule's expected time: the schedule replayed with each iteration it
+was simulated from (the last three), the median of those replays (`ClosedLoop.expected_ns`). The
+schedule's simulation takes one of those iterations' spans per real rank; the moves of the spans
+from one iteration to the next, which the emulation takes one-sidedly (below), are in the expected
+time and not in the simulation. It uses nothing of the iteration it is compared with.
+
 The drift of the compute is also given directly: each real rank's compute in the iteration against
 the compute its schedule was simulated with. Where a real rank exchanges with virtual peers it need
 not cancel out over iterations: a rank that computes more than its schedule assumed reaches its
@@ -52,6 +58,10 @@ class RankAgreement:
     """The rank's simulated time in the schedule each iteration ran."""
     closed_loop_final_s: float | None = None
     """The simulation from the last measurements (the schedule a next iteration would run)."""
+    expected_s: tuple[float, ...] | None = None
+    """The schedule each iteration ran, replayed with each iteration it was simulated from (the
+    median of those replays; `ClosedLoop.expected_ns`): what the iteration should take given how
+    the real ranks' compute moved in those iterations. None as `replayed_s`."""
     replayed_s: tuple[float, ...] | None = None
     """The schedule each iteration ran, replayed with the real ranks' compute of that iteration;
     None when a compared iteration has none (a run before it was recorded, or one that diverged)."""
@@ -77,6 +87,19 @@ class RankAgreement:
     def spread_pct(self) -> tuple[float, float]:
         """The smallest and largest per-iteration difference."""
         return min(self.differences_pct), max(self.differences_pct)
+
+    @property
+    def expected_differences_pct(self) -> tuple[float, ...] | None:
+        """Per iteration: (emulated - expected) / expected, in percent."""
+        return None if self.expected_s is None else _differences(self.emulated_s, self.expected_s)
+
+    @property
+    def expected_median_pct(self) -> float | None:
+        return _median(self.expected_differences_pct)
+
+    @property
+    def expected_spread_pct(self) -> tuple[float, float] | None:
+        return _spread(self.expected_differences_pct)
 
     @property
     def replayed_differences_pct(self) -> tuple[float, ...] | None:
@@ -133,6 +156,7 @@ class RankAgreement:
         if not pairs:
             return None
         replays = [replayed[i] if i < len(replayed) else None for i, _, _ in pairs]
+        expected = _at(phase.get("expected_iteration_times_s"), [i for i, _, _ in pairs])
         schedule, measured = _compute_pair(
             _at(phase.get("schedule_compute_s"), [i for i, _, _ in pairs]),
             _at(phase.get("measured_compute_s"), [i for i, _, _ in pairs]),
@@ -143,6 +167,7 @@ class RankAgreement:
             emulated_s=tuple(float(e) for _, e, _ in pairs),
             simulated_s=tuple(float(s) for _, _, s in pairs),
             closed_loop_final_s=phase.get("closed_loop_final_s"),
+            expected_s=expected if expected is not None and min(expected) > 0 else None,
             replayed_s=None if any(not r for r in replays) else tuple(float(r) for r in replays),
             schedule_compute_s=schedule,
             measured_compute_s=measured,
@@ -158,6 +183,16 @@ class RankAgreement:
             "median_difference_pct": self.median_pct,
             "min_difference_pct": self.spread_pct[0],
             "max_difference_pct": self.spread_pct[1],
+            **(
+                {}
+                if self.expected_s is None
+                else {
+                    "expected_s": list(self.expected_s),
+                    "median_expected_difference_pct": self.expected_median_pct,
+                    "min_expected_difference_pct": self.expected_spread_pct[0],
+                    "max_expected_difference_pct": self.expected_spread_pct[1],
+                }
+            ),
             **(
                 {}
                 if self.replayed_s is None
@@ -194,7 +229,8 @@ class RankAgreement:
             emulated_s=tuple(entry["emulated_s"]),
             simulated_s=tuple(entry["simulated_s"]),
             closed_loop_final_s=entry.get("closed_loop_final_s"),
-            replayed_s=tuple(entry["replayed_s"]) if entry.get("replayed_s") is not None else None,
+            expected_s=_tuple(entry.get("expected_s")),
+            replayed_s=_tuple(entry.get("replayed_s")),
             schedule_compute_s=schedule,
             measured_compute_s=measured,
             captured_compute_s=entry.get("captured_compute_s"),
@@ -249,20 +285,28 @@ def agreements(results: Mapping[int, Mapping[str, Any]]) -> tuple[RankAgreement,
     return tuple(a for a in found if a is not None)
 
 
-def describe(agreement: RankAgreement, *, replayed: bool = False, compute: bool = False) -> str:
-    """'+0.42 % (-1.10 .. +2.31 %, 5 iterations)': against the schedule's simulation, with
-    `replayed` against its replay with the iteration's own measurements, with `compute` the rank's
-    measured compute against the schedule's ('-' when there is none)."""
-    if compute:
-        if agreement.compute_drift_median_pct is None:
-            return "-"
-        median, (low, high) = agreement.compute_drift_median_pct, agreement.compute_drift_spread_pct
-    elif replayed:
-        if agreement.replayed_median_pct is None:
-            return "-"
-        median, (low, high) = agreement.replayed_median_pct, agreement.replayed_spread_pct
-    else:
-        median, (low, high) = agreement.median_pct, agreement.spread_pct
+COMPARISONS = ("simulated", "expected", "replayed", "compute")
+"""What `describe` can set the emulated iterations against (and "compute", the rank's compute
+against its schedule's)."""
+
+
+def describe(agreement: RankAgreement, against: str = "simulated") -> str:
+    """'+0.42 % (-1.10 .. +2.31 %, 5 iterations)': the median and the range of the per-iteration
+    differences against the schedule's simulation ("simulated"), its expected time ("expected"), its
+    replay with the iteration's own measurements ("replayed"), or the rank's measured compute against
+    the schedule's ("compute"); '-' when there is none."""
+    found = {
+        "simulated": (agreement.median_pct, agreement.spread_pct),
+        "expected": (agreement.expected_median_pct, agreement.expected_spread_pct),
+        "replayed": (agreement.replayed_median_pct, agreement.replayed_spread_pct),
+        "compute": (agreement.compute_drift_median_pct, agreement.compute_drift_spread_pct),
+    }
+    if against not in found:
+        raise ValueError(f"describe: against must be one of {COMPARISONS}, got {against!r}")
+    median, spread = found[against]
+    if median is None or spread is None:
+        return "-"
+    low, high = spread
     return (
         f"{median:+.2f} % ({low:+.2f} .. {high:+.2f} %, "
         f"{len(agreement.iterations)} iteration{'s' if len(agreement.iterations) != 1 else ''})"

@@ -158,10 +158,13 @@ def _agreement(report: RunReport) -> list[str]:
     rows = []
     for a in report.agreement:
         low, high = a.spread_pct
+        expected = a.expected_spread_pct
         replayed = a.replayed_spread_pct
         drift = a.compute_drift_spread_pct
         rows.append([
             a.virtual_rank, len(a.iterations), f"{a.median_pct:+.2f} %", f"{low:+.2f} .. {high:+.2f} %",
+            "-" if expected is None else f"{a.expected_median_pct:+.2f} %",
+            "-" if expected is None else f"{expected[0]:+.2f} .. {expected[1]:+.2f} %",
             "-" if replayed is None else f"{a.replayed_median_pct:+.2f} %",
             "-" if replayed is None else f"{replayed[0]:+.2f} .. {replayed[1]:+.2f} %",
             "-" if drift is None else f"{a.compute_drift_median_pct:+.2f} % ({drift[0]:+.2f} .. {drift[1]:+.2f} %)",
@@ -172,6 +175,9 @@ def _agreement(report: RunReport) -> list[str]:
         "",
         "Each emulated iteration after warm-up against the rank's simulated time in the replay "
         "schedule it ran (the closed loop re-simulates from the measured spans between iterations), "
+        "against that schedule's expected time (the schedule replayed with each iteration it was "
+        "simulated from, the median of those replays: the real ranks' compute moves from iteration to "
+        "iteration and the emulation takes the moves one-sidedly, see below), "
         "and against that schedule replayed with the compute the real ranks measured in the iteration "
         "itself and, on the CPU device, the times they measured of the ops among them (what is left is "
         "the emulation's own error; the gap between the two is the drift of those measurements). "
@@ -188,6 +194,8 @@ def _agreement(report: RunReport) -> list[str]:
                 "iterations",
                 "median difference",
                 "range",
+                "expected: median",
+                "expected: range",
                 "replayed: median",
                 "replayed: range",
                 "compute against the schedule's: median (range)",

@@ -195,6 +195,7 @@ def _check_agreement(doc: dict, errors: list[str]) -> None:
             "iterations",
             "emulated_s",
             "simulated_s",
+            "expected_s",
             "replayed_s",
             "schedule_compute_s",
             "measured_compute_s",

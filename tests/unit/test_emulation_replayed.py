@@ -124,3 +124,31 @@ def test_an_op_among_real_ranks_costs_in_the_replay_what_they_measured_of_it_in_
     assert loop.replayed_ns(spans, fast) == finish
     # A measurement only one of its real members published is not used.
     assert loop.replayed_ns(spans, {0: slow[0]}) == finish
+
+
+def test_the_expected_time_is_the_median_replay_of_the_window_the_schedule_was_simulated_from():
+    loop, spans, finish, norm = _simulated_job()
+    # The first schedule, simulated from the capture, has no window: its simulated finish.
+    assert loop.expected_ns() == finish
+    last = {rank: len(spans[rank]) - 1 for rank in REAL}
+
+    def late(rank, ms):  # the rank's last span, after every op it shares, `ms` longer
+        return {**spans, rank: [*spans[rank][: last[rank]], spans[rank][last[rank]] + ms * 1_000_000]}
+
+    # Three iterations: one as simulated, one with rank 0 2 ms late at its end, one with rank 1024
+    # 1 ms early there. The median replay of each rank is the one of its three in the middle.
+    for compute in (spans, late(0, 2), late(1024, -1)):
+        loop.remember(compute)
+    expected = loop.expected_ns()
+    assert expected == {0: finish[0], 1024: finish[1024]}
+    loop.remember(late(0, 3))  # the window keeps the last three: late 2, early 1, late 3 ms
+    assert loop.expected_ns() == {0: finish[0] + 2_000_000, 1024: finish[1024]}
+    # A moved span that the virtual peers wait out moves nothing; one every later op waits for does,
+    # in two of the three iterations: the expected time is above the schedule's simulation.
+    slow = list(spans[0])
+    before = max(i for i, p in enumerate(_compute_positions(loop, 0)) if p < norm)
+    slow[before] += 5_000_000
+    for _ in range(2):
+        loop.remember({**spans, 0: slow})
+    assert loop.expected_ns()[1024] > finish[1024]
+    assert loop.expected_ns()[1024] == loop.replayed_ns({**spans, 0: slow})[1024]

@@ -61,3 +61,17 @@ def test_the_demo_meets_issue_31_in_a_run_only_when_every_real_rank_s_median_is_
     assert not demo_run.agreement_met(_run(0.4, 1.2))
     assert not demo_run.agreement_met(_run(0.4))  # rank 1024 was not compared at all
     assert not demo_run.agreement_met({"real_ranks": [], "agreement": {}})  # nothing compared
+
+
+def test_the_demo_is_judged_against_the_expected_time_apart_from_the_simulation():
+    both = {
+        "real_ranks": [0, 1024],
+        "agreement": {
+            "0": {"median_difference_pct": 1.6, "median_expected_difference_pct": 0.3},
+            "1024": {"median_difference_pct": 0.2, "median_expected_difference_pct": -1.1},
+        },
+    }
+    assert not demo_run.agreement_met(both) and not demo_run.agreement_met(both, "expected")
+    both["agreement"]["1024"]["median_expected_difference_pct"] = -0.9
+    assert demo_run.agreement_met(both, "expected") and not demo_run.agreement_met(both, "simulated")
+    assert not demo_run.agreement_met(_run(0.4, 0.4), "expected")  # a run without the expected time

@@ -104,12 +104,12 @@ def test_each_iteration_is_also_compared_with_its_schedule_replayed_with_its_own
     assert agreement.replayed_s == (0.102, 0.1, 0.104)
     assert agreement.replayed_differences_pct == pytest.approx((0.0, -1.0, 100 * (0.105 / 0.104 - 1)))
     assert agreement.replayed_median_pct == pytest.approx(0.0)
-    assert describe(agreement, replayed=True) == "+0.00 % (-1.00 .. +0.96 %, 3 iterations)"
+    assert describe(agreement, "replayed") == "+0.00 % (-1.00 .. +0.96 %, 3 iterations)"
     # The schedule's own simulation stays the first comparison.
     assert describe(agreement) == "+2.00 % (-1.00 .. +5.00 %, 3 iterations)"
     # An iteration compared without a replay (it diverged from the graph): no replayed comparison.
     gap = RankAgreement.from_phase(0, {**PHASE_0, "replayed_iteration_times_s": [None, 0.102, None, 0.1]})
-    assert gap.replayed_s is None and describe(gap, replayed=True) == "-"
+    assert gap.replayed_s is None and describe(gap, "replayed") == "-"
     assert RankAgreement.from_phase(0, PHASE_0).replayed_s is None  # a run before it was recorded
 
 
@@ -122,10 +122,53 @@ def test_report_json_and_md_hold_the_replayed_comparison_and_read_back_equal(tmp
     assert entry["replayed_s"] == [0.102, 0.1, 0.104]
     assert entry["median_replayed_difference_pct"] == pytest.approx(0.0)
     assert "replayed_s" not in doc["agreement"]["33"]
-    assert "| 0 | 3 | +2.00 % | -1.00 .. +5.00 % | +0.00 % | -1.00 .. +0.96 % |" in md
-    assert "| 33 | 3 | +0.00 % | -2.00 .. +0.00 % | - | - |" in md
+    assert "| 0 | 3 | +2.00 % | -1.00 .. +5.00 % | - | - | +0.00 % | -1.00 .. +0.96 % |" in md
+    assert "| 33 | 3 | +0.00 % | -2.00 .. +0.00 % | - | - | - | - |" in md
     doc["agreement"]["0"]["replayed_s"].pop()
     with pytest.raises(SchemaError, match=r"\$\.agreement\.0: one value per iteration compared"):
+        validate(doc)
+
+
+PHASE_EXPECTED = {**PHASE_REPLAYED, "expected_iteration_times_s": [None, 0.100, 0.102, 0.105]}
+
+
+def test_each_iteration_is_compared_with_the_expected_time_of_the_schedule_it_ran():
+    agreement = RankAgreement.from_phase(0, PHASE_EXPECTED)
+    assert agreement.expected_s == (0.100, 0.102, 0.105)
+    assert agreement.expected_differences_pct == pytest.approx((2.0, 100 * (0.099 / 0.102 - 1), 0.0))
+    assert agreement.expected_median_pct == pytest.approx(0.0)
+    assert describe(agreement, "expected") == "+0.00 % (-2.94 .. +2.00 %, 3 iterations)"
+    # The other comparisons stay as they were.
+    assert describe(agreement) == "+2.00 % (-1.00 .. +5.00 %, 3 iterations)"
+    assert describe(agreement, "replayed") == "+0.00 % (-1.00 .. +0.96 %, 3 iterations)"
+    # Missing for a compared iteration, or from an older run: none, and '-'.
+    gap = RankAgreement.from_phase(
+        0, {**PHASE_EXPECTED, "expected_iteration_times_s": [None, 0.1, None, 0.1]}
+    )
+    assert gap.expected_s is None and describe(gap, "expected") == "-"
+    assert RankAgreement.from_phase(0, PHASE_REPLAYED).expected_s is None
+    with pytest.raises(ValueError, match=r"against must be one of .*'simulated', 'expected'.*got 'replay'"):
+        describe(agreement, "replay")
+
+
+def test_report_json_and_md_hold_the_expected_comparison_and_read_back_equal(tmp_path):
+    report = _report(
+        agreement=agreements({0: {"prism_phase": PHASE_EXPECTED}, 33: {"prism_phase": PHASE_33}})
+    )
+    doc, md = _written(report, tmp_path)
+    entry = doc["agreement"]["0"]
+    assert entry["expected_s"] == [0.100, 0.102, 0.105]
+    assert (entry["min_expected_difference_pct"], entry["max_expected_difference_pct"]) == pytest.approx(
+        (100 * (0.099 / 0.102 - 1), 2.0)
+    )
+    assert "expected_s" not in doc["agreement"]["33"]
+    assert "| 0 | 3 | +2.00 % | -1.00 .. +5.00 % | +0.00 % | -2.94 .. +2.00 % | +0.00 % |" in md
+    doc["agreement"]["0"]["expected_s"].pop()
+    with pytest.raises(SchemaError, match=r"\$\.agreement\.0: one value per iteration compared"):
+        validate(doc)
+    doc = report.to_json()
+    del doc["agreement"]["0"]["median_expected_difference_pct"]
+    with pytest.raises(SchemaError, match=r"median_expected_difference_pct"):
         validate(doc)
 
 
@@ -140,11 +183,11 @@ def test_each_iteration_says_how_far_the_rank_s_compute_drifted_from_what_its_sc
     agreement = RankAgreement.from_phase(0, PHASE_COMPUTE)
     assert agreement.schedule_compute_s == (0.050, 0.050, 0.040)
     assert agreement.compute_drift_pct == pytest.approx((10.0, -10.0, 0.0))
-    assert describe(agreement, compute=True) == "+0.00 % (-10.00 .. +10.00 %, 3 iterations)"
+    assert describe(agreement, "compute") == "+0.00 % (-10.00 .. +10.00 %, 3 iterations)"
     # Missing for a compared iteration (it diverged from the graph), or from an older run: none.
     gap = {**PHASE_COMPUTE, "measured_compute_s": [None, 0.055, None, 0.040]}
     assert RankAgreement.from_phase(0, gap).compute_drift_pct is None
-    assert describe(RankAgreement.from_phase(0, PHASE_REPLAYED), compute=True) == "-"
+    assert describe(RankAgreement.from_phase(0, PHASE_REPLAYED), "compute") == "-"
     # A schedule that assumed no compute at all gives no percentage rather than a division by zero,
     # and one list without the other gives neither.
     idle = {**PHASE_COMPUTE, "schedule_compute_s": [None, 0.0, 0.050, 0.040]}
