@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import os
 import statistics
+from collections.abc import Sequence
 
 from prism_megatron import files
 from prism_megatron.emulation.driver import RunOutcome
-from prism_megatron.report.agreement import describe
+from prism_megatron.report.agreement import RankAgreement, describe
 
 _MIB = 2**20
 
@@ -33,27 +34,7 @@ def format_summary(outcome: RunOutcome) -> str:
             + _against_capture(report)
             + ")"
         )
-    for agreement in report.agreement:
-        lines.append(
-            f"real rank {agreement.virtual_rank}: emulated against the simulation of the schedule each "
-            f"iteration ran: {describe(agreement)}"
-        )
-        if agreement.expected_s is not None:
-            lines.append(
-                f"real rank {agreement.virtual_rank}: emulated against that schedule's expected time (replayed "
-                f"with each iteration it was simulated from): {describe(agreement, 'expected')}"
-            )
-        if agreement.replayed_s is not None:
-            lines.append(
-                f"real rank {agreement.virtual_rank}: emulated against that schedule replayed with the "
-                f"iteration's own measurements: {describe(agreement, 'replayed')}"
-            )
-        if agreement.compute_drift_pct is not None:
-            lines.append(
-                f"real rank {agreement.virtual_rank}: its compute in each iteration against what that schedule "
-                f"assumed: "
-                f"{describe(agreement, 'compute')}"
-            )
+    lines += agreement_lines(report.agreement)
     for rank, data in sorted(outcome.results.items()):
         between = _between_iterations(data.get("prism_phase") or {})
         if between:
@@ -96,6 +77,35 @@ def format_summary(outcome: RunOutcome) -> str:
     if os.path.isfile(os.path.join(graph_dir, files.GRAPH_FILE)):  # a run that failed first wrote none
         lines.append(f"wrote {graph_dir}/ (reuse: --prism-graph, prism-megatron simulate)")
     return "\n".join(lines)
+
+
+def agreement_lines(found: Sequence[RankAgreement]) -> list[str]:
+    """Per real rank, its emulated iterations against the schedule each ran: its simulation, its
+    expected time, its replay with the iteration's own measurements (where recorded), and the rank's
+    compute against the schedule's."""
+    lines = []
+    for agreement in found:
+        lines.append(
+            f"real rank {agreement.virtual_rank}: emulated against the simulation of the schedule each "
+            f"iteration ran: {describe(agreement)}"
+        )
+        if agreement.expected_s is not None:
+            lines.append(
+                f"real rank {agreement.virtual_rank}: emulated against that schedule's expected time (replayed "
+                f"with each iteration it was simulated from): {describe(agreement, 'expected')}"
+            )
+        if agreement.replayed_s is not None:
+            lines.append(
+                f"real rank {agreement.virtual_rank}: emulated against that schedule replayed with the "
+                f"iteration's own measurements: {describe(agreement, 'replayed')}"
+            )
+        if agreement.compute_drift_pct is not None:
+            lines.append(
+                f"real rank {agreement.virtual_rank}: its compute in each iteration against what that schedule "
+                f"assumed: "
+                f"{describe(agreement, 'compute')}"
+            )
+    return lines
 
 
 def _against_capture(report) -> str:

@@ -134,8 +134,9 @@ class ClosedLoop:
     window: collections.deque = dataclasses.field(
         default_factory=lambda: collections.deque(maxlen=DEFAULT_WINDOW)
     )
-    """The last iterations every real rank ran as the graph holds, as `replayed_ns` takes them
-    (`remember`): the measurements the current schedule was simulated from (`expected_ns`)."""
+    """The last iterations after warm-up (`judge`): every real rank's spans as folded and the costs
+    measured of the ops among them, or None where a real rank's iteration did not match the graph;
+    the measurements the current schedule was simulated from (`expected_ns`)."""
 
     @classmethod
     def start(
@@ -226,19 +227,35 @@ class ClosedLoop:
             op_costs_ns=op_costs,
         )
 
-    def remember(
+    def judge(
         self,
-        compute_ns: Mapping[int, Sequence[int]],
+        spans: Mapping[int, Sequence[int]] | None,
+        folded: Mapping[int, Sequence[int]] | None,
         costs: Mapping[int, Mapping[str, int]] | None = None,
-    ) -> None:
-        """Keep one iteration's measurements of every real rank (the arguments of `replayed_ns`) in
-        the window the next schedule is simulated from. Call it after `replayed_ns` and before
-        `resimulate`."""
-        self.window.append((dict(compute_ns), costs))
+    ) -> tuple[dict[int, int] | None, dict[int, int] | None]:
+        """One iteration against the schedule it ran: that schedule's expected finish of each real
+        rank (`expected_ns`, from the iterations before this one) and its replay with this
+        iteration's measurements (`replayed_ns`). Then the iteration joins the window the next
+        schedule is simulated from. Call it once per iteration after warm-up, before `resimulate`.
 
-    def expected_ns(self) -> dict[int, int]:
+        Args:
+            spans: each real rank's compute spans in the iteration as measured (`replayed_ns`);
+                None where a real rank's iteration did not match the graph: no replay, and a gap in
+                the window (no expected time until it has left the window).
+            folded: the same as the real ranks' loops took them (`measure`: a span that ended in a
+                wait the schedule decided at its assumed value); what the window keeps.
+            costs: what each real rank measured of the ops among real ranks in the iteration.
+        """
+        expected = self.expected_ns()
+        replayed = None if spans is None else self.replayed_ns(spans, costs)
+        self.window.append(None if spans is None or folded is None else (dict(folded), costs))
+        return expected, replayed
+
+    def expected_ns(self) -> dict[int, int] | None:
         """The current schedule's expected finish of each real rank: the schedule replayed with each
-        iteration of the window it was simulated from, the median of those replays.
+        iteration of the window it was simulated from (as the loops took them, with the costs of
+        the ops among real ranks measured in each), the median of those replays (the larger of the
+        two middle ones in an even window, as `median_iteration`).
 
         The schedule itself is simulated from one iteration's spans per role (`median_iteration`),
         chosen for each real rank apart. An iteration's spans move from the window's, some up, some
@@ -246,13 +263,15 @@ class ClosedLoop:
         after it on the rank's path and, where two real ranks feed each other, on the other's; one
         that runs short waits for its peers. So iterations that compute as the window did run over
         the schedule's simulation, in their median too; replaying the schedule with the window's own
-        iterations counts that. The first schedule, simulated from the capture's spans, has no
-        window: its simulated finish.
+        iterations counts the moves the window had. The first schedule, simulated from the capture's
+        spans, has no window: its simulated finish. None while the window has a gap (`judge`).
         """
+        if None in self.window:
+            return None
         if not self.window:
             return {rank: self.result.finish_ns(rank) for rank in self.real_ranks}
         replays = [self.replayed_ns(compute, costs) for compute, costs in self.window]
-        return {rank: int(statistics.median(r[rank] for r in replays)) for rank in replays[0]}
+        return {rank: int(statistics.median_high(r[rank] for r in replays)) for rank in replays[0]}
 
     def fold(
         self,
@@ -267,6 +286,7 @@ class ClosedLoop:
         Returns None when folded, else why not (the iteration issued other ops than the graph).
         """
         reason = self.measure(streams, keep)
+        self.window.append(None)  # one rank's measurement: no replay of every real rank's (`judge`)
         if reason is None:
             self.resimulate(others, costs)
         return reason

@@ -30,6 +30,7 @@ start mark, so the wait is in no iteration's time.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -302,58 +303,59 @@ class EmulatePhase(_RecordingPhase):
         if self.real_costs is not None:
             self.real_costs.add(iteration.events)
         spans = compute_durations(streams) if reason is None else None
-        if spans is not None:  # the loop's measurement: a kept span at its assumed value
-            self.compute_ns[number] = (assumed_ns, sum(self.loop.measured[-1]))
-        durations, costs, all_spans, latest = self.exchange(number, spans)
+        folded = list(self.loop.measured[-1]) if reason is None else None
+        if folded is not None:  # the loop's measurement: a kept span at its assumed value
+            self.compute_ns[number] = (assumed_ns, sum(folded))
+        shared = self.exchange(number, spans, folded)
+        # Before re-simulating: the loop's result is still the schedule this iteration ran.
+        complete = None not in shared.spans.values()  # every real rank's iteration matched the graph
+        expected, replayed = self.loop.judge(
+            shared.spans if complete else None,
+            shared.folded if complete else None,
+            shared.latest if self.real_costs is not None else None,
+        )
+        if expected is not None:
+            self.expected_ns[number] = expected[self.virtual_rank]
+        if replayed is not None:
+            self.replayed_ns[number] = replayed[self.virtual_rank]
         if reason is None:
-            if None not in all_spans.values():  # every real rank's iteration matched the graph
-                # Before re-simulating: the loop's result is still the schedule this iteration ran.
-                measured_costs = latest if self.real_costs is not None else None
-                self.expected_ns[number] = self.loop.expected_ns()[self.virtual_rank]
-                self.replayed_ns[number] = self.loop.replayed_ns(all_spans, measured_costs)[self.virtual_rank]
-                self.loop.remember(all_spans, measured_costs)
-            self.loop.resimulate(durations, costs if self.real_costs is not None else None)
+            self.loop.resimulate(shared.durations, shared.costs if self.real_costs is not None else None)
             self.loaded = self.loop.schedule()
             replay.load_schedule(self.loaded)
         else:
             self.not_folded[number] = reason
 
-    def exchange(
-        self, number: int, spans: list[int] | None
-    ) -> tuple[
-        dict[str, list[int]],
-        dict[int, dict[str, int]],
-        dict[int, list[int] | None],
-        dict[int, dict[str, int]],
-    ]:
+    def exchange(self, number: int, spans: list[int] | None, folded: list[int] | None) -> Shared:
         """Publish this rank's measurements after iteration `number` and wait for every other real
-        rank's (see closed_loop.py): durations by role, costs of the ops among real ranks by
-        virtual rank (this rank's included; the median of the last iterations, and the iteration's
-        own), and each real rank's compute spans in the iteration itself by virtual rank (`spans`;
-        None where the iteration did not match the graph)."""
+        rank's (see closed_loop.py); `spans` and `folded` are this rank's compute spans in the
+        iteration as measured and as its loop took them (None where the iteration did not match the
+        graph)."""
         own_costs = self.real_costs.current() if self.real_costs is not None else {}
         own_latest = self.real_costs.latest() if self.real_costs is not None else {}
-        durations: dict[str, list[int]] = {}
-        costs: dict[int, dict[str, int]] = {self.virtual_rank: own_costs}
-        latest: dict[int, dict[str, int]] = {self.virtual_rank: own_latest}
-        all_spans: dict[int, list[int] | None] = {self.virtual_rank: spans}
+        shared = Shared(
+            costs={self.virtual_rank: own_costs},
+            latest={self.virtual_rank: own_latest},
+            spans={self.virtual_rank: spans},
+            folded={self.virtual_rank: folded},
+        )
         if self.store is None or len(self.real_ranks) < 2:
-            return durations, costs, all_spans, latest
+            return shared
         data = {"role": self.loop.role, "durations": self.loop.current, "real_costs": own_costs,
-                "latest_costs": own_latest, "spans": spans}  # fmt: skip
+                "latest_costs": own_latest, "spans": spans, "folded": folded}  # fmt: skip
         self.store.set(_shared_key(self.virtual_rank, number), json.dumps(data))
         others = [rank for rank in self.real_ranks if rank != self.virtual_rank]
         keys = [_shared_key(rank, number) for rank in others]
         self.store.wait(keys)
         for rank, raw in zip(others, self.store.multi_get(keys), strict=True):
             data = json.loads(raw)
-            durations[data["role"]] = data["durations"]
-            costs[rank] = data["real_costs"]
-            latest[rank] = data["latest_costs"]
-            all_spans[rank] = data["spans"]
+            shared.durations[data["role"]] = data["durations"]
+            shared.costs[rank] = data["real_costs"]
+            shared.latest[rank] = data["latest_costs"]
+            shared.spans[rank] = data["spans"]
+            shared.folded[rank] = data["folded"]
         if number - 2 >= NUM_WARMUP:  # every rank read it before the iteration that just ended began
             self.store.delete_key(_shared_key(self.virtual_rank, number - 2))
-        return durations, costs, all_spans, latest
+        return shared
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -402,6 +404,25 @@ class EmulatePhase(_RecordingPhase):
         if self.agreement is not None:
             consistency.settle(self.config.emulation.timeout_s)
         super().finish()
+
+
+@dataclasses.dataclass
+class Shared:
+    """What the real ranks publish to each other after an iteration (`EmulatePhase.exchange`)."""
+
+    durations: dict[str, list[int]] = dataclasses.field(default_factory=dict)
+    """The other real ranks' roles -> the compute durations their simulations use (`ClosedLoop.current`)."""
+    costs: dict[int, dict[str, int]] = dataclasses.field(default_factory=dict)
+    """Virtual rank -> what it measured of the ops among real ranks, the median of the last
+    iterations (`RealCosts.current`); this rank's included."""
+    latest: dict[int, dict[str, int]] = dataclasses.field(default_factory=dict)
+    """The same, in the iteration itself (`RealCosts.latest`)."""
+    spans: dict[int, list[int] | None] = dataclasses.field(default_factory=dict)
+    """Virtual rank -> its compute spans in the iteration as measured; None where the iteration did
+    not match the graph."""
+    folded: dict[int, list[int] | None] = dataclasses.field(default_factory=dict)
+    """The same as the rank's loop took them (`ClosedLoop.measure`: a span that ended in a wait the
+    schedule decided at its assumed value)."""
 
 
 def _start_summary(start: StartRecord) -> dict[str, float | int]:

@@ -180,7 +180,8 @@ def _agreement(report: RunReport) -> list[str]:
         "iteration and the emulation takes the moves one-sidedly, see below), "
         "and against that schedule replayed with the compute the real ranks measured in the iteration "
         "itself and, on the CPU device, the times they measured of the ops among them (what is left is "
-        "the emulation's own error; the gap between the two is the drift of those measurements). "
+        "the emulation's own error; the gap between this replay and the simulation is the drift of "
+        "those measurements). "
         "The drift of the compute is given as the rank's measured compute in each iteration against "
         "what its schedule assumed. Where the rank exchanges with virtual peers it need not cancel out "
         "over iterations: a rank that computes more than assumed reaches its next exchange with a "
@@ -192,7 +193,7 @@ def _agreement(report: RunReport) -> list[str]:
             [
                 "real rank",
                 "iterations",
-                "median difference",
+                "against the simulation: median",
                 "range",
                 "expected: median",
                 "expected: range",

@@ -126,29 +126,61 @@ def test_an_op_among_real_ranks_costs_in_the_replay_what_they_measured_of_it_in_
     assert loop.replayed_ns(spans, {0: slow[0]}) == finish
 
 
+def _late(spans, rank, ms):
+    """`spans` with the rank's last span, after every op it shares, `ms` longer."""
+    return {**spans, rank: [*spans[rank][:-1], spans[rank][-1] + ms * 1_000_000]}
+
+
 def test_the_expected_time_is_the_median_replay_of_the_window_the_schedule_was_simulated_from():
     loop, spans, finish, norm = _simulated_job()
-    # The first schedule, simulated from the capture, has no window: its simulated finish.
+    # The first schedule, simulated from the capture, has no window: its simulated finish. Judging
+    # an iteration gives the expected time from before it: rank 0 running 2 ms late at its end moves
+    # its replay, not the expected time it is compared with.
+    expected, replayed = loop.judge(_late(spans, 0, 2), _late(spans, 0, 2))
+    assert expected == finish and replayed == {0: finish[0] + 2_000_000, 1024: finish[1024]}
+    assert loop.expected_ns() == {0: finish[0] + 2_000_000, 1024: finish[1024]}  # now in the window
+    # Three iterations in the window: rank 0 2 ms late, rank 1024 1 ms early, as simulated. Each
+    # rank's expected finish is the middle one of its three replays.
+    loop.judge(_late(spans, 1024, -1), _late(spans, 1024, -1))
+    assert loop.expected_ns() == {0: finish[0] + 2_000_000, 1024: finish[1024]}  # the larger middle one
+    loop.judge(spans, spans)
     assert loop.expected_ns() == finish
-    last = {rank: len(spans[rank]) - 1 for rank in REAL}
-
-    def late(rank, ms):  # the rank's last span, after every op it shares, `ms` longer
-        return {**spans, rank: [*spans[rank][: last[rank]], spans[rank][last[rank]] + ms * 1_000_000]}
-
-    # Three iterations: one as simulated, one with rank 0 2 ms late at its end, one with rank 1024
-    # 1 ms early there. The median replay of each rank is the one of its three in the middle.
-    for compute in (spans, late(0, 2), late(1024, -1)):
-        loop.remember(compute)
-    expected = loop.expected_ns()
-    assert expected == {0: finish[0], 1024: finish[1024]}
-    loop.remember(late(0, 3))  # the window keeps the last three: late 2, early 1, late 3 ms
-    assert loop.expected_ns() == {0: finish[0] + 2_000_000, 1024: finish[1024]}
-    # A moved span that the virtual peers wait out moves nothing; one every later op waits for does,
-    # in two of the three iterations: the expected time is above the schedule's simulation.
-    slow = list(spans[0])
+    loop.judge(_late(spans, 0, 3), _late(spans, 0, 3))  # the window keeps the last three
+    assert loop.expected_ns() == {0: finish[0], 1024: finish[1024]}
+    loop.judge(_late(spans, 0, 4), _late(spans, 0, 4))  # early 1, as simulated, late 3 and 4 ms
+    assert loop.expected_ns() == {0: finish[0] + 3_000_000, 1024: finish[1024]}
+    # A span rank 0 runs 5 ms longer before the grad-norm all-reduce, which both real ranks join,
+    # delays rank 1024 too: in two iterations of three, the expected time is that replay's.
     before = max(i for i, p in enumerate(_compute_positions(loop, 0)) if p < norm)
-    slow[before] += 5_000_000
+    slow = {**spans, 0: [v + 5_000_000 if i == before else v for i, v in enumerate(spans[0])]}
     for _ in range(2):
-        loop.remember({**spans, 0: slow})
-    assert loop.expected_ns()[1024] > finish[1024]
-    assert loop.expected_ns()[1024] == loop.replayed_ns({**spans, 0: slow})[1024]
+        loop.judge(slow, slow)
+    assert loop.expected_ns() == loop.replayed_ns(slow) and loop.expected_ns()[1024] > finish[1024]
+
+
+def test_the_window_keeps_the_spans_as_folded_and_the_costs_measured_and_a_gap_stops_the_expected_time():
+    loop, spans, finish, norm = _simulated_job()
+    # A span that ended in a wait the schedule decided is measured long but folded at its assumed
+    # value: the replay takes the measurement, the window the folded spans.
+    _, replayed = loop.judge(_late(spans, 0, 2), spans)
+    assert replayed[0] == finish[0] + 2_000_000 and loop.expected_ns() == finish
+    # The costs the real ranks measured of the grad-norm all-reduce stay with their iteration.
+    _, keys = loop.real_ops[0]
+    key = next(k for k, positions in keys.items() if norm in positions)
+    op = loop.result.timeline(0)[norm]
+    slow = {rank: {key: op.end_ns - op.ready_ns + 3_000_000} for rank in REAL}
+    for _ in range(2):
+        loop.judge(spans, spans, slow)
+    assert loop.expected_ns() == {rank: finish[rank] + 3_000_000 for rank in REAL}
+    # An iteration a real rank ran otherwise than the graph: no replay, and no expected time while
+    # it is in the window (three more iterations).
+    expected, replayed = loop.judge(None, None)
+    assert expected == {rank: finish[rank] + 3_000_000 for rank in REAL} and replayed is None
+    expected, replayed = loop.judge(spans, spans)
+    assert expected is None and replayed == finish
+    for _ in range(2):
+        assert loop.judge(spans, spans)[0] is None
+    assert loop.expected_ns() == finish
+    # `fold` measures one rank alone: it leaves a gap too.
+    loop.fold(loop.graph_streams)
+    assert loop.expected_ns() is None

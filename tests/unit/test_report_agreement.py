@@ -14,6 +14,7 @@ import os
 
 import pytest
 
+from prism_megatron.emulation.summary import agreement_lines
 from prism_megatron.report import RankReport, RunReport, TargetJob, iterations_from_times, write_report
 from prism_megatron.report.agreement import RankAgreement, agreements, describe
 from prism_megatron.report.schema import SchemaError, validate
@@ -170,6 +171,24 @@ def test_report_json_and_md_hold_the_expected_comparison_and_read_back_equal(tmp
     del doc["agreement"]["0"]["median_expected_difference_pct"]
     with pytest.raises(SchemaError, match=r"median_expected_difference_pct"):
         validate(doc)
+    doc = report.to_json()
+    del doc["agreement"]["0"]["expected_s"]  # its median without it
+    with pytest.raises(SchemaError, match=r"expected_s"):
+        validate(doc)
+
+
+def test_the_summary_prints_each_comparison_a_rank_has_and_only_those():
+    lines = agreement_lines(agreements({0: {"prism_phase": PHASE_EXPECTED}, 33: {"prism_phase": PHASE_33}}))
+    assert lines == [
+        "real rank 0: emulated against the simulation of the schedule each iteration ran: "
+        "+2.00 % (-1.00 .. +5.00 %, 3 iterations)",
+        "real rank 0: emulated against that schedule's expected time (replayed with each iteration it was "
+        "simulated from): +0.00 % (-2.94 .. +2.00 %, 3 iterations)",
+        "real rank 0: emulated against that schedule replayed with the iteration's own measurements: "
+        "+0.00 % (-1.00 .. +0.96 %, 3 iterations)",
+        "real rank 33: emulated against the simulation of the schedule each iteration ran: "
+        "+0.00 % (-2.00 .. +0.00 %, 3 iterations)",
+    ]
 
 
 PHASE_COMPUTE = {
