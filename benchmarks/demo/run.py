@@ -189,12 +189,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.probe_s > 0 and (why := speed.available()) is not None:
         print(f"no host-speed probe: {why}", file=sys.stderr)
         args.probe_s = 0
+    train_iters = args.train_iters if args.train_iters is not None else demo.TRAIN_ITERS
     runs = []
     for number in range(args.repeats):
         probe = speed.probe(args.probe_s) if args.probe_s > 0 else None
         with tempfile.TemporaryDirectory(prefix="prism-demo-") as tmp:
             run = run_once(os.path.join(tmp, "run"), args.train_iters)
-            train_iters = args.train_iters if args.train_iters is not None else demo.TRAIN_ITERS
             runs.append({**run, "train_iters": train_iters, "host_speed_before": probe})
         print(
             f"run {number + 1}/{args.repeats}: {runs[-1]['wall_s']:.1f} s"

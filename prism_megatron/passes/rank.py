@@ -34,6 +34,7 @@ import dataclasses
 import json
 import os
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -361,23 +362,11 @@ class EmulatePhase(_RecordingPhase):
         return {
             **super().summary(),
             "simulated_iteration_times_s": [t / 1e9 for t in self.simulated_ns],
-            "replayed_iteration_times_s": [
-                self.replayed_ns[i] / 1e9 if i in self.replayed_ns else None
-                for i in range(len(self.simulated_ns))
-            ],
-            "expected_iteration_times_s": [
-                self.expected_ns[i] / 1e9 if i in self.expected_ns else None
-                for i in range(len(self.simulated_ns))
-            ],
+            "replayed_iteration_times_s": self._by_iteration(self.replayed_ns),
+            "expected_iteration_times_s": self._by_iteration(self.expected_ns),
             "captured_compute_s": self.captured_compute_ns / 1e9,
-            "schedule_compute_s": [
-                self.compute_ns[i][0] / 1e9 if i in self.compute_ns else None
-                for i in range(len(self.simulated_ns))
-            ],
-            "measured_compute_s": [
-                self.compute_ns[i][1] / 1e9 if i in self.compute_ns else None
-                for i in range(len(self.simulated_ns))
-            ],
+            "schedule_compute_s": self._by_iteration({i: c[0] for i, c in self.compute_ns.items()}),
+            "measured_compute_s": self._by_iteration({i: c[1] for i, c in self.compute_ns.items()}),
             "closed_loop_final_s": self.loop.iteration_time_ns / 1e9,
             "num_folded": self.loop.num_folded,
             "num_spans_kept": self.num_kept,
@@ -385,6 +374,10 @@ class EmulatePhase(_RecordingPhase):
             "resimulation_s": [t / 1e9 for t in self.resimulation_ns],
             "agreed_starts": [_start_summary(s) for s in self.starts],
         }
+
+    def _by_iteration(self, values_ns: Mapping[int, int]) -> list[float | None]:
+        """Seconds per iteration run (numbered as `simulated_ns`), None where `values_ns` has none."""
+        return [values_ns[i] / 1e9 if i in values_ns else None for i in range(len(self.simulated_ns))]
 
     def finish(self) -> None:
         from prism_megatron.passes.memory import CATEGORIES, last_samples

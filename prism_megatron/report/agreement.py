@@ -186,26 +186,8 @@ class RankAgreement:
             "median_difference_pct": self.median_pct,
             "min_difference_pct": self.spread_pct[0],
             "max_difference_pct": self.spread_pct[1],
-            **(
-                {}
-                if self.expected_s is None
-                else {
-                    "expected_s": list(self.expected_s),
-                    "median_expected_difference_pct": self.expected_median_pct,
-                    "min_expected_difference_pct": self.expected_spread_pct[0],
-                    "max_expected_difference_pct": self.expected_spread_pct[1],
-                }
-            ),
-            **(
-                {}
-                if self.replayed_s is None
-                else {
-                    "replayed_s": list(self.replayed_s),
-                    "median_replayed_difference_pct": self.replayed_median_pct,
-                    "min_replayed_difference_pct": self.replayed_spread_pct[0],
-                    "max_replayed_difference_pct": self.replayed_spread_pct[1],
-                }
-            ),
+            **_reference_json("expected", self.expected_s, self.expected_differences_pct),
+            **_reference_json("replayed", self.replayed_s, self.replayed_differences_pct),
             **(
                 {}
                 if self.compute_drift_pct is None
@@ -269,6 +251,22 @@ def _tuple(values: Any) -> tuple[float, ...] | None:
 
 def _differences(emulated_s: tuple[float, ...], reference_s: tuple[float, ...]) -> tuple[float, ...]:
     return tuple((e - r) / r * 100 for e, r in zip(emulated_s, reference_s, strict=True))
+
+
+def _reference_json(
+    name: str, reference_s: tuple[float, ...] | None, differences: tuple[float, ...] | None
+) -> dict[str, Any]:
+    """report.json's entries of one optional reference (`<name>_s` and the median, smallest and
+    largest difference against it); none without it."""
+    if reference_s is None or differences is None:
+        return {}
+    low, high = _spread(differences)
+    return {
+        f"{name}_s": list(reference_s),
+        f"median_{name}_difference_pct": _median(differences),
+        f"min_{name}_difference_pct": low,
+        f"max_{name}_difference_pct": high,
+    }
 
 
 def _median(values: tuple[float, ...] | None) -> float | None:

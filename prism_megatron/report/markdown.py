@@ -152,21 +152,24 @@ def _against_capture(report: RunReport) -> list[list[str]]:
     )
 
 
+def _median_and_range(median: float | None, spread: tuple[float, float] | None) -> list[str]:
+    """Two cells: '+0.12 %' and '-0.30 .. +0.85 %', or '-' twice without them."""
+    if median is None or spread is None:
+        return ["-", "-"]
+    return [f"{median:+.2f} %", f"{spread[0]:+.2f} .. {spread[1]:+.2f} %"]
+
+
 def _agreement(report: RunReport) -> list[str]:
     if not report.agreement:
         return []
     rows = []
     for a in report.agreement:
         low, high = a.spread_pct
-        expected = a.expected_spread_pct
-        replayed = a.replayed_spread_pct
         drift = a.compute_drift_spread_pct
         rows.append([
             a.virtual_rank, len(a.iterations), f"{a.median_pct:+.2f} %", f"{low:+.2f} .. {high:+.2f} %",
-            "-" if expected is None else f"{a.expected_median_pct:+.2f} %",
-            "-" if expected is None else f"{expected[0]:+.2f} .. {expected[1]:+.2f} %",
-            "-" if replayed is None else f"{a.replayed_median_pct:+.2f} %",
-            "-" if replayed is None else f"{replayed[0]:+.2f} .. {replayed[1]:+.2f} %",
+            *_median_and_range(a.expected_median_pct, a.expected_spread_pct),
+            *_median_and_range(a.replayed_median_pct, a.replayed_spread_pct),
             "-" if drift is None else f"{a.compute_drift_median_pct:+.2f} % ({drift[0]:+.2f} .. {drift[1]:+.2f} %)",
             _seconds(a.closed_loop_final_s),
         ])  # fmt: skip
