@@ -40,12 +40,16 @@ MODEL = "alone"
 TARGETS = {"mean_abs_error_pct": 0.3, "max_abs_error_pct": 1.0, "min_rounds": 5}
 
 
-def mechanism_cases(rounds: int = 5) -> list[Case]:
-    """Every layout of the fidelity suite, one layer per model chunk, four times the compute."""
+def mechanism_cases(rounds: int = 5, scale: float = COMPUTE_SCALE) -> list[Case]:
+    """Every layout of the fidelity suite, one layer per model chunk, `scale` times the compute."""
+    if scale <= 0:
+        raise ValueError(
+            f"--compute-scale {scale}: must be a positive factor of the fidelity suite's compute"
+        )
     cases = []
     for layout in LAYOUTS:
         chunks = layout.vpp or 1
-        fwd_ms = COMPUTE_SCALE * FWD_MS / chunks  # per layer = per chunk: a stage-step is 4 x FWD_MS
+        fwd_ms = scale * FWD_MS / chunks  # per layer = per chunk: a stage-step is `scale` x FWD_MS
         for overlap in (False, True):
             for straggler in (False, True):
                 job = Job(tp=layout.tp, pp=layout.pp, dp=layout.dp, vpp=layout.vpp,
@@ -96,9 +100,11 @@ def _verdict(ok: bool) -> str:
 
 def markdown(record: dict) -> str:
     summary = record["mechanism"]
+    scale = record.get("compute_scale")
     lines = [
         f"# Mechanism suite ({record['form']}), {record['date']}",
         "",
+        *([f"Compute per stage-step: {scale:g} x the fidelity suite's.", ""] if scale else []),
         f"Judged against the contention-free (`{MODEL}`) costs; targets: mean |median error| <= "
         f"{TARGETS['mean_abs_error_pct']} %, every case <= {TARGETS['max_abs_error_pct']} %, >= "
         f"{TARGETS['min_rounds']} rounds.",
@@ -131,8 +137,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--plan", action="store_true", help="print the cases and the expected duration")
     parser.add_argument("--offline", default=None, metavar="DIR", help="keep graphs, costs, real medians")
     parser.add_argument("--out", default=RESULTS_DIR, help="directory for the JSON and Markdown results")
+    parser.add_argument(
+        "--compute-scale", type=float, default=COMPUTE_SCALE,
+        help=f"compute per stage-step against the fidelity suite's (default {COMPUTE_SCALE}); more makes "
+        "the host's share of each step smaller and every case longer in proportion",
+    )  # fmt: skip
     args = parser.parse_args(argv)
-    cases = [smoke_case()] if args.smoke else mechanism_cases(args.rounds)
+    if args.compute_scale <= 0:
+        parser.error(
+            f"--compute-scale {args.compute_scale}: must be a positive factor (default {COMPUTE_SCALE})"
+        )
+    cases = [smoke_case()] if args.smoke else mechanism_cases(args.rounds, args.compute_scale)
     if args.only:
         unknown = sorted(set(args.only) - {c.name for c in cases})
         if unknown:
@@ -152,6 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     run._imports()
     record = run.run_suite(selection, None, args.offline)
     record["suite"] = "mechanism"
+    record["compute_scale"] = None if args.smoke else args.compute_scale
     record["mechanism"] = summarize(record["cases"])
     record["mechanism_targets"] = TARGETS
     suite = "mechanism" if form == "full" else f"mechanism-{form}"

@@ -115,3 +115,18 @@ def test_host_bursts_started_together_on_few_cores_queue_for_them():
     # four bursts on C cores: the last of them ends no sooner than ceil(4 / C) bursts back to back
     turns = -(-4 // len(os.sched_getaffinity(0)))
     assert four["mean_largest_completion_ms"] >= 0.75 * turns * alone_ms
+
+
+def test_the_mechanism_suite_s_compute_scale_stretches_every_step_and_refuses_a_bad_factor():
+    from benchmarks.fidelity import mechanism
+
+    four = {c.name: c.job for c in mechanism.mechanism_cases()}
+    eight = {c.name: c.job for c in mechanism.mechanism_cases(scale=8)}
+    assert four.keys() == eight.keys()
+    for name, job in four.items():
+        assert eight[name].fwd_ms == 2 * job.fwd_ms and eight[name].bwd_ms == 2 * job.bwd_ms
+        assert eight[name].num_microbatches == job.num_microbatches
+    with pytest.raises(ValueError, match="--compute-scale 0: must be a positive factor"):
+        mechanism.mechanism_cases(scale=0)
+    with pytest.raises(SystemExit):
+        mechanism.main(["--compute-scale", "-1", "--plan"])
