@@ -120,7 +120,8 @@ def late_sleeps_ms(sleeps_ns, start_ns: int, end_ns: int) -> tuple[int, float]:
     return len(inside), sum(e - b - asked for b, e, asked in inside) / 1e6
 
 
-def _cases() -> dict:
+def _cases(scale: float | None = None) -> dict:
+    """Every case of both suites by name; the mechanism suite's at `scale` (its default when None)."""
     from benchmarks.fidelity import mechanism
     from benchmarks.fidelity.cases import real_compute_cases, sleep_cases, smoke_case
 
@@ -129,7 +130,7 @@ def _cases() -> dict:
         *sleep_cases(),
         *real_compute_cases(),
         mechanism.smoke_case(),
-        *mechanism.mechanism_cases(),
+        *mechanism.mechanism_cases(scale=mechanism.COMPUTE_SCALE if scale is None else scale),
     ]
     return {c.name: c for c in every}
 
@@ -141,7 +142,13 @@ def default_pattern(name: str) -> str:
     return mechanism.MODEL if name.startswith("mech-") else "job"
 
 
-def diagnose(name: str, iteration: int | None, rank: int | None = None, pattern: str | None = None) -> None:
+def diagnose(
+    name: str,
+    iteration: int | None,
+    rank: int | None = None,
+    pattern: str | None = None,
+    scale: float | None = None,
+) -> None:
     import tempfile
 
     from prism_megatron.graph import NodeType
@@ -149,7 +156,7 @@ def diagnose(name: str, iteration: int | None, rank: int | None = None, pattern:
     pattern = default_pattern(name) if pattern is None else pattern
     if pattern not in PATTERNS:
         raise ValueError(f"--costs must be one of {', '.join(PATTERNS)}, got {pattern!r}")
-    cases = _cases()
+    cases = _cases(scale)
     if name not in cases:
         raise ValueError(f"no case {name!r}; cases: {', '.join(cases)}")
     case = cases[name]
@@ -218,12 +225,19 @@ def main(argv: list[str] | None = None) -> int:
         help="simulate over the job pattern's costs (the fidelity suite's model) or alone's (the "
         "mechanism suite's); default: those of the case's suite",
     )
+    parser.add_argument(
+        "--compute-scale",
+        type=float,
+        default=None,
+        help="a mechanism case's compute per step against the fidelity suite's, as the mechanism "
+        "suite's --compute-scale (default: that suite's default)",
+    )
     args = parser.parse_args(argv)
     warnings.filterwarnings("ignore")
     import megatron.core  # noqa: F401  (once here; the forked processes inherit it)
 
     try:
-        diagnose(args.case, args.iteration, args.rank, args.costs)
+        diagnose(args.case, args.iteration, args.rank, args.costs, args.compute_scale)
     except ValueError as exc:
         parser.error(str(exc))
     return 0

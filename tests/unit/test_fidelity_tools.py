@@ -130,3 +130,8 @@ def test_the_mechanism_suite_s_compute_scale_stretches_every_step_and_refuses_a_
         mechanism.mechanism_cases(scale=0)
     with pytest.raises(SystemExit):
         mechanism.main(["--compute-scale", "-1", "--plan"])
+    # The diagnosis takes a mechanism case at the scale it ran.
+    assert diagnose._cases(8)["mech-pp4-dp4"].job.fwd_ms == four["mech-pp4-dp4"].fwd_ms * 2
+    assert diagnose._cases()["mech-pp4-dp4"].job == four["mech-pp4-dp4"]
+    with pytest.raises(ValueError, match="--compute-scale -2"):
+        diagnose.diagnose("mech-pp4-dp4", None, None, "alone", -2)
