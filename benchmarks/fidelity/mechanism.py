@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--compute-scale", type=float, default=COMPUTE_SCALE,
         help=f"compute per stage-step against the fidelity suite's (default {COMPUTE_SCALE}); more makes "
-        "the host's share of each step smaller and every case longer in proportion",
+        "the host's share of each step smaller and every case longer in proportion; --smoke keeps its own",
     )  # fmt: skip
     args = parser.parse_args(argv)
     if args.compute_scale <= 0:
