@@ -143,11 +143,10 @@ def main(argv: list[str] | None = None) -> int:
         "the host's share of each step smaller and every case longer in proportion; --smoke keeps its own",
     )  # fmt: skip
     args = parser.parse_args(argv)
-    if args.compute_scale <= 0:
-        parser.error(
-            f"--compute-scale {args.compute_scale}: must be a positive factor (default {COMPUTE_SCALE})"
-        )
-    cases = [smoke_case()] if args.smoke else mechanism_cases(args.rounds, args.compute_scale)
+    try:
+        cases = [smoke_case()] if args.smoke else mechanism_cases(args.rounds, args.compute_scale)
+    except ValueError as exc:  # a bad --compute-scale: `mechanism_cases` names it
+        parser.error(str(exc))
     if args.only:
         unknown = sorted(set(args.only) - {c.name for c in cases})
         if unknown:
