@@ -8,7 +8,8 @@ compute per stage and one layer per model chunk, so one sleep per forward or bac
 layer sleeps around its TP all-reduces, as megatron-core's layer does), so that scheduling stays
 under 1 % of the iteration (issue 28's premise; `COMPUTE_SCALE` says why eight). They are judged
 against the contention-free costs (the `alone` calibration: each op measured with no other group
-communicating): what the mechanism reproduces when the network model is not the question. Every case runs at least 5 rounds.
+communicating): what the mechanism reproduces when the network model is not the question. Every
+case runs at least 5 rounds.
 
 Targets (issue 28): mean |median error| <= 0.3 %, every case <= 1 %, quoted with each case's
 inter-quartile range and worst round. Results: ``benchmarks/results/<date>-mechanism.json`` and
