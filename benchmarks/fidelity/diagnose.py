@@ -16,7 +16,11 @@ its suite judges it by unless `--costs` says otherwise: the job pattern's (the f
 model) or the alone pattern's (the mechanism suite's). One calibration draw, where the suites take
 three.
 
-Run: ``python -m benchmarks.fidelity.diagnose CASE [--iteration N] [--rank R] [--costs job|alone]``.
+With `--every-rank`, a line per rank: its median drift over the timed iterations and the same split,
+so that the ranks whose compute or sleeps ran long stand out from those that only waited for them.
+
+Run: ``python -m benchmarks.fidelity.diagnose CASE [--iteration N] [--rank R] [--costs job|alone]
+[--compute-scale F] [--every-rank]``.
 """
 
 from __future__ import annotations
@@ -120,6 +124,35 @@ def late_sleeps_ms(sleeps_ns, start_ns: int, end_ns: int) -> tuple[int, float]:
     return len(inside), sum(e - b - asked for b, e, asked in inside) / 1e6
 
 
+def iteration_split(trace: dict, index: int, simulated, finish_ms: float) -> dict:
+    """A rank's iteration `index` against its simulation, in ms: `real`, `drift` (real - simulated
+    iteration), `split`'s parts over the matched steps, `after` the last matched step (the rest of
+    the drift), and `sleeps` / `late`: how many compute sleeps began in it and what they overslept."""
+    begin_ns, end_ns = trace["starts_ns"][index], trace["ends_ns"][index]
+    real_ms = (end_ns - begin_ns) / 1e6
+    parts = split(real_steps(trace, index), simulated)
+    sleeps, late = late_sleeps_ms(trace.get("sleeps_ns") or [], begin_ns, end_ns)
+    drift = real_ms - finish_ms
+    return {
+        **parts,
+        "real": real_ms,
+        "drift": drift,
+        "after": drift - parts["before"] - parts["compute"] - parts["steps"],
+        "sleeps": sleeps,
+        "late": late,
+    }
+
+
+def median_split(trace: dict, indices, simulated, finish_ms: float) -> dict:
+    """`iteration_split`'s numbers, each the median over the iterations `indices` (a rank's summary)."""
+    import statistics
+
+    splits = [iteration_split(trace, i, simulated, finish_ms) for i in indices]
+    if not splits:
+        raise ValueError("no timed iterations to summarise")
+    return {key: statistics.median(s[key] for s in splits) for key in splits[0]}
+
+
 def _cases(scale: float | None = None) -> dict:
     """Every case of both suites by name; the mechanism suite's at `scale` (its default when None)."""
     from benchmarks.fidelity import mechanism
@@ -148,6 +181,7 @@ def diagnose(
     rank: int | None = None,
     pattern: str | None = None,
     scale: float | None = None,
+    every_rank: bool = False,
 ) -> None:
     import tempfile
 
@@ -191,19 +225,33 @@ def diagnose(
     )
     print("real - simulated, per timed iteration (the matched steps split as the table's end diff):")
     for i in range(case.warmup, case.iterations):
-        begin_ns, end_ns = trace["starts_ns"][i], trace["ends_ns"][i]
-        drift_ms = (end_ns - begin_ns) / 1e6 - finish_ms
-        parts = split(real_steps(trace, i), simulated)
+        parts = iteration_split(trace, i, simulated, finish_ms)
         sleeps = "no sleeps recorded (real compute)"
         if trace.get("sleeps_ns"):
-            count, late_ms = late_sleeps_ms(trace["sleeps_ns"], begin_ns, end_ns)
-            sleeps = f"of which its {count} sleeps woke {late_ms:+.2f} late"
+            sleeps = f"of which its {parts['sleeps']} sleeps woke {parts['late']:+.2f} late"
         print(
-            f"  iteration {i}: {drift_ms:+.2f} ms = before the first step {parts['before']:+.2f}, "
+            f"  iteration {i}: {parts['drift']:+.2f} ms = before the first step {parts['before']:+.2f}, "
             f"compute between steps {parts['compute']:+.2f} ({sleeps}), the {parts['steps_matched']} "
-            f"steps themselves {parts['steps']:+.2f}, after the last step "
-            f"{drift_ms - parts['before'] - parts['compute'] - parts['steps']:+.2f}"
+            f"steps themselves {parts['steps']:+.2f}, after the last step {parts['after']:+.2f}"
         )
+    if every_rank:
+        timed = range(case.warmup, case.iterations)
+        print(
+            "every rank, median over the timed iterations of real - simulated (ms) and its split; "
+            "late: what its compute sleeps overslept"
+        )
+        print(
+            f"{'rank':>5} {'real':>9} {'sim':>9} {'drift':>8} {'before':>8} {'compute':>8} "
+            f"{'late':>7} {'steps':>8} {'after':>7}"
+        )
+        for r in range(case.job.world_size):
+            rank_sim = _simulated_steps(result, r)
+            rank_finish_ms = result.finish_ns(r) / 1e6
+            m = median_split(real[r], timed, rank_sim, rank_finish_ms)
+            print(
+                f"{r:5d} {m['real']:9.1f} {rank_finish_ms:9.1f} {m['drift']:+8.2f} {m['before']:+8.2f} "
+                f"{m['compute']:+8.2f} {m['late']:+7.2f} {m['steps']:+8.2f} {m['after']:+7.2f}"
+            )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -232,12 +280,18 @@ def main(argv: list[str] | None = None) -> int:
         help="a mechanism case's compute per step against the fidelity suite's, as the mechanism "
         "suite's --compute-scale (default: that suite's default)",
     )
+    parser.add_argument(
+        "--every-rank",
+        action="store_true",
+        help="also a line per rank of the job: the median drift over the timed iterations and its split "
+        "(which peers' compute or waits the chosen rank's excess comes from)",
+    )
     args = parser.parse_args(argv)
     warnings.filterwarnings("ignore")
     import megatron.core  # noqa: F401  (once here; the forked processes inherit it)
 
     try:
-        diagnose(args.case, args.iteration, args.rank, args.costs, args.compute_scale)
+        diagnose(args.case, args.iteration, args.rank, args.costs, args.compute_scale, args.every_rank)
     except ValueError as exc:
         parser.error(str(exc))
     return 0

@@ -86,6 +86,32 @@ def test_late_sleeps_count_only_the_iteration_s_sleeps_and_what_they_overslept()
     assert diagnose.late_sleeps_ms([], 0, 1) == (0, 0)
 
 
+def test_an_iteration_s_split_adds_up_to_its_drift_and_a_rank_s_summary_takes_medians():
+    ms = 1_000_000
+    trace = {
+        "starts_ns": [0, 100 * ms, 200 * ms],
+        "ends_ns": [100 * ms, 200 * ms, 312 * ms],
+        "exchanges_ns": [[10 * ms, 12 * ms], [111 * ms, 112 * ms], [214 * ms, 215 * ms]],
+        "all_reduces_ns": [[90 * ms, 95 * ms], [190 * ms, 196 * ms], [300 * ms, 305 * ms]],
+        "sleeps_ns": [(1 * ms, 10 * ms, 9 * ms), (101 * ms, 111 * ms, 9 * ms), (201 * ms, 214 * ms, 9 * ms)],
+    }
+    simulated = [(10.0, 11.0, "S"), (90.0, 94.0, "AR")]
+    first = diagnose.iteration_split(trace, 0, simulated, 98.0)
+    assert first["real"] == pytest.approx(100.0) and first["drift"] == pytest.approx(2.0)
+    assert (first["before"], first["sleeps"], first["late"]) == (0.0, 1, 0.0)
+    assert first["before"] + first["compute"] + first["steps"] + first["after"] == pytest.approx(
+        first["drift"]
+    )
+    late = diagnose.iteration_split(trace, 2, simulated, 98.0)
+    assert late["drift"] == pytest.approx(14.0) and late["late"] == pytest.approx(4.0)
+    assert late["before"] == pytest.approx(4.0)  # the iteration's first sleep overslept by 4 ms
+    summary = diagnose.median_split(trace, range(3), simulated, 98.0)
+    assert summary["drift"] == pytest.approx(2.0)  # drifts 2, 2 and 14 ms
+    assert summary["late"] == pytest.approx(1.0)  # 0, 1 and 4 ms late
+    with pytest.raises(ValueError, match="no timed iterations"):
+        diagnose.median_split(trace, range(0), simulated, 98.0)
+
+
 def test_a_diagnosis_takes_the_mechanism_suite_s_cases_and_refuses_an_unknown_cost_pattern():
     from benchmarks.fidelity import mechanism
 
