@@ -237,8 +237,9 @@ def diagnose(
     if every_rank:
         timed = range(case.warmup, case.iterations)
         print(
-            "every rank, median over the timed iterations of real - simulated (ms) and its split; "
-            "late: what its compute sleeps overslept"
+            "every rank, median over the timed iterations of real - simulated (ms) and of each part of "
+            "its split (each column its own median, so they need not add up); late: what its compute "
+            "sleeps overslept (n/a: none recorded)"
         )
         print(
             f"{'rank':>5} {'real':>9} {'sim':>9} {'drift':>8} {'before':>8} {'compute':>8} "
@@ -248,9 +249,10 @@ def diagnose(
             rank_sim = _simulated_steps(result, r)
             rank_finish_ms = result.finish_ns(r) / 1e6
             m = median_split(real[r], timed, rank_sim, rank_finish_ms)
+            late = f"{m['late']:+7.2f}" if real[r].get("sleeps_ns") else f"{'n/a':>7}"
             print(
                 f"{r:5d} {m['real']:9.1f} {rank_finish_ms:9.1f} {m['drift']:+8.2f} {m['before']:+8.2f} "
-                f"{m['compute']:+8.2f} {m['late']:+7.2f} {m['steps']:+8.2f} {m['after']:+7.2f}"
+                f"{m['compute']:+8.2f} {late} {m['steps']:+8.2f} {m['after']:+7.2f}"
             )
 
 

@@ -86,7 +86,7 @@ def test_late_sleeps_count_only_the_iteration_s_sleeps_and_what_they_overslept()
     assert diagnose.late_sleeps_ms([], 0, 1) == (0, 0)
 
 
-def test_an_iteration_s_split_adds_up_to_its_drift_and_a_rank_s_summary_takes_medians():
+def test_an_iteration_s_split_and_a_rank_s_summary_of_medians():
     ms = 1_000_000
     trace = {
         "starts_ns": [0, 100 * ms, 200 * ms],
@@ -99,15 +99,18 @@ def test_an_iteration_s_split_adds_up_to_its_drift_and_a_rank_s_summary_takes_me
     first = diagnose.iteration_split(trace, 0, simulated, 98.0)
     assert first["real"] == pytest.approx(100.0) and first["drift"] == pytest.approx(2.0)
     assert (first["before"], first["sleeps"], first["late"]) == (0.0, 1, 0.0)
-    assert first["before"] + first["compute"] + first["steps"] + first["after"] == pytest.approx(
-        first["drift"]
-    )
+    # exchange 10-12 against 10-11, all-reduce 90-95 against 90-94, real iteration 100 against 98 ms
+    assert (first["compute"], first["steps"], first["after"]) == pytest.approx((-1.0, 2.0, 1.0))
     late = diagnose.iteration_split(trace, 2, simulated, 98.0)
     assert late["drift"] == pytest.approx(14.0) and late["late"] == pytest.approx(4.0)
     assert late["before"] == pytest.approx(4.0)  # the iteration's first sleep overslept by 4 ms
+    assert (late["compute"], late["steps"], late["after"]) == pytest.approx((6.0, 1.0, 3.0))
     summary = diagnose.median_split(trace, range(3), simulated, 98.0)
     assert summary["drift"] == pytest.approx(2.0)  # drifts 2, 2 and 14 ms
     assert summary["late"] == pytest.approx(1.0)  # 0, 1 and 4 ms late
+    assert summary["compute"] == pytest.approx(-1.0)  # -1, -1 and 6 ms: each key its own median
+    two = diagnose.median_split(trace, range(1, 3), simulated, 98.0)  # an even count: the middle two
+    assert (two["drift"], two["late"], two["before"]) == pytest.approx((8.0, 2.5, 2.5))
     with pytest.raises(ValueError, match="no timed iterations"):
         diagnose.median_split(trace, range(0), simulated, 98.0)
 
