@@ -31,6 +31,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import argparse
 import itertools
+import statistics
 import sys
 import warnings
 
@@ -145,8 +146,6 @@ def iteration_split(trace: dict, index: int, simulated, finish_ms: float) -> dic
 
 def median_split(trace: dict, indices, simulated, finish_ms: float) -> dict:
     """`iteration_split`'s numbers, each the median over the iterations `indices` (a rank's summary)."""
-    import statistics
-
     splits = [iteration_split(trace, i, simulated, finish_ms) for i in indices]
     if not splits:
         raise ValueError("no timed iterations to summarise")
