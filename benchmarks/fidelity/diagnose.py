@@ -222,8 +222,9 @@ def diagnose(
         f"of which host work (the program around its sleeps) {host_ms:.2f} ms, "
         f"{host_ms / max(len(spans), 1):.3f} ms a span"
     )
+    timed = range(case.warmup, case.iterations)
     print("real - simulated, per timed iteration (the matched steps split as the table's end diff):")
-    for i in range(case.warmup, case.iterations):
+    for i in timed:
         parts = iteration_split(trace, i, simulated, finish_ms)
         sleeps = "no sleeps recorded (real compute)"
         if trace.get("sleeps_ns"):
@@ -234,7 +235,6 @@ def diagnose(
             f"steps themselves {parts['steps']:+.2f}, after the last step {parts['after']:+.2f}"
         )
     if every_rank:
-        timed = range(case.warmup, case.iterations)
         print(
             "every rank, median over the timed iterations of real - simulated (ms) and of each part of "
             "its split (each column its own median, so they need not add up); late: what its compute "
