@@ -1,4 +1,4 @@
-"""Context-parallel attention with gathered keys and values: Transformer Engine's `--cp-comm-type allgather`.
+"""Context-parallel attention with gathered keys and values: `--cp-comm-type all_gather`.
 
 As Transformer Engine's `AttnFuncWithCPAndKVAllGather` (the scheme of the Llama 3 paper, section
 3.3.2): the forward all-gathers k and v over the CP group (one all-gather each, into a [CP s, ...]

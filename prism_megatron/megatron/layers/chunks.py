@@ -34,7 +34,9 @@ def to_rank_order(cp_size: int, device=None) -> torch.Tensor:
 
 
 def _index(ids: list[int], device) -> torch.Tensor:
-    """One tensor made from the whole list: element-wise stores would be one dispatched op each (2 CP
-    of them per call under a modelled device's timing mode; Transformer Engine fuses its loop into one
-    kernel)."""
+    """One tensor made from the whole list, one copy to `device`. Element-wise stores into a tensor
+    were 2 CP dispatched ops a call (a select and a charged copy each under a modelled device's timing
+    mode). Transformer Engine keeps the index per CP size and device after its first call
+    (`get_seq_chunk_ids_for_reordering_*`), so a GPU run launches nothing here; this small copy a call
+    stays charged on a modelled GPU (under 1 ms an iteration of the Llama 3 CP16 row's 12 s)."""
     return torch.tensor(ids, dtype=torch.long, device=device)

@@ -8,7 +8,7 @@ sequence with the communication `--cp-comm-type` names, as Transformer Engine do
 
 * `p2p` (the default): keys and values round a ring (`ring.py`);
 * `a2a`: all-to-alls over heads (`all_to_all.py`);
-* `allgather`: all-gathered keys and values (`all_gather.py`);
+* `all_gather`: all-gathered keys and values (`all_gather.py`);
 * `a2a+p2p`: all-to-alls within the first level of `--hierarchical-context-parallel-sizes`, a ring over
   the second (`ring.py`).
 
@@ -34,8 +34,9 @@ from prism_megatron.megatron.layers.all_gather import AllGatherAttention
 from prism_megatron.megatron.layers.all_to_all import AllToAllAttention
 from prism_megatron.megatron.layers.ring import Ring, RingAttention
 
-COMM_TYPES = ("p2p", "a2a", "allgather", "a2a+p2p")
-"""Megatron-LM's `--cp-comm-type` values (Transformer Engine spells the all-gather one `all_gather`)."""
+COMM_TYPES = ("p2p", "a2a", "all_gather", "a2a+p2p")
+"""The `--cp-comm-type` values Transformer Engine takes (megatron-core hands the flag's value to it as
+given; Megatron-LM's help writes the all-gather one `allgather`, which Transformer Engine refuses)."""
 
 
 def _without_context_parallelism(config: TransformerConfig) -> TransformerConfig:
@@ -47,7 +48,13 @@ def _without_context_parallelism(config: TransformerConfig) -> TransformerConfig
 
 
 def _comm_type(value: str | None) -> str:
-    name = "p2p" if value is None else {"all_gather": "allgather"}.get(value, value)
+    name = "p2p" if value is None else value
+    if name == "allgather":
+        raise ValueError(
+            "--cp-comm-type allgather: Transformer Engine, which runs megatron-core's context-parallel "
+            "attention, takes all_gather and refuses allgather (the spelling of Megatron-LM's help); "
+            "use --cp-comm-type all_gather"
+        )
     if name not in COMM_TYPES:
         raise ValueError(
             f"--cp-comm-type {value}: the context-parallel communication types are {', '.join(COMM_TYPES)}"
@@ -101,7 +108,7 @@ class ContextParallelAttention(DotProductAttention):
             raise ValueError(
                 "--window-size: sliding-window attention with context parallelism is not supported here"
             )
-        if self.mla and self.cp_comm_type in ("a2a", "allgather"):
+        if self.mla and self.cp_comm_type in ("a2a", "all_gather"):
             raise ValueError(
                 f"--cp-comm-type {self.cp_comm_type} cannot run multi-latent attention (as in Transformer "
                 "Engine); use p2p or a2a+p2p"
@@ -162,7 +169,7 @@ class ContextParallelAttention(DotProductAttention):
     def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> torch.Tensor:
         dropout_p = self.attention_dropout.p if self.training else 0.0
         scale = self.softmax_scale
-        if self.cp_comm_type == "allgather":
+        if self.cp_comm_type == "all_gather":
             return AllGatherAttention.apply(
                 q, k, v, self.cp_group, scale, causal, dropout_p, self._dropout_seeds(2)
             )
