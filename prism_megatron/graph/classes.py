@@ -59,6 +59,7 @@ from prism_megatron.graph.capture import (
 from prism_megatron.graph.printable import format_op
 from prism_megatron.graph.schedule import (
     BACKWARD,
+    FORWARD,
     IDLE,
     SEND_WAIT_AT_POST,
     SEND_WAIT_NEXT_POST,
@@ -79,7 +80,7 @@ from prism_megatron.graph.schema import (
     RoleGraph,
     derived,
 )
-from prism_megatron.topology.equivalence import RoleClass, grad_sync_points, schedule_table
+from prism_megatron.topology.equivalence import RoleClass, grad_sync_points, param_sync_points, schedule_table
 
 CLASSES_KEY = "role_classes"
 """Key of the role classes (`RoleClass.to_json()` each) in a graph's `metadata.extra`."""
@@ -349,6 +350,9 @@ class _Interleaved:
     tails: dict[int, range] = dataclasses.field(default_factory=dict)
     """Per gradient-reduce point k (`grad_sync_points`) the reference launched inside the loop, the
     items of that launch at the end of its backward step k + its rank (empty without one)."""
+    heads: dict[int, range] = dataclasses.field(default_factory=dict)
+    """Per parameter-gather point k (`param_sync_points`) the reference launched inside the loop, the
+    items of that launch at the start of its forward step k - its rank (empty without one)."""
 
 
 def _tail(items: Sequence[_Item], content: range) -> range:
@@ -365,6 +369,22 @@ def _tail(items: Sequence[_Item], content: range) -> range:
     if start == content.stop or start - 1 < content.start or items[start - 1].op.type != NodeType.COMPUTE:
         return range(0)
     return range(start - 1, content.stop)
+
+
+def _launch_head(items: Sequence[_Item], content: range) -> range:
+    """The launch at the start of a forward step: its first compute span (the launch's own work) and
+    the ops posted on side streams right after it; empty where the step starts otherwise."""
+    start = content.start
+    if (
+        len(content) < 2
+        or items[start].op.type != NodeType.COMPUTE
+        or items[start + 1].stream == COMPUTE_STREAM
+    ):
+        return range(0)
+    end = start + 1
+    while end < content.stop and items[end].stream != COMPUTE_STREAM:
+        end += 1
+    return range(start, end)
 
 
 def _cut_interleaved(items: Sequence[_Item], role_class: RoleClass, reference: str) -> _Interleaved:
@@ -384,6 +404,11 @@ def _cut_interleaved(items: Sequence[_Item], role_class: RoleClass, reference: s
             ):
                 if point + rank < total:
                     cut.tails[point] = _tail(items, cut.steps[Step(BACKWARD, point + rank)])
+            for point in param_sync_points(
+                role_class.num_microbatches, role_class.chunks, role_class.microbatch_group
+            ):
+                if point - rank >= 0:
+                    cut.heads[point] = _launch_head(items, cut.steps[Step(FORWARD, point - rank)])
             return cut
         errors.append(problem)
     what = f"the interleaved schedule with {warmup} warm-up of {total} virtual microbatches"
@@ -516,7 +541,10 @@ class ClassProgram:
         where the member waited in the call). A gradient reduce launched inside the loop moves with
         the rank (`grad_sync_points`): out of the backward step that launched it in the reference
         (that step ends with the last span of one of its chunk's steps that launch nothing) into the
-        one that launches it in the member (its last span replaced by the launch's)."""
+        one that launches it in the member (its last span replaced by the launch's). An aligned
+        parameter all-gather launched inside the loop (`param_sync_points`) moves the same way, at the
+        start of forward steps: its launch (a span and the posts after it) out of the reference's
+        step that launched it, ahead of the member's that launches it."""
         cut, items = self._interleaved, self._items
         atoms = _atoms(interleaved(cut.total, warmup, waits=cut.waits, send_wait=cut.send_wait))
         pieces: list[_Piece] = []
@@ -552,6 +580,13 @@ class ClassProgram:
         own_rank = self.role_class.stages[self.reference]
         launched = {point + own_rank: tail for point, tail in cut.tails.items()}
         launches = {point + rank: tail for point, tail in cut.tails.items()}
+        gathered = {point - own_rank: head for point, head in cut.heads.items() if head}
+        gathers = {point - rank: head for point, head in cut.heads.items() if head}
+        if any(point - rank < 0 for point, head in cut.heads.items() if head):
+            raise ValueError(
+                f"role {self.reference} launches a parameter all-gather in the interleaved loop that a "
+                f"stage {rank} member launches at its first use"
+            )
         chunk_of = [
             chunk
             for _, chunk in schedule_table(
@@ -578,6 +613,13 @@ class ClassProgram:
                 content = [i for i in content if i not in drop] + [plain_end(work)]
             if add:
                 content = content[:-1] + list(add)
+            if work.kind == FORWARD:
+                head_out, head_in = gathered.get(work.microbatch), gathers.get(work.microbatch)
+                if head_out != head_in:
+                    if head_out:
+                        content = [i for i in content if i not in head_out]
+                    if head_in:
+                        content = list(head_in) + content
             for index in content:
                 take(index)
 

@@ -119,3 +119,18 @@ def test_a_stage_whose_microbatches_are_all_warmup_is_derived_from_one_with_a_st
 def test_each_middle_stage_derives_the_other_on_the_cpu(tmp_path):
     run = emulate(tmp_path / "cpu", "cpu", 32, "--prism-capture-all-roles")
     check_derived(run / "graph", middle_class(8), ("pp2", "pp1"))
+
+
+def test_aligned_parameter_gathers_move_with_the_rank_when_a_stage_is_derived(tmp_path):
+    # V = 3 with --overlap-param-gather: Megatron-LM aligns the gathers (`param_sync_func`), so
+    # stage s launches chunk 2's inside its loop at the start of forward step 4 - s.
+    run = emulate(
+        tmp_path / "gather", "model:h100", 32, "--num-layers", "12", "--use-distributed-optimizer",
+        "--overlap-grad-reduce", "--overlap-param-gather", "--prism-capture-all-roles",
+    )  # fmt: skip
+    role_class = RoleClass("pp2", ("pp2", "pp1"), {"pp2": 2 + 8, "pp1": 4 + 8}, 8, 3, 4, {"pp2": 2, "pp1": 1})
+    graph = load_graph(str(run / "graph"))
+    for member in role_class.members:
+        gathers = [op for op in graph.roles[member].streams["async-dp"] if op.comm.name == "ALL_GATHER"]
+        assert len(gathers) == 3, member  # chunks 0 and 1 before the loop, chunk 2 inside it
+    check_derived(run / "graph", role_class, ("pp2", "pp1"))

@@ -33,6 +33,19 @@ def test_sequence_parallelism_is_dropped_without_tensor_parallelism_as_megatron_
     assert parse("--sequence-parallel", "--tensor-model-parallel-size", "2").sequence_parallel
 
 
+def test_pipeline_stages_align_their_param_gathers_by_default_as_megatron_lm_does():
+    # Megatron-LM core_v0.16.1 arguments.py: `--no-align-param-gather` (store_false, so on by default),
+    # turned off without the interleaved schedule; Megatron-LM has no `--align-param-gather`.
+    interleaved = ("--pipeline-model-parallel-size", "2", "--num-layers-per-virtual-pipeline-stage", "2")
+    assert parse(*interleaved).align_param_gather
+    assert not parse(*interleaved, "--no-align-param-gather").align_param_gather
+    assert not parse("--pipeline-model-parallel-size", "2").align_param_gather
+    assert parse(*interleaved).align_grad_reduce
+    assert not parse(*interleaved, "--no-align-grad-reduce").align_grad_reduce
+    with pytest.raises(ValueError, match="--align-param-gather"):
+        parse(*interleaved, "--align-param-gather")
+
+
 def test_uneven_first_and_last_stages_lift_the_divisibility_of_the_layer_count():
     args = parse("--num-layers", "126", "--pipeline-model-parallel-size", "16",
                  "--decoder-first-pipeline-num-layers", "7", "--decoder-last-pipeline-num-layers", "7")  # fmt: skip

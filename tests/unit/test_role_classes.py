@@ -140,3 +140,14 @@ def test_a_role_class_reads_back_what_it_wrote_and_refuses_what_is_not_one():
         RoleClass.from_json({"members": ["pp1"]})
     with pytest.raises(ValueError, match="must start with it"):
         RoleClass("pp1", ("pp2", "pp1"))
+
+
+def test_aligned_parameter_gathers_are_launched_at_the_first_microbatch_of_chunks_1_to_v_minus_2():
+    from prism_megatron.topology.equivalence import param_sync_points
+
+    # M = 8 in groups of 4 over 3 chunks: chunk 1's first microbatch is forward step 4 (chunk 2's
+    # gather is launched there, less the rank); chunks 0 and 1 are gathered before the loop.
+    assert param_sync_points(8, 3, 4) == [4]
+    assert param_sync_points(8, 4, 4) == [4, 8]
+    assert param_sync_points(16, 8, 16) == [16, 32, 48, 64, 80, 96]
+    assert param_sync_points(8, 2, 4) == []

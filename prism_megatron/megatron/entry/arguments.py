@@ -143,7 +143,7 @@ def _training_args(parser: argparse.ArgumentParser) -> None:
          "--accumulate-allreduce-grads-in-fp32"),
     )  # fmt: skip
     g.add_argument("--no-align-grad-reduce", action="store_false", dest="align_grad_reduce")
-    g.add_argument("--align-param-gather", action="store_true")
+    g.add_argument("--no-align-param-gather", action="store_false", dest="align_param_gather")
     g.add_argument("--recompute-granularity", choices=("full", "selective"), default=None)
     g.add_argument("--recompute-method", choices=("uniform", "block"), default=None)
     g.add_argument("--recompute-num-layers", type=int, default=None)
