@@ -197,3 +197,12 @@ def test_the_captures_role_classes_read_the_job_as_every_command_does(flags, kin
     members = sorted(tuple(sorted(c.members)) for c in plan.role_classes)
     middle = [("pp1", "pp2")] if kind == "dense" else [("pp1",), ("pp2",)]
     assert members == sorted([("pp0-tp0src",), *middle, ("pp3-tp0src",)]), members
+
+
+def test_the_plan_takes_megatron_lms_alignment_switches_as_flags_without_memory_effect():
+    from prism_megatron.megatron.job.flags import parse_flags
+
+    parsed = parse_flags(["--num-layers", "16", *MODEL, "--no-align-param-gather", "--no-align-grad-reduce"])
+    assert parsed.ignored == ("--no-align-param-gather", "--no-align-grad-reduce")
+    with pytest.raises(ValueError, match="--align-param-gather"):
+        parse_flags(["--num-layers", "16", *MODEL, "--align-param-gather"])

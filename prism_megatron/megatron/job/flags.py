@@ -151,6 +151,8 @@ NO_MEMORY_EFFECT_FLAGS = frozenset(
         "--no-load-optim",
         "--no-load-rng",
         "--use-flash-attn",
+        "--no-align-grad-reduce",
+        "--no-align-param-gather",
     }
 )
 """Megatron-LM flags that cannot change what a rank allocates for parameters, gradients, optimizer
