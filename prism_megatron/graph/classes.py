@@ -80,6 +80,7 @@ from prism_megatron.graph.schema import (
     RoleGraph,
     derived,
 )
+from prism_megatron.replay.schedule import OpKind
 from prism_megatron.topology.equivalence import RoleClass, grad_sync_points, param_sync_points, schedule_table
 
 CLASSES_KEY = "role_classes"
@@ -373,18 +374,16 @@ def _tail(items: Sequence[_Item], content: range) -> range:
 
 def _launch_head(items: Sequence[_Item], content: range) -> range:
     """The launch at the start of a forward step: its first compute span (the launch's own work) and
-    the ops posted on side streams right after it; empty where the step starts otherwise."""
-    start = content.start
-    if (
-        len(content) < 2
-        or items[start].op.type != NodeType.COMPUTE
-        or items[start + 1].stream == COMPUTE_STREAM
-    ):
+    the all-gathers posted on side streams right after it; empty where the step starts otherwise."""
+    start = end = content.start
+    if not content or items[start].op.type != NodeType.COMPUTE:
         return range(0)
-    end = start + 1
+    end += 1
     while end < content.stop and items[end].stream != COMPUTE_STREAM:
+        if items[end].op.comm != OpKind.ALL_GATHER:
+            return range(0)
         end += 1
-    return range(start, end)
+    return range(start, end) if end > start + 1 else range(0)
 
 
 def _cut_interleaved(items: Sequence[_Item], role_class: RoleClass, reference: str) -> _Interleaved:
