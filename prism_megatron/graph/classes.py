@@ -21,8 +21,10 @@ Here that decision meets the capture:
   the reference's gap of the schedule's loop between the same two kinds of pipeline op (one compute
   span, as the capture puts one before every op), and the epilogue, whose waits on a pipeline send
   point at the member's post (or go, with their spans joined, where the member waited in the call).
-  One launch depends on the rank: a chunk's overlapped gradient reduce, launched k + rank steps
-  after the chunk's last backward (megatron-core's `grad_sync_func`), moves to the member's step.
+  Two launches depend on the rank and move to the member's step: a chunk's overlapped gradient
+  reduce, launched k + rank steps after the chunk's last backward (megatron-core's `grad_sync_func`),
+  and an aligned parameter all-gather, launched at the start of forward step k - rank
+  (`param_sync_func`).
   A step's span holds the loop's host time next to it in the reference (a few microseconds on a
   modelled GPU: the buffer a posted receive allocates), so a member's total may differ from its own
   capture's by that much.
@@ -374,16 +376,25 @@ def _tail(items: Sequence[_Item], content: range) -> range:
 
 def _launch_head(items: Sequence[_Item], content: range) -> range:
     """The launch at the start of a forward step: its first compute span (the launch's own work) and
-    the all-gathers posted on side streams right after it; empty where the step starts otherwise."""
-    start = end = content.start
+    the all-gathers posted on side streams after it, one per bucket group, each after a span of its
+    own; empty where the step starts otherwise."""
+    start = content.start
     if not content or items[start].op.type != NodeType.COMPUTE:
         return range(0)
-    end += 1
-    while end < content.stop and items[end].stream != COMPUTE_STREAM:
-        if items[end].op.comm != OpKind.ALL_GATHER:
-            return range(0)
+
+    def gather(i: int) -> bool:
+        return (
+            i < content.stop and items[i].stream != COMPUTE_STREAM and items[i].op.comm == OpKind.ALL_GATHER
+        )
+
+    end = start + 1
+    if not gather(end):
+        return range(0)
+    while gather(end) or (items[end].op.type == NodeType.COMPUTE and gather(end + 1)):
         end += 1
-    return range(start, end) if end > start + 1 else range(0)
+    if end < content.stop and items[end].stream != COMPUTE_STREAM:
+        return range(0)  # something else posted with it: not a parameter gather's launch
+    return range(start, end)
 
 
 def _cut_interleaved(items: Sequence[_Item], role_class: RoleClass, reference: str) -> _Interleaved:

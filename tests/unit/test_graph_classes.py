@@ -250,3 +250,23 @@ def test_one_real_ranks_measurement_folds_into_every_stage_of_its_class():
     for stage in (1, 2, 4, 5, 6):
         doubled = [2 * d for d in compute_durations(graphs[f"pp{stage}"].streams)]
         assert folded[f"pp{stage}"] == doubled, stage
+
+
+def test_a_parameter_gather_launch_is_its_spans_and_all_gathers_one_per_bucket_group():
+    from prism_megatron.graph.classes import _Item, _launch_head
+    from prism_megatron.graph.schema import COMPUTE_STREAM, NodeType, Op
+    from prism_megatron.replay.schedule import OpKind
+
+    span = _Item(COMPUTE_STREAM, Op(type=NodeType.COMPUTE), ())
+    gather = _Item("async-dp", Op(type=NodeType.COLLECTIVE, comm=OpKind.ALL_GATHER, group="dp", seq=0), ())
+    reduce = _Item(
+        "async-dp", Op(type=NodeType.COLLECTIVE, comm=OpKind.REDUCE_SCATTER, group="dp", seq=0), ()
+    )
+    tp = _Item(COMPUTE_STREAM, Op(type=NodeType.COLLECTIVE, comm=OpKind.ALL_GATHER, group="tp", seq=0), ())
+    # a dense and an expert bucket group: span, gather, span, gather, then the step's own first span
+    items = [span, gather, span, gather, span, tp, span]
+    assert _launch_head(items, range(len(items))) == range(0, 4)
+    assert _launch_head([span, gather, span, tp], range(4)) == range(0, 2)
+    assert _launch_head([span, tp, span], range(3)) == range(0)  # a step without a launch
+    assert _launch_head([span, reduce, span], range(3)) == range(0)  # not an all-gather
+    assert _launch_head([span, gather, reduce, span], range(4)) == range(0)
