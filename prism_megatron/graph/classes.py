@@ -354,8 +354,8 @@ class _Interleaved:
     """Per gradient-reduce point k (`grad_sync_points`) the reference launched inside the loop, the
     items of that launch at the end of its backward step k + its rank (empty without one)."""
     heads: dict[int, range] = dataclasses.field(default_factory=dict)
-    """Per parameter-gather point k (`param_sync_points`) the reference launched inside the loop, the
-    items of that launch at the start of its forward step k - its rank (empty without one)."""
+    """Per parameter-gather point k (`param_sync_points`), the items of the reference's launch at the
+    start of its forward step k - its rank (empty without one: gathers not aligned)."""
 
 
 def _tail(items: Sequence[_Item], content: range) -> range:
@@ -417,8 +417,7 @@ def _cut_interleaved(items: Sequence[_Item], role_class: RoleClass, reference: s
             for point in param_sync_points(
                 role_class.num_microbatches, role_class.chunks, role_class.microbatch_group
             ):
-                if point - rank >= 0:
-                    cut.heads[point] = _launch_head(items, cut.steps[Step(FORWARD, point - rank)])
+                cut.heads[point] = _launch_head(items, cut.steps[Step(FORWARD, point - rank)])
             return cut
         errors.append(problem)
     what = f"the interleaved schedule with {warmup} warm-up of {total} virtual microbatches"
@@ -592,11 +591,6 @@ class ClassProgram:
         launches = {point + rank: tail for point, tail in cut.tails.items()}
         gathered = {point - own_rank: head for point, head in cut.heads.items() if head}
         gathers = {point - rank: head for point, head in cut.heads.items() if head}
-        if any(point - rank < 0 for point, head in cut.heads.items() if head):
-            raise ValueError(
-                f"role {self.reference} launches a parameter all-gather in the interleaved loop that a "
-                f"stage {rank} member launches at its first use"
-            )
         chunk_of = [
             chunk
             for _, chunk in schedule_table(

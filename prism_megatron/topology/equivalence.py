@@ -272,21 +272,22 @@ def param_sync_points(num_microbatches: int, chunks: int, group: int) -> list[in
     """The forward virtual microbatches that start chunk c's first microbatch, for 1 <= c <= V - 2,
     in order: with aligned parameter all-gathers (`param_sync_func`, Megatron-LM's default with
     `--overlap-param-gather` and the interleaved schedule), pipeline rank s launches chunk c + 1's
-    all-gather at the start of forward step k - s, or at its first use when k - s < 0 (chunks 0 and 1
-    are launched before the loop)."""
+    all-gather at the start of forward step k - s (chunks 0 and 1 are launched before the loop). Every
+    stage launches them all inside the loop: k >= group >= PP > s, as megatron-core requires
+    PP <= group <= M."""
     table = schedule_table(num_microbatches, chunks, group)
     return [k for k, (mb, chunk) in enumerate(table) if mb == 0 and 1 <= chunk <= chunks - 2]
 
 
-def _launches_in_loop(layout: Layout, model: JobModel, stage: int) -> tuple[int, int] | None:
-    """How many chunks' gradient reduce, and how many chunks' aligned parameter all-gather, a stage
-    launches inside the interleaved loop (None: 1F1B)."""
+def _launches_in_loop(layout: Layout, model: JobModel, stage: int) -> int | None:
+    """How many chunks' gradient reduce a stage launches inside the interleaved loop (None: 1F1B).
+    Aligned parameter all-gathers need no count: every stage launches them all there
+    (`param_sync_points`)."""
     if layout.vpp is None:
         return None
-    total, group = model.num_microbatches * layout.vpp, _group(layout, model)
-    reduces = grad_sync_points(model.num_microbatches, layout.vpp, group)
-    gathers = param_sync_points(model.num_microbatches, layout.vpp, group)
-    return sum(1 for k in reduces if k + stage < total), sum(1 for k in gathers if k - stage >= 0)
+    total = model.num_microbatches * layout.vpp
+    points = grad_sync_points(model.num_microbatches, layout.vpp, _group(layout, model))
+    return sum(1 for k in points if k + stage < total)
 
 
 def _warmup(layout: Layout, model: JobModel, stage: int) -> int:
